@@ -1,0 +1,68 @@
+"""Plain-data records that flow out of the denoising loop.
+
+One `StepEvent` per denoising step, from the engine thread, to every listener (CLI live view,
+Studio worker, recorder, benchmarks). Plain numpy arrays and numbers only, so events can be
+recorded to a file, replayed into the UI in tests and exported. Positions are absolute indices
+into the full sequence (prompt + generated buffer); `prompt_length` tells where the buffer starts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class StepEvent:
+    step: int                 # 0-based global step index
+    block: int                # 0-based block index (semi-autoregressive blocks)
+    n_blocks: int
+    steps_allowed: int        # total step budget of the run
+    prompt_length: int
+    block_start: int          # absolute position of the current block's first token
+    block_end: int            # one past its last token
+    tokens: np.ndarray        # int32 (n_total,), the sequence after this step (masked = mask id)
+    mask: np.ndarray          # bool  (n_total,), True where still masked after this step
+    unmasked: np.ndarray      # int32 (k,), positions committed this step
+    entropy: np.ndarray       # float32 (n_total,), nats; NaN where not evaluated this step
+    confidence: np.ndarray    # float32 (n_total,), top-1 probability; NaN where not evaluated
+    active: np.ndarray        # int32, positions recomputed through the network this step
+    cached: np.ndarray        # int32, positions whose K/V came from the inter-step cache
+    forward_ms: float
+    sample_ms: float
+    total_ms: float
+
+    @property
+    def gen_tokens(self) -> np.ndarray:
+        return self.tokens[self.prompt_length:]
+
+    @property
+    def gen_mask(self) -> np.ndarray:
+        return self.mask[self.prompt_length:]
+
+
+@dataclass
+class GenerateResult:
+    text: str                          # decoded answer, end-of-text padding trimmed
+    tokens: np.ndarray                 # int32, generated positions (gen_length,), final state
+    prompt_tokens: np.ndarray          # int32
+    steps: int                         # steps actually run
+    steps_allowed: int
+    stop_reason: str                   # "done" | "eos" | "cancelled"
+    step_ms: np.ndarray                # float64 (steps,), wall time per step
+    forward_ms: np.ndarray             # float64 (steps,)
+    sample_ms: np.ndarray              # float64 (steps,)
+    total_ms: float
+    gen_length: int
+    useful_length: int                 # generated tokens before the first end-of-text
+    decided_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # (gen_length,)
+
+    @property
+    def buffer_tokens_per_s(self) -> float:
+        """The paper's figure: generated positions (EOS padding included) per second."""
+        return self.gen_length / (self.total_ms / 1000.0) if self.total_ms > 0 else 0.0
+
+    @property
+    def useful_tokens_per_s(self) -> float:
+        """Tokens before the first end-of-text per second."""
+        return self.useful_length / (self.total_ms / 1000.0) if self.total_ms > 0 else 0.0

@@ -1,0 +1,63 @@
+#include "bindings.h"
+
+#include "diffuse.h"
+#include "gguf_dialects.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+namespace py = pybind11;
+using diffuse::Model;
+
+using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+
+static py::dict hparams_dict(const diffuse::HParams & hp) {
+    py::dict d;
+    d["arch"] = diffuse::arch_name(hp.arch);
+    d["dialect"] = diffuse::dialect_name(hp.dialect);
+    d["n_vocab"] = hp.n_vocab;
+    d["n_embd"] = hp.n_embd;
+    d["n_layer"] = hp.n_layer;
+    d["n_head"] = hp.n_head;
+    d["n_head_kv"] = hp.n_head_kv;
+    d["n_ff"] = hp.n_ff;
+    d["n_ctx_train"] = hp.n_ctx_train;
+    d["head_dim"] = hp.head_dim;
+    d["rope_theta"] = hp.rope_theta;
+    d["rms_eps"] = hp.rms_eps;
+    d["rope_mode"] = hp.rope_mode == 0 ? "norm" : "neox";
+    d["shift_logits"] = hp.shift_logits;
+    d["mask_token_id"] = hp.mask_token_id;
+    d["file_type"] = hp.file_type;
+    return d;
+}
+
+void diffuse_py::register_model(py::module_ & m) {
+    py::class_<Model>(m, "Model")
+        .def(py::init([](const std::string & path, int threads) {
+                 diffuse::LoadParams p;
+                 p.n_threads = threads;
+                 py::gil_scoped_release release;
+                 return Model::load(path, p);
+             }),
+             py::arg("path"), py::kw_only(), py::arg("threads") = 0)
+        .def_property_readonly("hparams", [](const Model & self) { return hparams_dict(self.hparams()); })
+        .def_property_readonly("path", &Model::path)
+        .def_property_readonly("weights_bytes", &Model::weights_bytes)
+        .def_property("threads", &Model::n_threads, &Model::set_n_threads)
+        .def("forward",
+             [](Model & self, I32Array tokens) {
+                 if (tokens.ndim() != 1) throw diffuse::Error("forward: expected a 1-D array of token ids");
+                 std::vector<int32_t> ids(tokens.data(), tokens.data() + tokens.size());
+                 std::vector<float> logits;
+                 {
+                     py::gil_scoped_release release;
+                     logits = self.forward(ids);
+                 }
+                 const py::ssize_t n_vocab = self.hparams().n_vocab;
+                 py::array_t<float> out({(py::ssize_t) ids.size(), n_vocab});
+                 std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
+                 return out;
+             },
+             py::arg("tokens"), "Logits (n_tokens, n_vocab) under bidirectional attention, before any Dream shift.");
+}

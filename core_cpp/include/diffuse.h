@@ -1,0 +1,157 @@
+// diffuse: a CPU engine for masked diffusion language models (LLaDA, Dream) on GGML.
+//
+// Usage:
+//   auto model = diffuse::Model::load("llada-8b-q4_k_m.gguf", {});   // throws diffuse::Error
+//   std::vector<float> logits = model->forward({1, 2, 3});           // (n_tokens, n_vocab), row-major
+//
+//   diffuse::GenerateParams p = diffuse::default_generate_params(model->hparams());
+//   p.gen_length = 128; p.scheduler = diffuse::Scheduler::EntropyExit;
+//   diffuse::GenerateOutput out = diffuse::generate(*model, prompt_ids, p,
+//       [](const diffuse::StepEvent & ev) { return true; /* false cancels */ });
+//
+// Every failure (bad file, bad input, cancelled run) is a diffuse::Error with a message that names
+// the file and the problem; nothing aborts the process.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace diffuse {
+
+struct Error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+enum class Arch { LLaDA, Dream };
+enum class Dialect { Ours, LlamaCpp, DiffuseCpp };
+
+// Hyper-parameters, read from any of the three GGUF dialects.
+struct HParams {
+    Arch     arch;
+    Dialect  dialect;
+    int64_t  n_vocab;
+    int64_t  n_embd;        // d_model
+    int64_t  n_layer;
+    int64_t  n_head;
+    int64_t  n_head_kv;     // < n_head for GQA (Dream: 28 q / 4 kv heads)
+    int64_t  n_ff;
+    int64_t  n_ctx_train;
+    int64_t  head_dim;      // n_embd / n_head
+    float    rope_theta;
+    float    rms_eps;
+    int      rope_mode;     // GGML_ROPE_TYPE_NEOX or 0 (NORM, for llama.cpp's permuted LLaDA q/k)
+    bool     shift_logits;  // Dream: position i takes the logits of position i-1
+    int32_t  mask_token_id;
+    int32_t  file_type;     // general.file_type (llama_ftype), -1 when absent
+};
+
+class Model;
+
+// ---------------------------------------------------------------------------------------------
+// Denoising
+// ---------------------------------------------------------------------------------------------
+
+// Which masked positions to commit each step. The first three follow LLaDA's generate.py and the
+// paper; the Dream ones follow Dream's generation_utils.
+enum class Scheduler {
+    LowConfidence,  // LLaDA: commit the k masked positions with the highest p(x0)
+    Random,         // LLaDA: k positions chosen uniformly at random
+    EntropyExit,    // paper: commit max(k, #masked with entropy < threshold); stop when none masked
+    Origin,         // Dream: each mask commits with probability 1 - s/t
+    MaskgitPlus,    // Dream: top-1 probability
+    TopkMargin,     // Dream: p1 - p2
+    Entropy,        // Dream: negative entropy
+};
+
+// How many positions each step commits.
+enum class Schedule {
+    LLaDABlocks,    // even counts per block, remainder to the first steps
+    DreamEps,       // timesteps linspace(1, eps, steps+1), k = n_mask * (1 - s/t)
+};
+
+struct GenerateParams {
+    int       gen_length     = 128;   // generated positions appended to the prompt
+    int       steps          = 128;   // step budget for the whole run
+    int       block_length   = 32;    // semi-autoregressive block size; gen_length when <= 0
+    Scheduler scheduler      = Scheduler::LowConfidence;
+    Schedule  schedule       = Schedule::LLaDABlocks;
+    float     threshold      = 1.5f;  // entropy_exit tau, nats
+    bool      cache          = true;  // inter-step KV cache
+    int       keep_active    = 1;     // a position stays active this many steps after it changed
+    int       refresh_every  = 0;     // full recompute every N steps (0: only at each block start)
+    float     temperature    = 0.0f;
+    int       top_k          = 0;     // 0: off
+    float     top_p          = 1.0f;  // 1: off
+    float     alg_temp       = 0.0f;  // Dream: > 0 samples which positions to commit
+    float     cfg_scale      = 0.0f;  // LLaDA classifier-free guidance (0: off)
+    float     eps            = 1e-3f; // Dream timestep floor
+    uint64_t  seed           = 0;
+    int       n_threads      = 0;     // 0: the model's thread count
+    std::vector<int32_t> eos_ids;     // end-of-text ids (early stop, useful length)
+};
+
+GenerateParams default_generate_params(const HParams & hp);
+
+// One denoising step, as seen by listeners. Positions are absolute (prompt included).
+struct StepEvent {
+    int step, block, n_blocks, steps_allowed;
+    int prompt_length, block_start, block_end;
+    const std::vector<int32_t> * tokens;      // (n_total,)
+    const std::vector<uint8_t> * mask;        // (n_total,), 1 = still masked
+    const std::vector<int32_t> * unmasked;    // committed this step
+    const std::vector<float>   * entropy;     // (n_total,), NaN where not evaluated
+    const std::vector<float>   * confidence;  // (n_total,), top-1 probability, NaN where not evaluated
+    const std::vector<int32_t> * active;      // recomputed positions
+    const std::vector<int32_t> * cached;      // positions served from the cache
+    double forward_ms, sample_ms, total_ms;
+};
+
+// Return false to cancel; an exception thrown here ends the run and propagates to the caller.
+using StepCallback = std::function<bool(const StepEvent &)>;
+
+struct GenerateOutput {
+    std::vector<int32_t> tokens;         // (gen_length,), final generated positions
+    std::vector<int32_t> decided_step;   // (gen_length,), step at which each position was committed
+    std::vector<double>  step_ms, forward_ms, sample_ms;
+    int                  steps = 0;
+    int                  steps_allowed = 0;
+    std::string          stop_reason;    // "done", "eos", "cancelled"
+};
+
+GenerateOutput generate(Model & model, const std::vector<int32_t> & prompt,
+                        const GenerateParams & params, const StepCallback & on_step);
+
+// ---------------------------------------------------------------------------------------------
+// Model
+// ---------------------------------------------------------------------------------------------
+
+struct LoadParams {
+    int n_threads = 0;  // 0: all hardware threads
+};
+
+class Model {
+public:
+    static std::unique_ptr<Model> load(const std::string & path, const LoadParams & params);
+    virtual ~Model() = default;
+
+    virtual const HParams & hparams() const = 0;
+    virtual const std::string & path() const = 0;
+    virtual int n_threads() const = 0;
+    virtual void set_n_threads(int n) = 0;
+
+    // Logits of every position under bidirectional attention, before any Dream shift.
+    // (n_tokens, n_vocab) row-major.
+    virtual std::vector<float> forward(const std::vector<int32_t> & tokens) = 0;
+
+    // Size of the weights as mapped from the file, bytes.
+    virtual size_t weights_bytes() const = 0;
+};
+
+// Quantise rows of float32 data (n_rows, n_cols) to a ggml type; returns the raw blocks.
+std::vector<uint8_t> quantize_rows(const float * data, int64_t n_rows, int64_t n_cols, int ggml_type);
+
+}  // namespace diffuse

@@ -1,0 +1,80 @@
+#include "gguf_dialects.h"
+#include "gguf_file.h"
+
+namespace diffuse {
+
+// llama.cpp's names; our own files use them too and add diffuse.format_version + tokenizer.json.
+static const DialectKeys LLAMA_CPP_KEYS = {
+    Dialect::LlamaCpp, "llama.cpp",
+    "{arch}.block_count", "{arch}.attention.head_count", "{arch}.attention.head_count_kv",
+    "{arch}.embedding_length", "{arch}.feed_forward_length", "{arch}.context_length",
+    "{arch}.rope.freq_base", "{arch}.attention.layer_norm_rms_epsilon",
+    "tokenizer.ggml.mask_token_id", "diffusion.shift_logits",
+};
+
+static const DialectKeys OURS_KEYS = [] {
+    DialectKeys k = LLAMA_CPP_KEYS;
+    k.dialect = Dialect::Ours;
+    k.name = "diffuse";
+    return k;
+}();
+
+// The paper's engine (diffuse-cpp): arch "diffuse", family in diffuse.model_type.
+static const DialectKeys DIFFUSE_CPP_KEYS = {
+    Dialect::DiffuseCpp, "diffuse-cpp",
+    "diffuse.block_count", "diffuse.head_count", "diffuse.head_count_kv",
+    "diffuse.embedding_length", "diffuse.feed_forward_length", "diffuse.context_length",
+    "diffuse.rope.freq_base", "diffuse.attention.layer_norm_rms_epsilon",
+    "diffuse.mask_token_id", nullptr,
+};
+
+const char * arch_name(Arch a) { return a == Arch::LLaDA ? "llada" : "dream"; }
+
+const char * dialect_name(Dialect d) {
+    switch (d) {
+        case Dialect::Ours:       return OURS_KEYS.name;
+        case Dialect::LlamaCpp:   return LLAMA_CPP_KEYS.name;
+        case Dialect::DiffuseCpp: return DIFFUSE_CPP_KEYS.name;
+    }
+    return "?";
+}
+
+std::string key_for(const char * tmpl, const std::string & arch_key) {
+    std::string s = tmpl;
+    const std::string pat = "{arch}";
+    const size_t at = s.find(pat);
+    if (at != std::string::npos) s.replace(at, pat.size(), arch_key);
+    return s;
+}
+
+std::string tensor_names::blk(int il, const char * what) {
+    return "blk." + std::to_string(il) + "." + what;
+}
+
+static bool parse_family(const std::string & s, Arch & out) {
+    if (s == "llada") { out = Arch::LLaDA; return true; }
+    if (s == "dream") { out = Arch::Dream; return true; }
+    return false;
+}
+
+Identity identify(const GGUFFile & file) {
+    const auto arch = file.get_string("general.architecture");
+    if (!arch) file.fail("no general.architecture key: not a model file");
+    Identity id;
+    id.arch_key = *arch;
+    if (*arch == "diffuse") {
+        const auto type = file.get_string("diffuse.model_type");
+        if (!type || !parse_family(*type, id.arch))
+            file.fail("diffuse-cpp file with unknown diffuse.model_type '" + type.value_or("") +
+                      "' (expected llada or dream)");
+        id.keys = &DIFFUSE_CPP_KEYS;
+        return id;
+    }
+    if (!parse_family(*arch, id.arch))
+        file.fail("unsupported architecture '" + *arch +
+                  "': diffuse runs masked diffusion models (llada, dream, or diffuse-cpp files)");
+    id.keys = file.has("diffuse.format_version") ? &OURS_KEYS : &LLAMA_CPP_KEYS;
+    return id;
+}
+
+}  // namespace diffuse

@@ -1,0 +1,261 @@
+#include "model_impl.h"
+
+#include "forward.h"
+#include "gguf_dialects.h"
+
+#include "ggml.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "gguf.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#ifdef _WIN32
+#include <windows.h>
+#else
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
+namespace diffuse {
+
+// ---- FileMapping ----
+
+FileMapping::FileMapping(const GGUFFile & file) : size_(file.file_size()) {
+#ifdef _WIN32
+    HANDLE h = CreateFileA(file.path().c_str(), GENERIC_READ, FILE_SHARE_READ, nullptr, OPEN_EXISTING,
+                           FILE_ATTRIBUTE_NORMAL, nullptr);
+    if (h == INVALID_HANDLE_VALUE) file.fail("cannot open for mapping");
+    mapping_ = CreateFileMappingA(h, nullptr, PAGE_READONLY, 0, 0, nullptr);
+    CloseHandle(h);
+    if (!mapping_) file.fail("cannot map the file");
+    addr_ = MapViewOfFile(mapping_, FILE_MAP_READ, 0, 0, 0);
+    if (!addr_) file.fail("cannot map the file");
+#else
+    const int fd = open(file.path().c_str(), O_RDONLY);
+    if (fd < 0) file.fail("cannot open for mapping");
+    void * a = mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (a == MAP_FAILED) file.fail("cannot map the file");
+    addr_ = a;
+#endif
+}
+
+FileMapping::~FileMapping() {
+#ifdef _WIN32
+    if (addr_) UnmapViewOfFile(addr_);
+    if (mapping_) CloseHandle(mapping_);
+#else
+    if (addr_) munmap(addr_, size_);
+#endif
+}
+
+// ---- loading ----
+
+std::unique_ptr<Model> Model::load(const std::string & path, const LoadParams & params) {
+    return std::make_unique<ModelImpl>(path, params);
+}
+
+ModelImpl::ModelImpl(const std::string & path, const LoadParams & params) {
+    file_ = std::make_unique<GGUFFile>(path, /*with_tensors*/ true);
+    read_hparams();
+    bind_weights();
+    backend_ = ggml_backend_cpu_init();
+    if (!backend_) file_->fail("cannot initialise the ggml CPU backend");
+    set_n_threads(params.n_threads);
+    runner_ = std::make_unique<ForwardRunner>(*this);
+}
+
+ModelImpl::~ModelImpl() {
+    runner_.reset();
+    if (backend_) ggml_backend_free(backend_);
+    if (weight_buf_) ggml_backend_buffer_free(weight_buf_);
+}
+
+void ModelImpl::set_n_threads(int n) {
+    const int hw = (int) std::max(1u, std::thread::hardware_concurrency());
+    n_threads_ = n > 0 ? std::min(n, 1024) : hw;
+}
+
+static int64_t bounded(const GGUFFile & f, const std::string & key, std::optional<int64_t> v,
+                       int64_t lo, int64_t hi) {
+    if (!v) f.fail("missing key " + key);
+    if (*v < lo || *v > hi)
+        f.fail("key " + key + " = " + std::to_string(*v) + " is outside [" + std::to_string(lo) + ", " +
+               std::to_string(hi) + "]");
+    return *v;
+}
+
+void ModelImpl::read_hparams() {
+    const GGUFFile & f = *file_;
+    const Identity id = identify(f);
+    const DialectKeys & K = *id.keys;
+    auto key = [&](const char * tmpl) { return key_for(tmpl, id.arch_key); };
+    auto int_key = [&](const char * tmpl, int64_t lo, int64_t hi) {
+        const std::string k = key(tmpl);
+        return bounded(f, k, f.get_int(k), lo, hi);
+    };
+
+    hp_.arch = id.arch;
+    hp_.dialect = K.dialect;
+    hp_.n_layer = int_key(K.block_count, 1, 1024);
+    hp_.n_embd = int_key(K.embedding_length, 1, 1 << 17);
+    hp_.n_head = int_key(K.head_count, 1, 4096);
+    hp_.n_head_kv = f.has(key(K.head_count_kv)) ? int_key(K.head_count_kv, 1, 4096) : hp_.n_head;
+    hp_.n_ff = int_key(K.feed_forward_length, 1, 1 << 20);
+    hp_.n_ctx_train = f.has(key(K.context_length)) ? int_key(K.context_length, 1, 1 << 24) : 4096;
+    if (hp_.n_embd % hp_.n_head != 0) f.fail("embedding length is not a multiple of the head count");
+    if (hp_.n_head % hp_.n_head_kv != 0) f.fail("head count is not a multiple of the KV head count");
+    hp_.head_dim = hp_.n_embd / hp_.n_head;
+    if (hp_.head_dim % 2 != 0) f.fail("head dimension must be even for RoPE");
+
+    const std::string theta_key = key(K.rope_freq_base);
+    const std::string eps_key = key(K.rms_eps);
+    hp_.rope_theta = (float) f.get_float(theta_key).value_or(hp_.arch == Arch::LLaDA ? 500000.0 : 1000000.0);
+    hp_.rms_eps = (float) f.get_float(eps_key).value_or(hp_.arch == Arch::LLaDA ? 1e-5 : 1e-6);
+    if (!(hp_.rope_theta > 0 && std::isfinite(hp_.rope_theta))) f.fail("key " + theta_key + " must be a positive number");
+    if (!(hp_.rms_eps > 0 && hp_.rms_eps < 1)) f.fail("key " + eps_key + " must be in (0, 1)");
+
+    // llama.cpp's LLaDA converter permutes q/k like Llama, so those files (and ours, which follow
+    // them) rotate interleaved pairs; diffuse-cpp's unpermuted LLaDA and every Dream use NEOX.
+    const bool permuted = hp_.arch == Arch::LLaDA && K.dialect != Dialect::DiffuseCpp;
+    hp_.rope_mode = permuted ? 0 : GGML_ROPE_TYPE_NEOX;
+
+    hp_.shift_logits = hp_.arch == Arch::Dream;
+    if (K.shift_logits && f.has(K.shift_logits)) hp_.shift_logits = *f.get_bool(K.shift_logits);
+
+    const std::string mask_key = key(K.mask_token_id);
+    if (f.has(mask_key)) {
+        hp_.mask_token_id = (int32_t) bounded(f, mask_key, f.get_int(mask_key), 0, INT32_MAX);
+    } else if (hp_.arch == Arch::LLaDA) {
+        hp_.mask_token_id = LLADA_DEFAULT_MASK_ID;
+    } else {
+        f.fail("missing mask token id (" + mask_key + ")");
+    }
+    hp_.file_type = (int32_t) f.get_int("general.file_type").value_or(-1);
+}
+
+// Types the CPU matrix product handles for weights; anything else is refused at load.
+static bool is_supported_weight_type(ggml_type t) {
+    switch (t) {
+        case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16:
+        case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1: case GGML_TYPE_Q8_0:
+        case GGML_TYPE_Q2_K: case GGML_TYPE_Q3_K: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K:
+            return true;
+        default:
+            return false;
+    }
+}
+
+void ModelImpl::bind_weights() {
+    const GGUFFile & f = *file_;
+    ggml_context * meta = f.tensors();
+    gguf_context * g = f.gguf();
+
+    map_ = std::make_unique<FileMapping>(f);
+    weight_buf_ = ggml_backend_cpu_buffer_from_ptr(map_->addr(), map_->size());
+    if (!weight_buf_) f.fail("cannot wrap the mapped file in a ggml buffer");
+
+    const size_t data_offset = f.data_offset();
+    const int64_t n_tensors = gguf_get_n_tensors(g);
+    for (int64_t i = 0; i < n_tensors; ++i) {
+        const char * name = gguf_get_tensor_name(g, i);
+        ggml_tensor * t = ggml_get_tensor(meta, name);
+        const uint64_t begin = (uint64_t) data_offset + gguf_get_tensor_offset(g, i);
+        const uint64_t nbytes = ggml_nbytes(t);
+        if (begin > map_->size() || nbytes > map_->size() - begin)
+            f.fail(std::string("tensor ") + name + " lies past the end of the file (truncated download?)");
+        ggml_backend_tensor_alloc(weight_buf_, t, (char *) map_->addr() + begin);
+        weights_bytes_ += nbytes;
+    }
+
+    const HParams & hp = hp_;
+    // Looks a tensor up and checks its shape (ggml order) and type.
+    auto get = [&](const std::string & name, std::initializer_list<int64_t> shape, bool matrix,
+                   bool required = true) -> ggml_tensor * {
+        ggml_tensor * t = ggml_get_tensor(meta, name.c_str());
+        if (!t) {
+            if (required) f.fail("missing tensor " + name);
+            return nullptr;
+        }
+        int d = 0;
+        for (int64_t n : shape) {
+            if (t->ne[d] != n) {
+                std::string want, got;
+                for (int64_t s : shape) want += (want.empty() ? "" : ", ") + std::to_string(s);
+                for (int k = 0; k < ggml_n_dims(t); ++k) got += (got.empty() ? "" : ", ") + std::to_string(t->ne[k]);
+                f.fail("tensor " + name + " has shape [" + got + "], expected [" + want + "]");
+            }
+            ++d;
+        }
+        for (; d < GGML_MAX_DIMS; ++d)
+            if (t->ne[d] != 1) f.fail("tensor " + name + " has too many dimensions");
+        if (matrix ? !is_supported_weight_type(t->type) : t->type != GGML_TYPE_F32)
+            f.fail("tensor " + name + " has unsupported type " + ggml_type_name(t->type));
+        return t;
+    };
+
+    // The vocabulary size is the embedding's row count.
+    ggml_tensor * embd = ggml_get_tensor(meta, tensor_names::token_embd);
+    if (!embd) f.fail(std::string("missing tensor ") + tensor_names::token_embd);
+    hp_.n_vocab = embd->ne[1];
+    if (hp_.n_vocab < 2 || hp_.n_vocab > (1 << 24)) f.fail("vocabulary size out of range");
+    if (hp_.mask_token_id >= hp_.n_vocab)
+        f.fail("mask token id " + std::to_string(hp_.mask_token_id) + " is outside the vocabulary (" +
+               std::to_string(hp_.n_vocab) + ")");
+
+    const int64_t n_embd = hp.n_embd, n_q = hp.n_head * hp.head_dim, n_kv = hp.n_head_kv * hp.head_dim;
+    w_.tok_embd = get(tensor_names::token_embd, {n_embd, hp.n_vocab}, true);
+    w_.output_norm = get(tensor_names::output_norm, {n_embd}, false);
+    w_.output = get(tensor_names::output, {n_embd, hp.n_vocab}, true, /*required*/ false);
+    if (!w_.output) w_.output = w_.tok_embd;   // tied embeddings
+    const bool biases = hp.arch == Arch::Dream;
+    for (int il = 0; il < hp.n_layer; ++il) {
+        auto n = [&](const char * what) { return tensor_names::blk(il, what); };
+        LayerWeights L{};
+        L.attn_norm = get(n("attn_norm.weight"), {n_embd}, false);
+        L.wq = get(n("attn_q.weight"), {n_embd, n_q}, true);
+        L.wk = get(n("attn_k.weight"), {n_embd, n_kv}, true);
+        L.wv = get(n("attn_v.weight"), {n_embd, n_kv}, true);
+        L.bq = get(n("attn_q.bias"), {n_q}, false, biases);
+        L.bk = get(n("attn_k.bias"), {n_kv}, false, biases);
+        L.bv = get(n("attn_v.bias"), {n_kv}, false, biases);
+        L.wo = get(n("attn_output.weight"), {n_q, n_embd}, true);
+        L.ffn_norm = get(n("ffn_norm.weight"), {n_embd}, false);
+        L.ffn_gate = get(n("ffn_gate.weight"), {n_embd, hp.n_ff}, true);
+        L.ffn_up = get(n("ffn_up.weight"), {n_embd, hp.n_ff}, true);
+        L.ffn_down = get(n("ffn_down.weight"), {hp.n_ff, n_embd}, true);
+        w_.layers.push_back(L);
+    }
+}
+
+void ModelImpl::check_tokens(const int32_t * ids, size_t n) const {
+    for (size_t i = 0; i < n; ++i)
+        if (ids[i] < 0 || ids[i] >= hp_.n_vocab)
+            throw Error("token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
+                        " is outside the vocabulary [0, " + std::to_string(hp_.n_vocab) + ")");
+}
+
+std::vector<float> ModelImpl::forward(const std::vector<int32_t> & tokens) {
+    const int n = (int) tokens.size();
+    if (n == 0) throw Error("forward: no tokens");
+    if (n > 1 << 20) throw Error("forward: too many tokens");
+    KVCache cache(*this, n);
+    ForwardBatch b;
+    b.tokens = tokens;
+    b.n_kv = n;
+    for (int i = 0; i < n; ++i) {
+        b.positions.push_back(i);
+        b.out_rows.push_back(i);
+    }
+    std::vector<float> logits;
+    runner_->run(cache, b, n_threads_, logits);
+    for (float x : logits)
+        if (!std::isfinite(x)) throw Error(path() + ": the forward pass produced NaN/Inf logits (corrupt weights?)");
+    return logits;
+}
+
+}  // namespace diffuse

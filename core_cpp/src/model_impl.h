@@ -1,0 +1,90 @@
+// Internal model state: hyper-parameters, memory-mapped weights and the CPU backend.
+#pragma once
+
+#include "diffuse.h"
+#include "gguf_file.h"
+
+#include <memory>
+#include <vector>
+
+struct ggml_tensor;
+struct ggml_backend;
+struct ggml_backend_buffer;
+
+namespace diffuse {
+
+// Weight shapes in ggml order (fastest dimension first).
+struct LayerWeights {
+    ggml_tensor * attn_norm;   // (n_embd)
+    ggml_tensor * wq;          // (n_embd, n_head * head_dim)
+    ggml_tensor * wk;          // (n_embd, n_head_kv * head_dim)
+    ggml_tensor * wv;          // (n_embd, n_head_kv * head_dim)
+    ggml_tensor * bq;          // (n_head * head_dim), Dream only
+    ggml_tensor * bk;          // (n_head_kv * head_dim), Dream only
+    ggml_tensor * bv;          // (n_head_kv * head_dim), Dream only
+    ggml_tensor * wo;          // (n_head * head_dim, n_embd)
+    ggml_tensor * ffn_norm;    // (n_embd)
+    ggml_tensor * ffn_gate;    // (n_embd, n_ff)
+    ggml_tensor * ffn_up;      // (n_embd, n_ff)
+    ggml_tensor * ffn_down;    // (n_ff, n_embd)
+};
+
+struct Weights {
+    ggml_tensor * tok_embd;    // (n_embd, n_vocab)
+    ggml_tensor * output_norm; // (n_embd)
+    ggml_tensor * output;      // (n_embd, n_vocab); tok_embd when tied
+    std::vector<LayerWeights> layers;
+};
+
+// Read-only memory map of the whole file.
+class FileMapping {
+public:
+    explicit FileMapping(const GGUFFile & file);
+    ~FileMapping();
+    void * addr() const { return addr_; }
+    size_t size() const { return size_; }
+private:
+    void * addr_ = nullptr;
+    size_t size_ = 0;
+#ifdef _WIN32
+    void * mapping_ = nullptr;
+#endif
+};
+
+class ForwardRunner;
+
+class ModelImpl final : public Model {
+public:
+    ModelImpl(const std::string & path, const LoadParams & params);
+    ~ModelImpl() override;
+
+    const HParams & hparams() const override { return hp_; }
+    const std::string & path() const override { return file_->path(); }
+    int n_threads() const override { return n_threads_; }
+    void set_n_threads(int n) override;
+    std::vector<float> forward(const std::vector<int32_t> & tokens) override;
+    size_t weights_bytes() const override { return weights_bytes_; }
+
+    const Weights & weights() const { return w_; }
+    ggml_backend * backend() const { return backend_; }
+    const GGUFFile & file() const { return *file_; }
+
+    // Checks ids are in [0, n_vocab); throws diffuse::Error naming the culprit.
+    void check_tokens(const int32_t * ids, size_t n) const;
+
+private:
+    void read_hparams();
+    void bind_weights();
+
+    std::unique_ptr<GGUFFile> file_;
+    std::unique_ptr<FileMapping> map_;
+    ggml_backend_buffer * weight_buf_ = nullptr;
+    ggml_backend * backend_ = nullptr;
+    HParams hp_{};
+    Weights w_{};
+    size_t weights_bytes_ = 0;
+    int n_threads_ = 1;
+    std::unique_ptr<ForwardRunner> runner_;   // graph memory reused by forward()
+};
+
+}  // namespace diffuse
