@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from diffuse import _core
 from diffuse._core import DiffuseError
+from diffuse.events import GenerateResult, StepEvent
+from diffuse.generation import resolve_options
 
 
 class Model:
@@ -56,6 +60,59 @@ class Model:
         if not np.issubdtype(ids.dtype, np.integer):
             raise DiffuseError("forward: token ids must be integers")
         return self._core.forward(ids.astype(np.int32))
+
+    def encode_prompt(self, prompt: str | list[int], chat: bool = True) -> list[int]:
+        """Token ids for a text prompt (chat template applied unless chat=False) or a list of ids."""
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise DiffuseError("the prompt is empty")
+            if chat:
+                return self.tokenizer.encode_chat(prompt)
+            return self.tokenizer.encode(prompt, add_special_tokens=True)
+        ids = [int(t) for t in prompt]
+        if not ids:
+            raise DiffuseError("the prompt is empty")
+        return ids
+
+    def generate(self, prompt: str | list[int], *, chat: bool = True, threads: int | None = None,
+                 on_step: Callable[[StepEvent], bool | None] | None = None, **options) -> GenerateResult:
+        """Denoise `gen_length` masked positions after the prompt.
+
+        Options (None = the family default, see diffuse.generation.default_options): gen_length,
+        steps, block_length, scheduler, threshold, cache, keep_active, refresh_every, temperature,
+        top_k, top_p, alg_temp, cfg_scale, eps, seed. on_step(event) runs once per step on the
+        calling thread; returning False cancels; an exception ends the run and propagates here.
+        """
+        opts = resolve_options(self.arch, **options)
+        ids = self.encode_prompt(prompt, chat)
+        tok = self.tokenizer if isinstance(prompt, str) else self._tokenizer_or_none()
+        eos_ids = list(tok.eos_token_ids) if tok is not None else []
+
+        callback = None
+        if on_step is not None:
+            def callback(d: dict) -> bool:
+                return on_step(StepEvent(**d)) is not False
+
+        t0 = time.perf_counter()
+        out = _core.generate(self._core, np.asarray(ids, dtype=np.int32), threads=threads or 0,
+                             eos_ids=eos_ids, on_step=callback, **opts)
+        total_ms = (time.perf_counter() - t0) * 1000.0
+
+        tokens = out["tokens"]
+        eos_at = [i for i, t in enumerate(tokens) if t in set(eos_ids)]
+        useful = eos_at[0] if eos_at else len(tokens)
+        text = tok.decode(tokens[:useful].tolist(), skip_special_tokens=True) if tok is not None else ""
+        return GenerateResult(
+            text=text, tokens=tokens, prompt_tokens=np.asarray(ids, dtype=np.int32), steps=out["steps"],
+            steps_allowed=out["steps_allowed"], stop_reason=out["stop_reason"], step_ms=out["step_ms"],
+            forward_ms=out["forward_ms"], sample_ms=out["sample_ms"], total_ms=total_ms,
+            gen_length=len(tokens), useful_length=useful, decided_step=out["decided_step"])
+
+    def _tokenizer_or_none(self):
+        try:
+            return self.tokenizer
+        except DiffuseError:
+            return None
 
     def __repr__(self) -> str:
         return f"<diffuse.Model {self.arch} ({self.dialect}) {Path(self.path).name}>"

@@ -8,4 +8,5 @@ void register_errors(pybind11::module_ & m);
 void register_gguf(pybind11::module_ & m);
 void register_quantize(pybind11::module_ & m);
 void register_model(pybind11::module_ & m);
+void register_generate(pybind11::module_ & m);
 }

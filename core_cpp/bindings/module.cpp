@@ -6,4 +6,5 @@ PYBIND11_MODULE(_core, m) {
     diffuse_py::register_gguf(m);
     diffuse_py::register_quantize(m);
     diffuse_py::register_model(m);
+    diffuse_py::register_generate(m);
 }

@@ -4,7 +4,7 @@
 //   auto model = diffuse::Model::load("llada-8b-q4_k_m.gguf", {});   // throws diffuse::Error
 //   std::vector<float> logits = model->forward({1, 2, 3});           // (n_tokens, n_vocab), row-major
 //
-//   diffuse::GenerateParams p = diffuse::default_generate_params(model->hparams());
+//   diffuse::GenerateParams p = diffuse::default_generate_params(model->hparams().arch);
 //   p.gen_length = 128; p.scheduler = diffuse::Scheduler::EntropyExit;
 //   diffuse::GenerateOutput out = diffuse::generate(*model, prompt_ids, p,
 //       [](const diffuse::StepEvent & ev) { return true; /* false cancels */ });
@@ -78,11 +78,11 @@ struct GenerateParams {
     int       steps          = 128;   // step budget for the whole run
     int       block_length   = 32;    // semi-autoregressive block size; gen_length when <= 0
     Scheduler scheduler      = Scheduler::LowConfidence;
-    Schedule  schedule       = Schedule::LLaDABlocks;
     float     threshold      = 1.5f;  // entropy_exit tau, nats
     bool      cache          = true;  // inter-step KV cache
     int       keep_active    = 1;     // a position stays active this many steps after it changed
-    int       refresh_every  = 0;     // full recompute every N steps (0: only at each block start)
+                                      // (>= steps + 1: everything, every step: exact)
+    int       refresh_every  = 0;     // full recompute every N steps (0: only at step 0)
     float     temperature    = 0.0f;
     int       top_k          = 0;     // 0: off
     float     top_p          = 1.0f;  // 1: off
@@ -94,7 +94,8 @@ struct GenerateParams {
     std::vector<int32_t> eos_ids;     // end-of-text ids (early stop, useful length)
 };
 
-GenerateParams default_generate_params(const HParams & hp);
+// Per-family defaults (LLaDA: low_confidence in blocks of 32; Dream: its entropy rule, no blocks).
+GenerateParams default_generate_params(Arch arch);
 
 // One denoising step, as seen by listeners. Positions are absolute (prompt included).
 struct StepEvent {

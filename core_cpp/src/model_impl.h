@@ -68,6 +68,7 @@ public:
     const Weights & weights() const { return w_; }
     ggml_backend * backend() const { return backend_; }
     const GGUFFile & file() const { return *file_; }
+    ForwardRunner & runner() { return *runner_; }
 
     // Checks ids are in [0, n_vocab); throws diffuse::Error naming the culprit.
     void check_tokens(const int32_t * ids, size_t n) const;

@@ -1,0 +1,132 @@
+#include "schedulers.h"
+
+#include "rng.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace diffuse {
+
+namespace {
+
+// Indices of the k largest scores (ties: lower index first, as torch.topk on CPU tends to).
+std::vector<int> top_k(const std::vector<float> & score, int k) {
+    std::vector<int> idx(score.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    k = std::min<int>(k, (int) idx.size());
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int a, int b) {
+        return score[a] > score[b] || (score[a] == score[b] && a < b);
+    });
+    idx.resize(k);
+    return idx;
+}
+
+// Dream's alg_temp: sample k positions without replacement from softmax(score / alg_temp),
+// as Gumbel-top-k (equivalent to torch.multinomial without replacement).
+std::vector<int> pick(const std::vector<float> & score, const SelectInput & in) {
+    if (in.alg_temp <= 0) return top_k(score, in.k);
+    std::vector<float> noisy(score.size());
+    for (size_t i = 0; i < score.size(); ++i)
+        noisy[i] = (float) (score[i] / in.alg_temp - std::log(-std::log(uniform01(in.rng, i))));
+    return top_k(noisy, in.k);
+}
+
+template <typename F>
+std::vector<float> scores(const SelectInput & in, F f) {
+    std::vector<float> s;
+    s.reserve(in.stats.size());
+    for (const RowStats & r : in.stats) s.push_back(f(r));
+    return s;
+}
+
+std::vector<int> select_low_confidence(const SelectInput & in) {
+    return top_k(scores(in, [](const RowStats & r) { return r.p_x0; }), in.k);
+}
+
+std::vector<int> select_random(const SelectInput & in) {
+    std::vector<float> s(in.stats.size());
+    for (size_t i = 0; i < s.size(); ++i) s[i] = (float) uniform01(in.rng, i);
+    return top_k(s, in.k);
+}
+
+// The paper's rule: every position below tau, and at least the scheduled count (lowest entropy first).
+std::vector<int> select_entropy_exit(const SelectInput & in) {
+    const std::vector<float> s = scores(in, [](const RowStats & r) { return -r.entropy; });
+    int below = 0;
+    for (const RowStats & r : in.stats) below += r.entropy < in.threshold;
+    return top_k(s, std::max(in.k, below));
+}
+
+std::vector<int> select_origin(const SelectInput & in) {
+    std::vector<int> out;
+    for (size_t i = 0; i < in.stats.size(); ++i)
+        if (uniform01(in.rng, i) < in.transfer_prob) out.push_back((int) i);
+    return out;
+}
+
+std::vector<int> select_maskgit_plus(const SelectInput & in) {
+    return pick(scores(in, [](const RowStats & r) { return r.conf; }), in);
+}
+
+std::vector<int> select_topk_margin(const SelectInput & in) {
+    return pick(scores(in, [](const RowStats & r) { return r.margin; }), in);
+}
+
+std::vector<int> select_entropy(const SelectInput & in) {
+    return pick(scores(in, [](const RowStats & r) { return r.neg_entropy; }), in);
+}
+
+const SchedulerInfo SCHEDULERS[] = {
+    {Scheduler::LowConfidence, "low_confidence", select_low_confidence, Schedule::LLaDABlocks, true, true},
+    {Scheduler::Random, "random", select_random, Schedule::LLaDABlocks, true, true},
+    {Scheduler::EntropyExit, "entropy_exit", select_entropy_exit, Schedule::LLaDABlocks, true, false},
+    {Scheduler::Origin, "origin", select_origin, Schedule::DreamEps, false, false},
+    {Scheduler::MaskgitPlus, "maskgit_plus", select_maskgit_plus, Schedule::DreamEps, false, true},
+    {Scheduler::TopkMargin, "topk_margin", select_topk_margin, Schedule::DreamEps, false, true},
+    {Scheduler::Entropy, "entropy", select_entropy, Schedule::DreamEps, false, true},
+};
+
+}  // namespace
+
+const SchedulerInfo & scheduler_info(Scheduler s) {
+    for (const SchedulerInfo & i : SCHEDULERS)
+        if (i.id == s) return i;
+    throw Error("unknown scheduler");
+}
+
+const SchedulerInfo & scheduler_by_name(const std::string & name) {
+    for (const SchedulerInfo & i : SCHEDULERS)
+        if (name == i.name) return i;
+    std::string all;
+    for (const SchedulerInfo & i : SCHEDULERS) all += (all.empty() ? "" : ", ") + std::string(i.name);
+    throw Error("unknown scheduler '" + name + "' (choose one of: " + all + ")");
+}
+
+std::vector<std::string> scheduler_names() {
+    std::vector<std::string> out;
+    for (const SchedulerInfo & i : SCHEDULERS) out.push_back(i.name);
+    return out;
+}
+
+std::vector<int> llada_transfer_counts(int n_mask, int steps) {
+    std::vector<int> counts(steps, n_mask / steps);
+    for (int i = 0; i < n_mask % steps; ++i) ++counts[i];
+    return counts;
+}
+
+static double dream_timestep(int i, int steps, float eps) {
+    return 1.0 + (double) i * ((double) eps - 1.0) / steps;
+}
+
+double dream_transfer_prob(int step, int steps, float eps) {
+    if (step >= steps - 1) return 1.0;
+    return 1.0 - dream_timestep(step + 1, steps, eps) / dream_timestep(step, steps, eps);
+}
+
+int dream_transfer_count(int n_mask, int step, int steps, float eps) {
+    if (step >= steps - 1) return n_mask;
+    return (int) (n_mask * dream_transfer_prob(step, steps, eps));
+}
+
+}  // namespace diffuse
