@@ -1,0 +1,24 @@
+"""`diffuse info FILE.gguf`: what a model file holds."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from diffuse.info import describe, format_info
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("info", help="show what a GGUF model file holds",
+                              description="Show a GGUF file's family, dialect, hyper-parameters, weight "
+                                          "types and tokenizer.")
+    p.add_argument("file", help="GGUF file")
+    p.add_argument("--tensors", action="store_true", help="list every tensor")
+    p.add_argument("--json", action="store_true", help="print everything as JSON")
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json for files that carry none (diffuse-cpp)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    d = describe(args.file, tokenizer=args.tokenizer)
+    print(json.dumps(d, indent=2, ensure_ascii=False) if args.json else format_info(d, tensors=args.tensors))
+    return 0

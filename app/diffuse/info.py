@@ -1,0 +1,135 @@
+"""A summary of any GGUF file: family, dialect, hyper-parameters, weight types, tokenizer."""
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+from gguf import LlamaFileType
+
+from diffuse import gguf_file
+from diffuse._core import DiffuseError
+from diffuse.model import load
+from diffuse.tokenizer import Tokenizer
+
+
+def describe(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None) -> dict:
+    """Everything `diffuse info` shows, as plain data (JSON-serialisable).
+
+    The file's metadata and tensor table come first; the engine then loads the model to report
+    the hyper-parameters it will use. A file the engine refuses is still described, with the
+    reason under "load_error" (and "tokenizer_error" likewise).
+    """
+    info = gguf_file.read(path)
+    kv = info.kv
+    types: dict[str, dict] = {}
+    for t in info.tensors:
+        entry = types.setdefault(t.type_name, {"count": 0, "bytes": 0})
+        entry["count"] += 1
+        entry["bytes"] += t.nbytes
+    file_type = kv.get("general.file_type")
+    d = {
+        "path": info.path,
+        "file_size": info.file_size,
+        "gguf_version": info.version,
+        "architecture": info.architecture,
+        "family": info.family,
+        "dialect": info.dialect,
+        "name": kv.get("general.name"),
+        "file_type": file_type,
+        "file_type_name": _ftype_name(file_type),
+        "tensor_count": len(info.tensors),
+        "parameters": sum(t.n_elements for t in info.tensors),
+        "weights_bytes": sum(t.nbytes for t in info.tensors),
+        "types": dict(sorted(types.items(), key=lambda item: -item[1]["bytes"])),   # largest first
+        "tensors": [{"name": t.name, "type": t.type_name, "shape": list(t.shape), "bytes": t.nbytes}
+                    for t in info.tensors],
+        "hparams": None,
+        "tokenizer": None,
+    }
+    hparams = None
+    if info.family is not None:
+        try:
+            hparams = load(path, threads=1).hparams
+            d["hparams"] = hparams
+        except DiffuseError as e:
+            d["load_error"] = str(e)
+    else:
+        d["load_error"] = f"architecture '{info.architecture}' is not a diffusion model diffuse can run"
+    try:
+        tok = Tokenizer.for_model(path, tokenizer, hparams)
+        specials = tok.special_tokens
+        d["tokenizer"] = {
+            "source": tok.source,
+            "vocab_size": tok.vocab_size,
+            "special_count": len(specials),
+            "bos": _token(tok, tok.bos_token_id),
+            "eos": [_token(tok, i) for i in tok.eos_token_ids],
+            "mask": _token(tok, tok.mask_token_id),
+            "chat_template": tok.chat_template is not None,
+            "chat_template_in_file": isinstance(kv.get("tokenizer.chat_template"), str),
+        }
+    except DiffuseError as e:
+        d["tokenizer_error"] = str(e)
+    return d
+
+
+def _ftype_name(ftype) -> str | None:
+    try:
+        return LlamaFileType(ftype).name.removeprefix("MOSTLY_")
+    except (ValueError, TypeError):
+        return None
+
+
+def _token(tok, token_id: int | None) -> dict | None:
+    return None if token_id is None else {"id": token_id, "text": tok.id_to_token(token_id)}
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return ""
+
+
+def format_info(d: dict, tensors: bool = False) -> str:
+    """The human-readable text of :func:`describe`'s result; `tensors` adds the per-tensor table."""
+    lines = [
+        f"file          {d['path']} ({_size(d['file_size'])}, GGUF v{d['gguf_version']})",
+        f"architecture  {d['architecture']} (family {d['family'] or '-'}, dialect {d['dialect']})",
+    ]
+    if d.get("name"):
+        lines.append(f"name          {d['name']}")
+    if d["file_type"] is not None:
+        lines.append(f"file type     {d['file_type_name'] or '?'} ({d['file_type']})")
+    lines.append(f"tensors       {d['tensor_count']}, {d['parameters'] / 1e6:.2f} M parameters, "
+                 f"{_size(d['weights_bytes'])}")
+    for name, t in d["types"].items():
+        lines.append(f"  {name:<10}  {t['count']:>5} tensors  {_size(t['bytes']):>12}")
+    hp = d.get("hparams")
+    if hp:
+        lines.append("hyper-parameters")
+        lines.append(f"  layers {hp['n_layer']}, d_model {hp['n_embd']}, ffn {hp['n_ff']}, heads {hp['n_head']} "
+                     f"(kv {hp['n_head_kv']}, dim {hp['head_dim']}), vocab {hp['n_vocab']}")
+        lines.append(f"  context {hp['n_ctx_train']}, rope theta {hp['rope_theta']:g} ({hp['rope_mode']}), "
+                     f"rms eps {hp['rms_eps']:g}, shift logits {hp['shift_logits']}, mask id {hp['mask_token_id']}")
+    if d.get("load_error"):
+        lines.append(f"cannot load    {d['load_error']}")
+    tok = d.get("tokenizer")
+    if tok:
+        def show(t):
+            return "-" if t is None else f"{t['id']} {t['text']!r}"
+        lines.append(f"tokenizer     {tok['vocab_size']} tokens from {tok['source']}, {tok['special_count']} special")
+        lines.append(f"  bos {show(tok['bos'])}; eos {', '.join(show(t) for t in tok['eos']) or '-'}; "
+                     f"mask {show(tok['mask'])}")
+        template = "in the file" if tok["chat_template_in_file"] else "family default" if tok["chat_template"] else "none"
+        lines.append(f"  chat template {template}")
+    if d.get("tokenizer_error"):
+        lines.append(f"tokenizer     {d['tokenizer_error']}")
+    if tensors:
+        lines.append("")
+        width = max((len(t["name"]) for t in d["tensors"]), default=4)
+        for t in d["tensors"]:
+            shape = " x ".join(str(s) for s in t["shape"])
+            lines.append(f"{t['name']:<{width}}  {t['type']:<6}  {shape:<20}  {_size(t['bytes']):>12}")
+    return "\n".join(lines)
