@@ -9,4 +9,5 @@ void register_gguf(pybind11::module_ & m);
 void register_quantize(pybind11::module_ & m);
 void register_model(pybind11::module_ & m);
 void register_generate(pybind11::module_ & m);
+void register_bench(pybind11::module_ & m);
 }

@@ -7,4 +7,5 @@ PYBIND11_MODULE(_core, m) {
     diffuse_py::register_quantize(m);
     diffuse_py::register_model(m);
     diffuse_py::register_generate(m);
+    diffuse_py::register_bench(m);
 }

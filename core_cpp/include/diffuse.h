@@ -156,3 +156,11 @@ public:
 std::vector<uint8_t> quantize_rows(const float * data, int64_t n_rows, int64_t n_cols, int ggml_type);
 
 }  // namespace diffuse
+
+namespace diffuse {
+
+// ggml's own matrix product on this machine: y = W x with W (m, k) of `ggml_type`, x (k, n) F32.
+// Returns the best wall time of `reps` runs, seconds (the ceiling a forward pass is compared to).
+double bench_matmul(int ggml_type, int64_t k, int64_t m, int64_t n, int n_threads, int reps);
+
+}  // namespace diffuse

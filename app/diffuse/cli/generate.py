@@ -1,0 +1,116 @@
+"""`diffuse generate`: denoise a prompt, with a live view of the steps in the terminal."""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+
+import numpy as np
+
+from diffuse.events import GenerateResult, StepEvent
+from diffuse.generation import SCHEDULERS
+
+MASK_GLYPH = "\u2591"   # light shade: a position still masked
+
+
+def add_generation_options(p: argparse.ArgumentParser) -> None:
+    """The generation options shared by `generate` and the benchmarks (None = family default)."""
+    g = p.add_argument_group("generation (defaults depend on the model family)")
+    g.add_argument("--gen-length", type=int, help="positions to generate")
+    g.add_argument("--steps", type=int, help="denoising step budget")
+    g.add_argument("--block-length", type=int, help="semi-autoregressive block size (0: one block)")
+    g.add_argument("--scheduler", choices=SCHEDULERS)
+    g.add_argument("--threshold", type=float, help="entropy_exit tau in nats (default 1.5)")
+    g.add_argument("--cache", action=argparse.BooleanOptionalAction, default=None, help="inter-step KV cache")
+    g.add_argument("--keep-active", type=int, help="steps a changed position stays recomputed")
+    g.add_argument("--refresh-every", type=int, help="full recompute every N steps (0: never after step 0)")
+    g.add_argument("--temperature", type=float)
+    g.add_argument("--top-k", type=int)
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--alg-temp", type=float)
+    g.add_argument("--cfg-scale", type=float)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--threads", type=int, help="CPU threads (default: all)")
+
+
+def generation_options(args: argparse.Namespace) -> dict:
+    names = ("gen_length", "steps", "block_length", "scheduler", "threshold", "cache", "keep_active",
+             "refresh_every", "temperature", "top_k", "top_p", "alg_temp", "cfg_scale", "seed")
+    return {n: getattr(args, n) for n in names}
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("generate", help="generate text from a prompt, showing the denoising live",
+                       description="Generate text with a masked diffusion model.")
+    p.add_argument("-m", "--model", required=True, help="GGUF model file")
+    p.add_argument("-p", "--prompt", required=True, help="prompt text")
+    p.add_argument("--no-chat", dest="chat", action="store_false", help="do not apply the chat template")
+    p.add_argument("--tokenizer", help="tokenizer.json for model files that carry none")
+    p.add_argument("--quiet", action="store_true", help="no live view, only the answer and the summary")
+    add_generation_options(p)
+    return p
+
+
+class LiveView:
+    """Redraws the generated buffer after every step (ANSI on a terminal, one line per step otherwise)."""
+
+    def __init__(self, tokenizer, stream=sys.stdout):
+        self.tok = tokenizer
+        self.out = stream
+        self.tty = stream.isatty()
+        self.lines_drawn = 0
+        self.pieces: dict[int, str] = {}
+
+    def piece(self, token: int) -> str:
+        if token not in self.pieces:
+            self.pieces[token] = self.tok.decode([int(token)]).replace("\n", "\u21b5")
+        return self.pieces[token]
+
+    def __call__(self, ev: StepEvent) -> bool:
+        status = (f"step {ev.step + 1}/{ev.steps_allowed}  block {ev.block + 1}/{ev.n_blocks}  "
+                  f"+{len(ev.unmasked)}  masked {int(ev.gen_mask.sum())}  "
+                  f"active {len(ev.active)}/{len(ev.tokens)}  {ev.total_ms:.0f} ms")
+        if not self.tty:
+            print(status, file=self.out, flush=True)
+            return True
+        new = set(int(i) for i in ev.unmasked)
+        parts = []
+        for i, (t, m) in enumerate(zip(ev.tokens[ev.prompt_length:], ev.gen_mask)):
+            pos = ev.prompt_length + i
+            if m:
+                parts.append(f"\x1b[2m{MASK_GLYPH}\x1b[0m")
+            elif pos in new:
+                parts.append(f"\x1b[1;32m{self.piece(t)}\x1b[0m")
+            else:
+                parts.append(self.piece(t))
+        text = "".join(parts)
+        width = shutil.get_terminal_size().columns
+        if self.lines_drawn:
+            self.out.write(f"\x1b[{self.lines_drawn}F\x1b[J")
+        body = f"{text}\n\x1b[2m{status}\x1b[0m\n"
+        self.out.write(body)
+        self.out.flush()
+        visible = text.replace("\x1b[2m", "").replace("\x1b[1;32m", "").replace("\x1b[0m", "")
+        self.lines_drawn = sum(max(1, -(-len(line) // width)) for line in visible.split("\n")) + 1
+        return True
+
+
+def summary(r: GenerateResult) -> str:
+    step_ms = np.asarray(r.step_ms)
+    return (f"steps {r.steps}/{r.steps_allowed} ({r.stop_reason})  total {r.total_ms / 1000:.2f} s  "
+            f"per step {step_ms.mean():.1f} ms (forward {np.mean(r.forward_ms):.1f}, "
+            f"sampling {np.mean(r.sample_ms):.1f})  buffer {r.buffer_tokens_per_s:.2f} tok/s  "
+            f"useful {r.useful_tokens_per_s:.2f} tok/s ({r.useful_length}/{r.gen_length} tokens)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import diffuse
+
+    model = diffuse.load(args.model, threads=args.threads, tokenizer=args.tokenizer)
+    view = None if args.quiet else LiveView(model.tokenizer)
+    result = model.generate(args.prompt, chat=args.chat, on_step=view, **generation_options(args))
+    print()
+    print(result.text)
+    print()
+    print(summary(result), file=sys.stderr)
+    return 0
