@@ -1,0 +1,198 @@
+"""Tokenizer: every source gives the ids the `tokenizers` library gives on the original tokenizer.json."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer as HFTokenizer
+
+from diffuse import DiffuseError, gguf_file
+from diffuse.tokenizer import Tokenizer
+
+TEXTS = [
+    "Hello world",
+    " Hello, World!  ",
+    "I've been 'told he's there, 'RE you sure? We'Ve a'lL",
+    "Äpfel, naïve café, Ελληνικά, нещо на Български",
+    "我想在apple工作1314151天～ こんにちは 한국어",
+    "🦙🚀 (emoji) 😶\u200d🌫️ ✅ 👍🏽",
+    "3 33 333 3333 33333 3.3 3..3 ------======= !!!!!!?????",
+    "\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \nend",
+    "line one\r\nline two\ttab",
+    "e\u0301 decomposed accent",
+    "<|im_start|>user\nHi<|im_end|>\n",
+]
+
+VOCAB_DIR = Path("/tmp/dl/llama_cpp_python-0.3.36/vendor/llama.cpp/models")
+
+# The pre-tokenizer regexes exactly as the models' own tokenizer.json files write them; the
+# tokenizer rebuilt from llama.cpp arrays uses llama.cpp's adapted forms, so these tests check
+# that the two agree.
+HF_REGEX = {
+    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+}
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|eot_id|>", "<|mask|>"]
+
+
+def train_tokenizer(pre: str) -> HFTokenizer:
+    """A small byte-level BPE in the layout of Qwen2's (pre="qwen2") or Llama 3's tokenizer.json."""
+    tok = HFTokenizer(models.BPE(ignore_merges=pre == "llama-bpe"))
+    if pre == "qwen2":
+        tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(HF_REGEX[pre]), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TEXTS * 20 + ["the quick brown fox jumps over the lazy dog"] * 50, trainer)
+    return tok
+
+
+def write_arrays_gguf(hf: HFTokenizer, path: Path, pre: str, arch: str = "dream") -> Path:
+    """A GGUF holding only llama.cpp's tokenizer.ggml.* arrays for `hf` (as llama.cpp's converter writes them)."""
+    j = json.loads(hf.to_str())
+    vocab = hf.get_vocab(with_added_tokens=True)
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    special = {a["content"] for a in j["added_tokens"] if a["special"]}
+    merges = [" ".join(m) if isinstance(m, list) else m for m in j["model"]["merges"]]
+    kv = {"general.architecture": arch, "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre,
+          "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [3 if t in special else 1 for t in tokens],
+          "tokenizer.ggml.merges": merges}
+    kv_types = {"general.architecture": "str", "tokenizer.ggml.model": "str", "tokenizer.ggml.pre": "str",
+                "tokenizer.ggml.tokens": "array[str]", "tokenizer.ggml.token_type": "array[i32]",
+                "tokenizer.ggml.merges": "array[str]"}
+    gguf_file.write(path, kv, kv_types, [], [])
+    return path
+
+
+@pytest.mark.parametrize("pre", ["qwen2", "llama-bpe"])
+def test_llama_cpp_arrays_match_original(tmp_path, pre):
+    hf = train_tokenizer(pre)
+    tok = Tokenizer.for_model(write_arrays_gguf(hf, tmp_path / "m.gguf", pre))
+    assert tok.source.startswith("llama.cpp vocabulary")
+    for text in TEXTS:
+        want = hf.encode(text, add_special_tokens=False).ids
+        assert tok.encode(text) == want, text
+        assert tok.decode(want) == hf.decode(want, skip_special_tokens=False)
+    assert tok.vocab_size == hf.get_vocab_size()
+    assert set(tok.special_tokens.values()) == set(SPECIALS)
+
+
+def test_unicode_round_trip(tmp_path):
+    tok = Tokenizer.for_model(write_arrays_gguf(train_tokenizer("llama-bpe"), tmp_path / "m.gguf", "llama-bpe"))
+    for text in TEXTS:   # no NFC in this layout, so decoding gives back every text exactly
+        assert tok.decode(tok.encode(text)) == text
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama-bpe", "gpt-2"])
+def test_llama_cpp_vocab_test_vectors(name):
+    """llama.cpp's vocab-only GGUFs ship inputs (.inp) and the ids Hugging Face gives (.out)."""
+    path = VOCAB_DIR / f"ggml-vocab-{name}.gguf"
+    if not path.exists():
+        pytest.skip(f"{path} not present (llama-cpp-python sdist not extracted)")
+    tok = Tokenizer.for_model(path)
+    inputs = path.with_name(path.name + ".inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    outputs = path.with_name(path.name + ".out").read_text(encoding="utf-8").splitlines()
+    if inputs[-1] == "":
+        inputs.pop()
+    assert len(inputs) == len(outputs) > 20
+    for text, ids in zip(inputs, outputs):
+        assert tok.encode(text) == [int(i) for i in ids.split()], text
+
+
+def test_qwen2_vocab_specials_and_template():
+    path = VOCAB_DIR / "ggml-vocab-qwen2.gguf"
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    tok = Tokenizer.for_model(path, hparams={"arch": "dream", "mask_token_id": 151666})
+    assert [tok.id_to_token(i) for i in tok.eos_token_ids] == ["<|endoftext|>", "<|im_end|>"]
+    assert tok.mask_token_id == 151666
+    text = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    ids = tok.encode_chat("Hi")
+    assert ids[0] == tok.token_to_id("<|im_start|>")
+    assert ids[-3:] == [tok.token_to_id("<|im_start|>"), tok.token_to_id("assistant"), tok.token_to_id("Ċ")]
+
+
+def test_tokenizer_json_beside_and_explicit(tmp_path):
+    hf = train_tokenizer("qwen2")
+    model = write_arrays_gguf(hf, tmp_path / "m.gguf", "qwen2")
+    (tmp_path / "tokenizer.json").write_text(hf.to_str(), encoding="utf-8")
+    beside = Tokenizer.for_model(model)
+    assert beside.source == str(tmp_path / "tokenizer.json")
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    shutil.copy(tmp_path / "tokenizer.json", other / "tokenizer.json")
+    (other / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages[0]['content'] }}!"}))
+    explicit = Tokenizer.for_model(model, other)   # a folder: its tokenizer.json and chat template
+    assert explicit.source == str(other / "tokenizer.json")
+    assert explicit.apply_chat_template([{"role": "user", "content": "Hi"}]) == "Hi!"
+    for text in TEXTS:
+        assert beside.encode(text) == explicit.encode(text) == hf.encode(text).ids
+
+
+def test_missing_tokenizer_says_how_to_fix(tmp_path):
+    path = tmp_path / "bare.gguf"
+    gguf_file.write(path, {"general.architecture": "diffuse", "diffuse.model_type": "llada"},
+                    {"general.architecture": "str", "diffuse.model_type": "str"}, [], [])
+    with pytest.raises(DiffuseError, match=r"bare\.gguf.*no tokenizer.*tokenizer\.json"):
+        Tokenizer.for_model(path)
+    with pytest.raises(DiffuseError, match="no such tokenizer file"):
+        Tokenizer.for_model(path, tmp_path / "missing.json")
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(DiffuseError, match="not a valid tokenizer.json"):
+        Tokenizer.for_model(path)
+
+
+def test_unknown_pre_tokenizer_is_an_error(tmp_path):
+    path = write_arrays_gguf(train_tokenizer("qwen2"), tmp_path / "m.gguf", "no-such-pre")
+    with pytest.raises(DiffuseError, match="unknown llama.cpp pre-tokenizer 'no-such-pre'"):
+        Tokenizer.for_model(path)
+
+
+def test_family_chat_templates(tmp_path):
+    hf = train_tokenizer("llama-bpe")
+    hf.add_special_tokens(["<|startoftext|>", "<|start_header_id|>", "<|end_header_id|>"])
+    (tmp_path / "tokenizer.json").write_text(hf.to_str(), encoding="utf-8")
+    path = tmp_path / "m.gguf"
+    gguf_file.write(path, {"general.architecture": "llada"}, {"general.architecture": "str"}, [], [])
+    llada = Tokenizer.for_model(path)
+    assert llada.bos_token_id == hf.token_to_id("<|startoftext|>")
+    chat = [{"role": "user", "content": " What is 2+2? "}]
+    assert llada.apply_chat_template(chat) == (
+        "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    ids = llada.encode_chat(" What is 2+2? ")
+    assert ids[0] == llada.bos_token_id and hf.token_to_id("<|eot_id|>") in ids
+    assert llada.eos_token_ids == tuple(sorted([hf.token_to_id("<|endoftext|>"), hf.token_to_id("<|eot_id|>"),
+                                                hf.token_to_id("<|im_end|>")]))
+
+    gguf_file.write(path, {"general.architecture": "dream"}, {"general.architecture": "str"}, [], [])
+    dream = Tokenizer.for_model(path, hparams={"arch": "dream", "mask_token_id": hf.token_to_id("<|mask|>")})
+    assert dream.apply_chat_template(chat, add_generation_prompt=False) == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n What is 2+2? <|im_end|>\n")
+    assert dream.mask_token_id == hf.token_to_id("<|mask|>")
+
+
+def test_chat_template_is_sandboxed(tmp_path):
+    hf = train_tokenizer("qwen2")
+    (tmp_path / "tokenizer.json").write_text(hf.to_str(), encoding="utf-8")
+    path = tmp_path / "m.gguf"
+    evil = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
+    gguf_file.write(path, {"general.architecture": "dream", "tokenizer.chat_template": evil},
+                    {"general.architecture": "str", "tokenizer.chat_template": "str"}, [], [])
+    tok = Tokenizer.for_model(path)
+    with pytest.raises(DiffuseError, match="chat template"):
+        tok.apply_chat_template([{"role": "user", "content": "x"}])
+
+
+def test_decode_rejects_negative_ids(tmp_path):
+    tok = Tokenizer.for_model(write_arrays_gguf(train_tokenizer("qwen2"), tmp_path / "m.gguf", "qwen2"))
+    with pytest.raises(DiffuseError, match="token ids"):
+        tok.decode([1, -5])
+    assert tok.decode([tok.vocab_size + 100]) == ""   # padding rows of the output decode to nothing
