@@ -9,6 +9,7 @@ import pytest
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
+import diffuse
 from diffuse import DiffuseError, gguf_file
 from diffuse.tokenizer import Tokenizer
 
@@ -196,3 +197,53 @@ def test_decode_rejects_negative_ids(tmp_path):
     with pytest.raises(DiffuseError, match="token ids"):
         tok.decode([1, -5])
     assert tok.decode([tok.vocab_size + 100]) == ""   # padding rows of the output decode to nothing
+
+
+# ---- the three sources of a converted model ----
+
+def copy_without_keys(src: Path, dst: Path, drop) -> Path:
+    """A copy of a GGUF model without the metadata keys for which drop(key) is true."""
+    info = gguf_file.read(src)
+    kv = {k: v for k, v in info.kv.items() if not drop(k)}
+    gguf_file.write(dst, kv, info.kv_types, [gguf_file.OutTensor(t.name, t.type, t.shape) for t in info.tensors],
+                    (t.raw() for t in info.tensors))
+    return dst
+
+
+@pytest.fixture(scope="module", params=["llada", "dream"])
+def family_sources(request, tiny_gguf, tmp_path_factory):
+    """(original tokenizer, {source: model path}) for one family."""
+    family = request.param
+    model = tiny_gguf(family, "f32")
+    original = HFTokenizer.from_str(gguf_file.read(model).kv["tokenizer.huggingface.json"])
+    if family == "llada":   # the checkpoint's own tokenizer.json is what was embedded
+        hf_dir = request.getfixturevalue("tiny_hf_llada")
+        assert original.to_str() == HFTokenizer.from_file(str(hf_dir / "tokenizer.json")).to_str()
+    tmp = tmp_path_factory.mktemp(f"tok_{family}")
+    arrays = copy_without_keys(model, tmp / "arrays.gguf", lambda k: k == "tokenizer.huggingface.json")
+    (tmp / "beside").mkdir()
+    beside = copy_without_keys(model, tmp / "beside" / "model.gguf",   # the engine still needs the mask id
+                               lambda k: k.startswith("tokenizer.") and k != "tokenizer.ggml.mask_token_id")
+    (tmp / "beside" / "tokenizer.json").write_text(original.to_str(), encoding="utf-8")
+    return family, original, {"embedded": model, "arrays": arrays, "beside": beside}
+
+
+@pytest.mark.parametrize("source", ["embedded", "arrays", "beside"])
+def test_model_tokenizer_matches_original(family_sources, source):
+    family, original, paths = family_sources
+    tok = diffuse.load(paths[source], threads=1).tokenizer
+    assert {"embedded": "embedded tokenizer.json", "arrays": "llama.cpp vocabulary",
+            "beside": str(paths["beside"].parent / "tokenizer.json")}[source] in tok.source
+    for text in TEXTS:
+        want = original.encode(text, add_special_tokens=False).ids
+        assert tok.encode(text) == want, text
+        assert tok.decode(want) == original.decode(want, skip_special_tokens=False)
+    names = {"llada": ["<|endoftext|>", "<|eot_id|>"], "dream": ["<|endoftext|>", "<|im_end|>"]}[family]
+    assert tok.eos_token_ids == tuple(sorted(original.token_to_id(n) for n in names))
+    mask = {"llada": "<|mdm_mask|>", "dream": "<|mask|>"}[family]
+    assert tok.mask_token_id == original.token_to_id(mask)
+    chat = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
+    head = {"llada": "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>",
+            "dream": "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"}
+    assert chat.startswith(head[family])
+    assert tok.encode_chat("Hi") == original.encode(chat, add_special_tokens=False).ids

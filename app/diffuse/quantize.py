@@ -101,12 +101,13 @@ def plan(info: gguf_file.GGUFInfo, qtype: str) -> list[gguf_file.OutTensor]:
 
 def quantize_file(in_path: str | os.PathLike, out_path: str | os.PathLike, qtype: str,
                   progress: Callable[[int, int, str], None] | None = None,
-                  cancel: Callable[[], bool] | None = None, threads: int | None = None) -> None:
+                  cancel: Callable[[], bool] | None = None, threads: int | None = None) -> Path | None:
     """Write `in_path` (any GGUF model, any weight types) to `out_path` in `qtype`
     (F16, BF16, Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K).
 
-    progress(done_bytes, total_bytes, tensor_name) is called as input is consumed; cancel() -> True
-    stops and removes the output. The file appears under its name only when complete.
+    progress(done_bytes, total_bytes, tensor_name) is called as input is consumed. Returns the
+    output path, or None when cancel() returned True (nothing is left behind). The file appears
+    under its name only when complete.
     """
     qtype = qtype.upper()
     if qtype not in QTYPES:
@@ -136,14 +137,21 @@ def quantize_file(in_path: str | os.PathLike, out_path: str | os.PathLike, qtype
         if progress:
             progress(done, total, name)
         if cancel and cancel():
-            raise DiffuseError(f"{out_path}: cancelled")
+            raise _Cancelled
 
     pool = ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1)
     try:
         data = (_convert(src, dst, pool, report) for src, dst in zip(info.tensors, out_tensors))
         gguf_file.write(out_path, kv, kv_types, out_tensors, data)
+    except _Cancelled:
+        return None
     finally:
         pool.shutdown(cancel_futures=True)   # after a cancel or an error, queued chunks never start
+    return out_path
+
+
+class _Cancelled(Exception):
+    pass
 
 
 # Rows per work item: about 4 MB of float32, so every thread has work and memory stays small.
