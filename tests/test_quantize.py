@@ -11,6 +11,7 @@ from gguf import GGUFWriter
 from gguf.quants import dequantize
 
 import diffuse
+import diffuse.quantize
 from diffuse import DiffuseError, gguf_file
 from diffuse.cli import main
 from diffuse.quantize import QTYPES, plan, quantize_file, tensor_type
@@ -189,13 +190,14 @@ def test_any_input_type(tiny_gguf, tmp_path, src_type):
     assert diffuse.load(out, threads=1).tokenizer.encode("the river") == ref.tokenizer.encode("the river")
 
 
-def test_same_type_is_copied_and_threads_do_not_matter(tiny_gguf, tmp_path):
+def test_same_type_is_copied_and_chunks_do_not_matter(tiny_gguf, tmp_path, monkeypatch):
     src = tiny_gguf("llada", "q8_0")
     a = quantize_file(src, tmp_path / "a.gguf", "Q8_0", threads=1)
     for s, d in zip(gguf_file.read(src).tensors, gguf_file.read(a).tensors):
         assert np.array_equal(s.raw(), d.raw()), s.name
     f32 = tiny_gguf("llada", "f32")
     one = quantize_file(f32, tmp_path / "one.gguf", "Q4_K_M", threads=1)
+    monkeypatch.setattr(diffuse.quantize, "_CHUNK_FLOATS", 4096)   # 16 rows of 256 per work item
     two = quantize_file(f32, tmp_path / "two.gguf", "Q4_K_M", threads=2)
     assert one.read_bytes() == two.read_bytes()
 
