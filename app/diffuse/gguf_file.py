@@ -139,13 +139,12 @@ def write(out_path: str | os.PathLike, kv: dict, kv_types: dict, tensors: list[O
     """
     out_path = Path(out_path)
     part = out_path.with_name(out_path.name + ".part")
-    writer = GGUFWriter(part, arch=kv.get("general.architecture", ""))
+    writer = GGUFWriter(part, arch="")   # an empty arch adds no key: every key is copied below, in order
     try:
         if "general.alignment" in kv:
             writer.data_alignment = int(kv["general.alignment"])
         for key, value in kv.items():
-            if key != "general.architecture":   # the writer adds it first
-                _add_kv(writer, key, value, kv_types[key])
+            _add_kv(writer, key, value, kv_types[key])
         for t in tensors:
             # Declared as raw bytes (numpy order: outermost dimension first); the writer turns the
             # byte shape back into the element shape of the ggml type.

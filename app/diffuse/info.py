@@ -54,7 +54,7 @@ def describe(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None
         except DiffuseError as e:
             d["load_error"] = str(e)
     else:
-        d["load_error"] = f"architecture '{info.architecture}' is not a diffusion model diffuse can run"
+        d["load_error"] = f"{info.path}: architecture '{info.architecture}' is not a diffusion model diffuse can run"
     try:
         tok = Tokenizer.for_model(path, tokenizer, hparams)
         specials = tok.special_tokens
