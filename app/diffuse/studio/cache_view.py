@@ -1,0 +1,96 @@
+"""Cache view: which positions went through the network each step, which came from the cache.
+
+Top: steps x sequence positions (prompt included), orange = recomputed (active), blue = K/V
+served from the inter-step cache, dark = not run. Bottom: the active fraction per step; without
+the cache every step is at 1.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+
+from diffuse.studio import theme
+from diffuse.studio.run_state import RunState
+
+
+class CacheView(pg.GraphicsLayoutWidget):
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.run: RunState | None = None
+        self.plot = self.addPlot(row=0, col=0)
+        self.plot.invertY(True)
+        self.plot.setLabel("left", "step")
+        self.plot.setLabel("bottom", "sequence position (prompt, then generated)")
+        self.plot.setMenuEnabled(False)
+        self.image = pg.ImageItem(axisOrder="row-major")   # [step, position]
+        table = np.array([[theme.BG.red(), theme.BG.green(), theme.BG.blue()],
+                          [theme.CACHED.red(), theme.CACHED.green(), theme.CACHED.blue()],
+                          [theme.ACTIVE.red(), theme.ACTIVE.green(), theme.ACTIVE.blue()]],
+                         np.uint8)
+        self.image.setLookupTable(table)
+        self.plot.addItem(self.image)
+        self.prompt_line = pg.InfiniteLine(angle=90, pen=pg.mkPen(theme.HIGHLIGHT, width=1.5),
+                                           label="prompt | generated",
+                                           labelOpts={"position": 0.97, "color": theme.MUTED})
+        self.plot.addItem(self.prompt_line)
+        self.step_line = pg.InfiniteLine(angle=0, pen=pg.mkPen(theme.ACCENT, width=1.5))
+        self.plot.addItem(self.step_line)
+        legend = self.plot.addLegend(offset=(-6, 6), labelTextSize="8pt")
+        for name, color in (("recomputed", theme.ACTIVE), ("from cache", theme.CACHED)):
+            legend.addItem(pg.PlotDataItem(pen=None, symbol="s", symbolSize=10,
+                                           symbolBrush=color, symbolPen=None), name)
+
+        self.fraction = self.addPlot(row=1, col=0)
+        self.fraction.setLabel("left", "active fraction")
+        self.fraction.setLabel("bottom", "step")
+        self.fraction.setYRange(0, 1.05, padding=0)
+        self.fraction.setMaximumHeight(170)
+        self.fraction.setMenuEnabled(False)
+        self.fraction.addItem(pg.InfiniteLine(pos=1.0, angle=0, pen=pg.mkPen(
+            theme.MUTED, style=Qt.PenStyle.DashLine), label="no cache",
+            labelOpts={"position": 0.97, "color": theme.MUTED, "anchors": [(1, 1), (1, 1)]}))
+        self.curve = self.fraction.plot(pen=pg.mkPen(theme.ACTIVE, width=2), symbol="o",
+                                        symbolSize=4, symbolBrush=theme.ACTIVE,
+                                        symbolPen=None)
+        self.fraction_marker = pg.InfiniteLine(angle=90, pen=pg.mkPen(theme.ACCENT, width=1.5))
+        self.fraction.addItem(self.fraction_marker)
+        self.summary = pg.LabelItem(justify="left", color=theme.MUTED)
+        self.addItem(self.summary, row=2, col=0)
+        self.set_run(None)
+
+    def set_run(self, run: RunState | None) -> None:
+        self.run = run
+        self._rows = 0
+        if run is None or not run.events:
+            self.image.clear()
+            self.curve.setData([], [])
+            self.summary.setText("")
+            self.step_line.setVisible(False)
+            self.fraction_marker.setVisible(False)
+            return
+        self.prompt_line.setValue(run.prompt_length)
+        self.show_step(-1)
+
+    def show_step(self, step: int) -> None:
+        run = self.run
+        if run is None or not run.events:
+            return
+        k = run.clamp(step)
+        rows = max(run.steps_allowed, run.n_steps)
+        self.image.setImage(run.cache[:rows], levels=(0, 2), autoLevels=False)
+        if rows != self._rows:
+            self._rows = rows
+            self.plot.setRange(xRange=(0, run.cache.shape[1]), yRange=(0, rows), padding=0.01)
+        frac = run.active_fraction[:run.n_steps]
+        self.curve.setData(np.arange(run.n_steps), frac)
+        self.fraction.setXRange(0, max(rows - 1, 1), padding=0.02)
+        for line in (self.step_line, self.fraction_marker):
+            line.setVisible(True)
+        self.step_line.setValue(k + 0.5)
+        self.fraction_marker.setValue(k)
+        mean = float(np.nanmean(frac)) if np.isfinite(frac).any() else float("nan")
+        cache_on = run.options.get("cache") is not False     # None: the default, on
+        self.summary.setText(
+            f"step {k + 1}: {frac[k]:.0%} of positions recomputed · run average {mean:.0%} · "
+            f"cache {'on' if cache_on else 'off'}")

@@ -1,0 +1,302 @@
+"""Chat panel: the conversation, the prompt box and the run buttons.
+
+While a run goes, the answer being denoised is shown as it stands (committed tokens, masks as
+░); when it ends the decoded answer replaces it and is saved with a link to the run's recording.
+"""
+from __future__ import annotations
+
+import html
+import time
+
+from PySide6.QtCore import Qt, QUrl, Signal
+from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
+from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QMessageBox, QPlainTextEdit,
+                               QPushButton, QTextBrowser, QVBoxLayout, QWidget)
+
+from diffuse import DiffuseError
+from diffuse.studio.conversations import Conversation, ConversationStore, Message
+from diffuse.studio.run_state import MASK_GLYPH, RunState
+
+
+def _text_html(text: str) -> str:
+    body = html.escape(text).replace("\n", "<br>")
+    return body.replace(MASK_GLYPH, f"<span style='color:#4a5064'>{MASK_GLYPH}</span>")
+
+
+def answer_meta(run: RunState, recording: str | None) -> dict:
+    """What an answer remembers of its run."""
+    res = run.result
+    meta = {"options": run.options, "model": run.recording.model.get("name", ""),
+            "recording": recording, "time": time.time()}
+    if res is not None:
+        meta.update(steps=res.steps, steps_allowed=res.steps_allowed, total_ms=res.total_ms,
+                    stop_reason=res.stop_reason,
+                    tokens_per_s=round(res.buffer_tokens_per_s, 2))
+    return meta
+
+
+class ChatPanel(QWidget):
+    generate_requested = Signal(str, object)   # prompt text, chat messages (list of dicts)
+    stop_requested = Signal()
+    replay_requested = Signal(str)             # recording path
+
+    def __init__(self, store: ConversationStore | None = None, parent=None):
+        super().__init__(parent)
+        self.store = store or ConversationStore()
+        self.conversation = Conversation()
+        self._pending: str | None = None       # the answer being denoised, as it stands
+        self._error: str | None = None
+        self.busy = False
+        self.model_ready = False
+
+        self.picker = QComboBox()
+        self.picker.setToolTip("Saved conversations")
+        self.picker.activated.connect(self._picked)
+        new = QPushButton("New")
+        new.setToolTip("Start a new conversation")
+        new.clicked.connect(self.new_conversation)
+        delete = QPushButton("Delete")
+        delete.setToolTip("Delete this conversation")
+        delete.clicked.connect(self.delete_conversation)
+        top = QHBoxLayout()
+        top.addWidget(self.picker, 1)
+        top.addWidget(new)
+        top.addWidget(delete)
+
+        self.view = QTextBrowser()
+        self.view.setOpenLinks(False)
+        self.view.anchorClicked.connect(self._link)
+        self.prompt = QPlainTextEdit()
+        self.prompt.setPlaceholderText("Ask something…  (Ctrl+Enter to generate)")
+        self.prompt.setMaximumHeight(110)
+        self.generate_button = QPushButton("Generate")
+        self.generate_button.setObjectName("Primary")
+        self.generate_button.clicked.connect(self.submit)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setObjectName("Danger")
+        self.stop_button.clicked.connect(self.stop_requested)
+        self.regenerate_button = QPushButton("Regenerate")
+        self.regenerate_button.clicked.connect(self.regenerate)
+        self.copy_button = QPushButton("Copy answer")
+        self.copy_button.clicked.connect(self.copy_answer)
+        self.clear_button = QPushButton("Clear")
+        self.clear_button.clicked.connect(self.clear)
+        self.hint = QLabel()
+        self.hint.setObjectName("Muted")
+        buttons = QHBoxLayout()
+        for b in (self.copy_button, self.regenerate_button, self.clear_button):
+            buttons.addWidget(b)
+        buttons.addStretch(1)
+        buttons.addWidget(self.stop_button)
+        buttons.addWidget(self.generate_button)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 6, 6, 6)
+        layout.addLayout(top)
+        layout.addWidget(self.view, 1)
+        layout.addWidget(self.prompt)
+        layout.addWidget(self.hint)
+        layout.addLayout(buttons)
+        for keys in ("Ctrl+Return", "Ctrl+Enter"):
+            QShortcut(QKeySequence(keys), self.prompt, self.submit)
+
+        self._restore()
+        self._update_buttons()
+
+    # -- conversations ------------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        convs = self.store.list()
+        if convs:
+            try:
+                self.conversation = self.store.load(convs[0][0])
+            except DiffuseError:
+                self.conversation = Conversation()
+        self._refresh_picker()
+        self.render()
+
+    def _refresh_picker(self) -> None:
+        self.picker.blockSignals(True)
+        self.picker.clear()
+        ids = [cid for cid, _ in self.store.list()]
+        if self.conversation.id not in ids:
+            self.picker.addItem(self.conversation.title, self.conversation.id)
+        for cid, title in self.store.list():
+            self.picker.addItem(title, cid)
+        self.picker.setCurrentIndex(max(0, self.picker.findData(self.conversation.id)))
+        self.picker.blockSignals(False)
+
+    def _picked(self, index: int) -> None:
+        cid = self.picker.itemData(index)
+        if self.busy or cid == self.conversation.id:
+            self._refresh_picker()
+            return
+        try:
+            self.conversation = self.store.load(cid)
+        except DiffuseError as e:
+            QMessageBox.warning(self, "Diffuse Studio", str(e))
+        self._error = None
+        self._refresh_picker()
+        self.render()
+
+    def new_conversation(self) -> None:
+        if self.busy:
+            return
+        self.conversation = Conversation()
+        self._error = None
+        self._refresh_picker()
+        self.render()
+        self.prompt.setFocus()
+
+    def delete_conversation(self) -> None:
+        if self.busy:
+            return
+        self.store.delete(self.conversation.id)
+        self.conversation = Conversation()
+        self._restore()
+
+    def _save(self) -> None:
+        self.store.save(self.conversation)
+        self._refresh_picker()
+
+    # -- actions ------------------------------------------------------------------------------
+
+    def submit(self) -> None:
+        text = self.prompt.toPlainText().strip()
+        if not text or self.busy or not self.model_ready:
+            return
+        self.prompt.clear()
+        self.conversation.messages.append(Message("user", text))
+        self._save()
+        self._request(text)
+
+    def regenerate(self) -> None:
+        """Drop the last answer and ask again with the same prompt."""
+        msgs = self.conversation.messages
+        if self.busy or not self.model_ready or not msgs:
+            return
+        if msgs[-1].role == "assistant":
+            msgs.pop()
+            self._save()
+        if msgs and msgs[-1].role == "user":
+            self._request(msgs[-1].text)
+
+    def _request(self, text: str) -> None:
+        self._error = None
+        self._pending = ""
+        self.render()
+        self.generate_requested.emit(text, self.conversation.chat_messages())
+
+    def copy_answer(self) -> None:
+        answer = next((m.text for m in reversed(self.conversation.messages)
+                       if m.role == "assistant"), None)
+        if answer is not None:
+            QGuiApplication.clipboard().setText(answer)
+            self.hint.setText("Answer copied to the clipboard")
+
+    def clear(self) -> None:
+        if self.busy:
+            return
+        self.conversation.messages.clear()
+        self._error = None
+        self._save()
+        self.render()
+
+    def _link(self, url: QUrl) -> None:
+        kind, _, index = url.toString().partition(":")
+        try:
+            msg = self.conversation.messages[int(index)]
+        except (ValueError, IndexError):
+            return
+        if kind == "copy":
+            QGuiApplication.clipboard().setText(msg.text)
+            self.hint.setText("Copied to the clipboard")
+        elif kind == "replay" and msg.meta.get("recording"):
+            self.replay_requested.emit(msg.meta["recording"])
+
+    # -- run feedback -------------------------------------------------------------------------
+
+    def set_busy(self, busy: bool) -> None:
+        self.busy = busy
+        self._update_buttons()
+
+    def set_model_ready(self, ready: bool, name: str = "") -> None:
+        self.model_ready = ready
+        self.hint.setText(f"Model: {name}" if ready else "Load a model in the Models tab first")
+        self._update_buttons()
+
+    def show_progress(self, run: RunState) -> None:
+        if run.events:
+            self._pending = run.text_at(run.n_steps - 1)
+            self.render()
+
+    def add_answer(self, run: RunState, recording: str | None) -> None:
+        self._pending = None
+        res = run.result
+        self.conversation.messages.append(Message("assistant", res.text if res else "",
+                                                  answer_meta(run, recording)))
+        self._save()
+        self.render()
+
+    def show_error(self, message: str) -> None:
+        self._pending = None
+        self._error = message
+        self.render()
+
+    def _update_buttons(self) -> None:
+        idle = not self.busy
+        self.generate_button.setEnabled(idle and self.model_ready)
+        self.regenerate_button.setEnabled(idle and self.model_ready)
+        self.stop_button.setEnabled(self.busy)
+        self.clear_button.setEnabled(idle)
+        self.picker.setEnabled(idle)
+
+    # -- view ---------------------------------------------------------------------------------
+
+    def render(self) -> None:
+        bar = self.view.verticalScrollBar()
+        at_bottom = bar.value() >= bar.maximum() - 4
+        parts = []
+        for i, m in enumerate(self.conversation.messages):
+            if m.role == "user":
+                parts.append(self._bubble("You", "#5ad1c8", "#1b2430", _text_html(m.text)))
+            else:
+                parts.append(self._bubble(m.meta.get("model") or "Answer", "#f2a541", "#1a1d25",
+                                          _text_html(m.text), self._answer_note(i, m)))
+        if self._pending is not None:
+            body = _text_html(self._pending) or "<span style='color:#4a5064'>░░░</span>"
+            parts.append(self._bubble("Denoising…", "#f2a541", "#1a1d25", body))
+        if self._error:
+            parts.append(self._bubble("Run failed", "#ff5c7a", "#2a1a20",
+                                      html.escape(self._error)))
+        if not parts:
+            parts.append("<p style='color:#8a90a2'>No messages yet. Type a prompt below; the "
+                         "canvas shows every denoising step of the answer.</p>")
+        self.view.setHtml("".join(parts))
+        if at_bottom:
+            bar.setValue(bar.maximum())
+
+    @staticmethod
+    def _bubble(who: str, color: str, background: str, body: str, note: str = "") -> str:
+        return (f"<table width='100%' cellpadding='8' cellspacing='0' bgcolor='{background}' "
+                f"style='margin-bottom:8px'><tr><td>"
+                f"<span style='color:{color}; font-weight:bold'>{html.escape(who)}</span>"
+                f"{note}<br>{body}</td></tr></table>")
+
+    @staticmethod
+    def _answer_note(i: int, m: Message) -> str:
+        meta = m.meta
+        bits = []
+        if "steps" in meta:
+            bits.append(f"{meta['steps']}/{meta.get('steps_allowed', '?')} steps")
+        if "total_ms" in meta:
+            bits.append(f"{meta['total_ms'] / 1000:.2f} s")
+        if meta.get("stop_reason") == "cancelled":
+            bits.append("stopped")
+        sched = (meta.get("options") or {}).get("scheduler")
+        if sched:
+            bits.append(sched)
+        links = f" &nbsp;<a href='copy:{i}' style='color:#8a90a2'>copy</a>"
+        if meta.get("recording"):
+            links += f" &nbsp;<a href='replay:{i}' style='color:#5ad1c8'>▶ replay</a>"
+        return f"<span style='color:#8a90a2'> · {' · '.join(bits)}</span>{links}" if bits else links

@@ -1,0 +1,457 @@
+"""The main window: models and settings on the left, the denoising views in the middle, the
+chat on the right, a step timeline under the canvas.
+
+Every view shows one run (live or replayed) at one step. Engine signals only mark the views
+dirty; a 30 Hz GUI timer redraws what is visible, so a fast engine never floods the GUI.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMainWindow, QMessageBox,
+                               QScrollArea, QSlider, QSplitter, QTabWidget, QToolButton,
+                               QVBoxLayout, QWidget)
+
+from diffuse import DiffuseError
+from diffuse.recording import Recording
+from diffuse.studio import export, storage
+from diffuse.studio.cache_view import CacheView
+from diffuse.studio.canvas import CanvasPanel
+from diffuse.studio.chat import ChatPanel
+from diffuse.studio.compare import CompareWindow
+from diffuse.studio.heatmap import EntropyHeatmap
+from diffuse.studio.model_panel import ModelPanel
+from diffuse.studio.run_state import RunState
+from diffuse.studio.settings_panel import SettingsPanel
+from diffuse.studio.throughput import ThroughputView
+from diffuse.studio.workers import Engine
+
+REFRESH_MS = 33
+
+
+class Timeline(QWidget):
+    """Step slider with play/pause. Follows the newest step until the user moves it."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.play_button = QToolButton()
+        self.play_button.setText("▶")
+        self.play_button.setToolTip("Play the run from the start (Space)")
+        self.play_button.setCheckable(True)
+        self.play_button.toggled.connect(self._play_toggled)
+        self.slider = QSlider(Qt.Orientation.Horizontal)
+        self.slider.setRange(0, 0)
+        self.slider.setToolTip("Step shown by every view; drag to scrub through the run")
+        self.label = QLabel("no run")
+        self.label.setObjectName("Muted")
+        self.label.setMinimumWidth(150)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(8, 2, 8, 2)
+        layout.addWidget(self.play_button)
+        layout.addWidget(self.slider, 1)
+        layout.addWidget(self.label)
+        self.follow = True
+        self.slider.sliderMoved.connect(self._user_moved)
+        self._player = QTimer(self)
+        self._player.setInterval(90)
+        self._player.timeout.connect(self._advance)
+
+    def set_count(self, n_steps: int) -> None:
+        """The run now has `n_steps` steps; keep following the newest unless scrubbed away."""
+        self.slider.setRange(0, max(n_steps - 1, 0))
+        if self.follow:
+            self.slider.setValue(self.slider.maximum())
+
+    def step(self) -> int:
+        return self.slider.value()
+
+    def _user_moved(self, value: int) -> None:
+        self.follow = value >= self.slider.maximum()
+
+    def _play_toggled(self, on: bool) -> None:
+        self.play_button.setText("❚❚" if on else "▶")
+        if on:
+            if self.slider.value() >= self.slider.maximum():
+                self.slider.setValue(0)
+            self.follow = False
+            self._player.start()
+        else:
+            self._player.stop()
+
+    def _advance(self) -> None:
+        if self.slider.value() >= self.slider.maximum():
+            self.play_button.setChecked(False)
+            self.follow = True
+        else:
+            self.slider.setValue(self.slider.value() + 1)
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, engine: Engine | None = None):
+        super().__init__()
+        self.setWindowTitle("Diffuse Studio")
+        self.resize(1560, 940)
+        self.engine = engine or Engine(self)
+        self.run: RunState | None = None      # what the views show
+        self.live: RunState | None = None     # the run this window started, while it goes
+        self.compare_window: CompareWindow | None = None
+        self._dirty = False
+
+        self.canvas_panel = CanvasPanel(title="Denoising canvas")
+        self.timeline = Timeline()
+        self.heatmap = EntropyHeatmap()
+        self.cache_view = CacheView()
+        self.throughput = ThroughputView()
+        self.views = QTabWidget()
+        self.views.addTab(self.heatmap, "Entropy heatmap")
+        self.views.addTab(self.cache_view, "Cache")
+        self.views.addTab(self.throughput, "Throughput")
+        self.views.currentChanged.connect(self._mark_dirty)
+        centre_top = QWidget()
+        top_layout = QVBoxLayout(centre_top)
+        top_layout.setContentsMargins(0, 0, 0, 0)
+        top_layout.setSpacing(0)
+        top_layout.addWidget(self.canvas_panel, 1)
+        top_layout.addWidget(self.timeline)
+        self.centre = QSplitter(Qt.Orientation.Vertical)
+        self.centre.addWidget(centre_top)
+        self.centre.addWidget(self.views)
+        self.centre.setSizes([470, 430])
+
+        self.model_panel = ModelPanel()
+        self.settings_panel = SettingsPanel()
+        settings_scroll = QScrollArea()
+        settings_scroll.setWidgetResizable(True)
+        settings_scroll.setWidget(self.settings_panel)
+        self.side_tabs = QTabWidget()
+        self.side_tabs.addTab(self.model_panel, "Models")
+        self.side_tabs.addTab(settings_scroll, "Settings")
+        self.chat = ChatPanel()
+
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.addWidget(self.side_tabs)
+        self.splitter.addWidget(self.centre)
+        self.splitter.addWidget(self.chat)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setSizes([430, 760, 390])
+        self.setCentralWidget(self.splitter)
+
+        self.model_label = QLabel("no model")
+        self.run_label = QLabel("")
+        self.statusBar().addWidget(self.model_label)
+        self.statusBar().addPermanentWidget(self.run_label)
+        self._make_actions()
+
+        self.engine.run_started.connect(self._run_started)
+        self.engine.run_stepped.connect(self._run_stepped)
+        self.engine.run_finished.connect(self._run_finished)
+        self.engine.run_failed.connect(self._run_failed)
+        self.engine.busy_changed.connect(self._busy_changed)
+        self.chat.generate_requested.connect(self.generate)
+        self.chat.stop_requested.connect(self.engine.stop)
+        self.chat.replay_requested.connect(self.open_recording)
+        self.model_panel.model_loaded.connect(self.set_model)
+        self.model_panel.refused.connect(self._show_status)
+        self.heatmap.step_clicked.connect(self.show_step)
+        self.timeline.slider.valueChanged.connect(self._mark_dirty)
+
+        self.chat.set_model_ready(False)
+        self._timer = QTimer(self)
+        self._timer.setInterval(REFRESH_MS)
+        self._timer.timeout.connect(self.refresh)
+        self._timer.start()
+        self._restore_layout()
+        self._update_actions()
+
+    # -- menus --------------------------------------------------------------------------------
+
+    def _action(self, menu, text: str, slot, shortcut: str | None = None, tip: str = ""):
+        action = QAction(text, self)
+        if shortcut:
+            action.setShortcut(QKeySequence(shortcut))
+        action.setToolTip(tip or text)
+        action.triggered.connect(slot)
+        menu.addAction(action)
+        return action
+
+    def _make_actions(self) -> None:
+        bar = self.menuBar()
+        file = bar.addMenu("&File")
+        self.open_action = self._action(file, "Open run…", self._open_clicked, "Ctrl+O",
+                                        "Replay a recorded run (.npz)")
+        self.save_action = self._action(file, "Save run as…", self._save_clicked, "Ctrl+S",
+                                        "Record the shown run to a file")
+        file.addSeparator()
+        self.png_action = self._action(file, "Export PNG strip…", self._png_clicked, "Ctrl+E")
+        self.gif_action = self._action(file, "Export animated GIF…", self._gif_clicked,
+                                       "Ctrl+Shift+E")
+        file.addSeparator()
+        self._action(file, "Quit", self.close, "Ctrl+Q")
+        run = bar.addMenu("&Run")
+        self.stop_action = self._action(run, "Stop", self.engine.stop, "Esc",
+                                        "Stop the run after the current step")
+        self.compare_action = self._action(run, "Compare two settings…", self.open_compare,
+                                           "Ctrl+K")
+        view = bar.addMenu("&View")
+        for mode in ("entropy", "confidence"):
+            self._action(view, f"Colour cells by {mode}",
+                         lambda checked=False, m=mode: self.canvas_panel.set_mode(m))
+        self._action(view, "Play / pause the timeline",
+                     self.timeline.play_button.toggle, "Space")
+        help_menu = bar.addMenu("&Help")
+        self._action(help_menu, "About Diffuse Studio", self._about)
+
+        tools = self.addToolBar("Main")
+        tools.setMovable(False)
+        for action in (self.open_action, self.save_action, self.png_action, self.gif_action,
+                       self.compare_action, self.stop_action):
+            tools.addAction(action)
+
+    def _update_actions(self) -> None:
+        has_run = self.run is not None and bool(self.run.events)
+        busy = self.engine.busy
+        self.save_action.setEnabled(has_run and self.run.done)
+        self.png_action.setEnabled(has_run)
+        self.gif_action.setEnabled(has_run)
+        self.stop_action.setEnabled(busy)
+        self.compare_action.setEnabled(self.engine.model is not None)
+        self.open_action.setEnabled(not busy)
+
+    # -- model and runs -----------------------------------------------------------------------
+
+    def set_model(self, model) -> None:
+        self.engine.model = model
+        name = Path(model.path).name
+        self.model_label.setText(f"{name} · {model.arch}")
+        self.settings_panel.show_defaults(model.arch)
+        self.chat.set_model_ready(True, name)
+        self._update_actions()
+
+    def model_info(self) -> dict:
+        m = self.engine.model
+        if m is None:
+            return {}
+        tok = m.tokenizer
+        return {"name": Path(m.path).name, "arch": m.arch, "path": str(m.path),
+                "n_vocab": int(m.n_vocab), "eos_ids": [int(i) for i in tok.eos_token_ids]}
+
+    def _prompt_for(self, text: str, messages: list[dict], options: dict):
+        """A multi-turn chat goes in as token ids of the whole templated conversation."""
+        if not options.get("chat", True) or len(messages) <= 1:
+            return text
+        tok = self.engine.model.tokenizer
+        try:
+            return tok.encode(tok.apply_chat_template(messages))
+        except DiffuseError:
+            return text       # no chat template: the latest prompt alone
+
+    def generate(self, text: str, messages: list[dict] | None = None) -> None:
+        if self.engine.busy or self.engine.model is None:
+            return
+        options = self.settings_panel.options()
+        run = RunState(text, options, self.model_info(), self.engine.model.tokenizer.decode)
+        self.live = run
+        self.engine.start(run, self._prompt_for(text, messages or [], options))
+
+    def _run_started(self, run: RunState) -> None:
+        if run is self.live:
+            self.show_run(run)
+
+    def _run_stepped(self, run: RunState) -> None:
+        if run is self.run:
+            self._dirty = True
+
+    def _run_finished(self, run: RunState) -> None:
+        if run is not self.live:
+            return
+        self.live = None
+        self.run_label.setText("")
+        path = None
+        if run.events:
+            path = storage.runs_dir() / f"run-{int(run.recording.created * 1000)}.npz"
+            try:
+                run.recording.save(path)
+            except OSError as e:
+                self._show_status(f"could not record the run: {e}")
+                path = None
+        self.chat.add_answer(run, str(path) if path else None)
+        res = run.result
+        self._show_status(f"{res.stop_reason}: {res.steps}/{res.steps_allowed} steps in "
+                          f"{res.total_ms / 1000:.2f} s, {res.buffer_tokens_per_s:.1f} tok/s")
+        self._dirty = True
+
+    def _run_failed(self, run: RunState, message: str) -> None:
+        if run is self.live:
+            self.live = None
+            self.run_label.setText("")
+            self.chat.show_error(message)
+            self._show_status(f"run failed: {message}")
+
+    def _busy_changed(self, busy: bool) -> None:
+        self.chat.set_busy(busy)
+        self.model_panel.engine_busy = busy
+        self._update_actions()
+
+    # -- showing a run ------------------------------------------------------------------------
+
+    def show_run(self, run: RunState | None) -> None:
+        self.run = run
+        self.timeline.follow = True
+        self.timeline.play_button.setChecked(False)
+        for view in (self.canvas_panel, self.heatmap, self.cache_view, self.throughput):
+            view.set_run(run)
+        self.timeline.set_count(run.n_steps if run else 0)
+        self._update_actions()
+        self._dirty = True
+
+    def show_step(self, step: int) -> None:
+        self.timeline.follow = False
+        self.timeline.slider.setValue(step)
+
+    def _mark_dirty(self, *_) -> None:
+        self._dirty = True
+
+    def refresh(self) -> None:
+        """Redraw what is visible, at most once per timer tick."""
+        if not self._dirty:
+            return
+        self._dirty = False
+        run = self.run
+        if run is None or not run.events:
+            return
+        self.timeline.set_count(run.n_steps)
+        step = self.timeline.step()
+        e = run.events[run.clamp(step)]
+        self.timeline.label.setText(f"step {e.step + 1} / {run.n_steps}"
+                                    + ("" if run.done else " · live"))
+        self.canvas_panel.show_step(step)
+        current = self.views.currentWidget()
+        if current is not None:
+            current.show_step(step)
+        if run is self.live:
+            self.chat.show_progress(run)
+            self.run_label.setText(f"denoising · step {run.n_steps}/{run.steps_allowed} · "
+                                   f"{run.step_ms[run.n_steps - 1]:.0f} ms/step")
+        self._update_actions()
+
+    def _show_status(self, message: str) -> None:
+        self.statusBar().showMessage(message, 10000)
+
+    def _error(self, message: str) -> None:
+        """A message box that does not block the event loop (runs keep drawing behind it)."""
+        box = QMessageBox(QMessageBox.Icon.Warning, "Diffuse Studio", message,
+                          QMessageBox.StandardButton.Ok, self)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.open()
+        self._show_status(message)
+
+    # -- files --------------------------------------------------------------------------------
+
+    def open_recording(self, path: str | Path) -> bool:
+        if self.engine.busy:
+            self._error("Stop the current run before opening a recording.")
+            return False
+        try:
+            rec = Recording.load(path)
+        except DiffuseError as e:
+            self._error(str(e))
+            return False
+        self.show_run(RunState.from_recording(rec))
+        self.timeline.follow = False
+        self.timeline.slider.setValue(self.timeline.slider.maximum())
+        self._show_status(f"replaying {Path(path).name}: {rec.prompt[:60]!r}")
+        return True
+
+    def save_recording(self, path: str | Path) -> None:
+        try:
+            self.run.recording.save(path)
+        except OSError as e:
+            self._error(f"{path}: could not save the run ({e})")
+            return
+        self._show_status(f"run saved to {path}")
+
+    def export_png(self, path: str | Path) -> None:
+        self._export(export.png_strip, path)
+
+    def export_gif(self, path: str | Path) -> None:
+        self._export(export.gif, path)
+
+    def _export(self, fn, path) -> None:
+        try:
+            fn(self.run, path, mode=self.canvas_panel.canvas.mode)
+        except (DiffuseError, OSError) as e:
+            self._error(f"{path}: export failed ({e})")
+            return
+        self._show_status(f"exported {path}")
+
+    def _file_dialog(self, save: bool, title: str, suffix: str, kind: str) -> str:
+        folder = str(storage.runs_dir())
+        if save:
+            path, _ = QFileDialog.getSaveFileName(self, title, folder, f"{kind} (*.{suffix})")
+            if path and not path.endswith(f".{suffix}"):
+                path += f".{suffix}"
+        else:
+            path, _ = QFileDialog.getOpenFileName(self, title, folder, f"{kind} (*.{suffix})")
+        return path
+
+    def _open_clicked(self) -> None:
+        path = self._file_dialog(False, "Open a recorded run", "npz", "Diffuse runs")
+        if path:
+            self.open_recording(path)
+
+    def _save_clicked(self) -> None:
+        path = self._file_dialog(True, "Save the run as", "npz", "Diffuse runs")
+        if path:
+            self.save_recording(path)
+
+    def _png_clicked(self) -> None:
+        path = self._file_dialog(True, "Export a PNG strip", "png", "PNG images")
+        if path:
+            self.export_png(path)
+
+    def _gif_clicked(self) -> None:
+        path = self._file_dialog(True, "Export an animated GIF", "gif", "GIF animations")
+        if path:
+            self.export_gif(path)
+
+    def open_compare(self) -> None:
+        if self.compare_window is None:
+            self.compare_window = CompareWindow(self.engine, self.settings_panel.options,
+                                                self.model_info, self)
+        self.compare_window.prompt.setText(self.run.prompt if self.run else "")
+        self.compare_window.show()
+        self.compare_window.raise_()
+
+    def _about(self) -> None:
+        QMessageBox.about(self, "Diffuse Studio",
+                          "Diffuse Studio: watch masked diffusion language models (LLaDA, "
+                          "Dream) denoise an answer step by step, on your CPU.")
+
+    # -- session ------------------------------------------------------------------------------
+
+    def restore_session(self) -> None:
+        """Load the model used last time, if it is still there and fits."""
+        last = storage.settings().value("models/last")
+        if last and Path(last).is_file():
+            self.model_panel.load(last)
+
+    def _restore_layout(self) -> None:
+        s = storage.settings()
+        geometry, state = s.value("window/geometry"), s.value("window/splitter")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        if state is not None:
+            self.splitter.restoreState(state)
+
+    def closeEvent(self, event) -> None:
+        s = storage.settings()
+        s.setValue("window/geometry", self.saveGeometry())
+        s.setValue("window/splitter", self.splitter.saveState())
+        s.sync()
+        self.model_panel.cancel_job()
+        if self.model_panel.job is not None:
+            self.model_panel.job.wait()
+        self.engine.shutdown()
+        super().closeEvent(event)

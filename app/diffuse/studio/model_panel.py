@@ -1,0 +1,492 @@
+"""Model panel: the GGUF files you have, whether they fit, and the jobs that make new ones.
+
+Models are found in the repository's models/ folder and in folders or files the user added
+(remembered). Each row says the family, weight type, size and RAM needed against RAM available;
+a file that cannot run here is marked and refused with the reason. Loading, converting a Hugging
+Face folder and quantising run as background jobs with a progress bar and Cancel.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QHBoxLayout, QHeaderView,
+                               QInputDialog, QLabel, QProgressBar, QPushButton, QTableWidget,
+                               QTableWidgetItem, QTextBrowser, QVBoxLayout, QWidget)
+
+import diffuse
+from diffuse import DiffuseError, gguf_file
+from diffuse.convert.hf_to_gguf import OUTTYPES, convert_hf
+from diffuse.info import _ftype_name
+from diffuse.quantize import QTYPES, quantize_file
+from diffuse.studio import storage
+from diffuse.studio.workers import Job
+
+GiB = 2**30
+PLAN_POSITIONS = 1024     # prompt + answer positions the RAM estimate plans for
+OFFERED_QTYPES = ("F16", "Q8_0", "Q4_K_M")
+FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+@dataclass
+class ModelEntry:
+    path: Path
+    family: str | None          # llada | dream | None (not a diffusion model)
+    dialect: str
+    architecture: str | None
+    weight_type: str            # the type holding most of the weight bytes, e.g. Q4_K
+    file_type: str              # general.file_type as a name, e.g. Q4_K_M, or the weight type
+    size: int                   # file bytes
+    ram_needed: int
+    error: str | None = None    # why it cannot be used
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def estimate_ram(info: gguf_file.GGUFInfo, positions: int = PLAN_POSITIONS) -> int:
+    """Bytes of RAM a run needs: the weights (memory-mapped, all read every step) plus logits,
+    K/V rows and feed-forward activations for `positions` (float32), plus graph overhead."""
+    embd = info.tensor("token_embd.weight")
+    n_embd, n_vocab = (embd.shape[0], embd.shape[1]) if embd else (4096, 32000)
+    layers = {t.name.split(".")[1] for t in info.tensors if t.name.startswith("blk.")}
+    k = info.tensor("blk.0.attn_k.weight")
+    n_kv = k.shape[1] if k else n_embd
+    ffn = info.tensor("blk.0.ffn_up.weight")
+    n_ff = ffn.shape[1] if ffn else 4 * n_embd
+    weights = sum(t.nbytes for t in info.tensors)
+    work = positions * 4 * (n_vocab + 2 * n_kv * len(layers) + 3 * n_ff + 8 * n_embd)
+    return weights + work + 256 * 2**20
+
+
+def inspect_model(path: str | Path) -> ModelEntry:
+    """What the panel shows about one file; problems go into `error`, never raise."""
+    path = Path(path)
+    try:
+        info = gguf_file.read(path)
+    except DiffuseError as e:
+        return ModelEntry(path, None, "?", None, "?", "?", _size_of(path), 0, str(e))
+    by_type: dict[str, int] = {}
+    for t in info.tensors:
+        by_type[t.type_name] = by_type.get(t.type_name, 0) + t.nbytes
+    weight_type = max(by_type, key=by_type.get) if by_type else "?"
+    file_type = _ftype_name(info.kv.get("general.file_type")) or weight_type
+    entry = ModelEntry(path, info.family, info.dialect, info.architecture, weight_type,
+                       file_type, info.file_size, estimate_ram(info))
+    if info.family is None:
+        entry.error = (f"architecture '{info.architecture}' is not a diffusion model "
+                       f"(diffuse runs LLaDA and Dream)")
+    return entry
+
+
+def _size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def fit_problem(entry: ModelEntry, available: int | None = None) -> str | None:
+    """Why `entry` cannot be loaded on this machine now, or None."""
+    if entry.error:
+        return entry.error
+    available = psutil.virtual_memory().available if available is None else available
+    if entry.ram_needed > available:
+        return (f"{entry.name} needs about {entry.ram_needed / GiB:.1f} GiB of RAM, only "
+                f"{available / GiB:.1f} GiB are available. Close other programs or use a "
+                f"smaller quantisation (Q4_K_M).")
+    return None
+
+
+def quantise_problem(entry: ModelEntry, qtype: str, out: Path) -> str | None:
+    if entry.error:
+        return entry.error
+    if qtype not in QTYPES:
+        return f"unknown quantisation type {qtype}"
+    if entry.file_type.upper() == qtype:
+        return f"{entry.name} is already {qtype}"
+    if entry.weight_type.upper() not in FLOAT_TYPES:
+        return (f"{entry.name} is already quantised ({entry.file_type}); quantising again "
+                f"loses quality. Start from an F32, F16 or BF16 file.")
+    bits = {"F16": 16, "BF16": 16, "Q8_0": 8.5, "Q4_K_M": 4.9}.get(qtype, 16)
+    src_bits = {"F32": 32, "F16": 16, "BF16": 16}[entry.weight_type.upper()]
+    return disk_problem(out, int(entry.size * bits / src_bits))
+
+
+def disk_problem(out: Path, needed: int) -> str | None:
+    try:
+        free = shutil.disk_usage(out.parent).free
+    except OSError as e:
+        return f"{out.parent}: cannot write there ({e})"
+    if needed > free:
+        return (f"{out.name} needs about {needed / GiB:.1f} GiB of disk, {out.parent} has "
+                f"{free / GiB:.1f} GiB free")
+    return None
+
+
+def load_model(path: Path, progress, cancel):
+    """Job body: map the weights and read the tokenizer (the first generate would otherwise)."""
+    progress(0, 2, f"mapping {path.name}")
+    model = diffuse.load(path)
+    progress(1, 2, "reading the tokenizer")
+    model.tokenizer
+    progress(2, 2, "ready")
+    return model
+
+
+def _setting_list(key: str) -> list[str]:
+    """A list from the INI settings (which give back a one-item list as a plain string)."""
+    value = storage.settings().value(key)
+    if isinstance(value, str):
+        value = [value]
+    return [str(v) for v in (value or []) if v]
+
+
+class ModelPanel(QWidget):
+    model_loaded = Signal(object)        # diffuse.Model
+    refused = Signal(str)
+    job_finished = Signal(str, object)   # title, value (None if failed or cancelled)
+
+    COLUMNS = ("Model", "Family", "Type", "Size", "RAM need", "Status")
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.entries: list[ModelEntry] = []
+        self.job: Job | None = None
+        self.job_output: Path | None = None     # the file the running job writes, if any
+        self.loaded_path: Path | None = None
+        self.engine_busy = False                # set by the window: no model swap mid-run
+
+        self.table = QTableWidget(0, len(self.COLUMNS))
+        self.table.setHorizontalHeaderLabels(self.COLUMNS)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.verticalHeader().hide()
+        self.table.setAlternatingRowColors(True)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header.setMinimumSectionSize(40)
+        for c in range(1, len(self.COLUMNS)):
+            header.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
+        self.table.itemSelectionChanged.connect(self._selected)
+        self.table.cellDoubleClicked.connect(self._double_clicked)
+
+        self.load_button = QPushButton("Load")
+        self.load_button.setObjectName("Primary")
+        self.load_button.clicked.connect(self._load_clicked)
+        buttons = [self.load_button]
+        for text, slot, tip in (
+                ("Add GGUF…", self._add_file_clicked, "Add one .gguf file to the list"),
+                ("Add folder…", self._add_folder_clicked, "Watch a folder of .gguf files"),
+                ("Convert HF…", self._convert_clicked,
+                 "Convert a Hugging Face LLaDA or Dream folder to GGUF"),
+                ("Quantise…", self._quantise_clicked, "Write the selected model as F16/Q8_0/Q4_K_M"),
+                ("Rescan", self.rescan, "Look for new files")):
+            b = QPushButton(text)
+            b.setToolTip(tip)
+            b.clicked.connect(slot)
+            buttons.append(b)
+        self.buttons = buttons
+        row1, row2 = QHBoxLayout(), QHBoxLayout()
+        for b in buttons[:3]:
+            row1.addWidget(b)
+        for b in buttons[3:]:
+            row2.addWidget(b)
+
+        self.message = QLabel()
+        self.message.setWordWrap(True)
+        self.message.setObjectName("Warning")
+        self.message.hide()
+        self.job_label = QLabel()
+        self.job_label.setObjectName("Muted")
+        self.progress = QProgressBar()
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setObjectName("Danger")
+        self.cancel_button.clicked.connect(self.cancel_job)
+        job_row = QHBoxLayout()
+        job_row.addWidget(self.progress, 1)
+        job_row.addWidget(self.cancel_button)
+        self.job_box = QWidget()
+        job_layout = QVBoxLayout(self.job_box)
+        job_layout.setContentsMargins(0, 0, 0, 0)
+        job_layout.addWidget(self.job_label)
+        job_layout.addLayout(job_row)
+        self.job_box.hide()
+        self.details = QTextBrowser()
+        self.details.setMaximumHeight(150)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.table, 1)
+        layout.addLayout(row1)
+        layout.addLayout(row2)
+        layout.addWidget(self.message)
+        layout.addWidget(self.job_box)
+        layout.addWidget(self.details)
+        self.rescan()
+
+    # -- the list -----------------------------------------------------------------------------
+
+    def folders(self) -> list[Path]:
+        user = [Path(p) for p in _setting_list("models/folders")]
+        repo = storage.repo_models_dir()
+        return ([repo] if repo else []) + [f for f in user if f != repo]
+
+    def files(self) -> list[Path]:
+        return [Path(p) for p in _setting_list("models/files")]
+
+    def _remember(self, key: str, path: Path) -> None:
+        items = _setting_list(key)
+        if str(path) not in items:
+            s = storage.settings()
+            s.setValue(key, items + [str(path)])
+            s.sync()
+
+    def rescan(self) -> None:
+        paths: dict[Path, None] = {}
+        for folder in self.folders():
+            if folder.is_dir():
+                for p in sorted(folder.glob("*.gguf")):
+                    paths[p.resolve()] = None
+        for p in self.files():
+            if p.is_file():
+                paths[p.resolve()] = None
+        self.entries = [inspect_model(p) for p in paths]
+        available = psutil.virtual_memory().available
+        self.table.setRowCount(len(self.entries))
+        for r, e in enumerate(self.entries):
+            problem = fit_problem(e, available)
+            status = ("loaded" if e.path == self.loaded_path else
+                      "ready" if problem is None else
+                      "not a dLLM" if e.error else "too big")
+            cells = (e.name, e.family or e.architecture or "?", e.file_type,
+                     f"{e.size / GiB:.2f} GiB",
+                     f"{e.ram_needed / GiB:.1f} of {available / GiB:.0f} GiB", status)
+            for c, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                item.setToolTip(problem or str(e.path))
+                if problem:
+                    item.setForeground(QColor("#ff9e7a"))
+                self.table.setItem(r, c, item)
+        if self.entries and not self.table.selectedItems():
+            self.table.selectRow(0)
+
+    def selected(self) -> ModelEntry | None:
+        rows = self.table.selectionModel().selectedRows()
+        return self.entries[rows[0].row()] if rows else None
+
+    def select_path(self, path: Path) -> None:
+        for r, e in enumerate(self.entries):
+            if e.path == Path(path).resolve():
+                self.table.selectRow(r)
+
+    def _selected(self) -> None:
+        e = self.selected()
+        if e is None:
+            self.details.clear()
+            return
+        lines = [f"<b>{e.name}</b>", f"{e.path}",
+                 f"family <b>{e.family or '-'}</b> · dialect {e.dialect} · weights "
+                 f"{e.weight_type} · file type {e.file_type}",
+                 f"RAM needed ≈ {e.ram_needed / GiB:.2f} GiB for {PLAN_POSITIONS} positions"]
+        problem = fit_problem(e)
+        if problem:
+            lines.append(f"<span style='color:#ff9e7a'>{problem}</span>")
+        self.details.setHtml("<br>".join(lines))
+
+    # -- messages -----------------------------------------------------------------------------
+
+    def refuse(self, message: str) -> None:
+        """Say no, visibly and without a modal dialog."""
+        self.message.setText(message)
+        self.message.show()
+        self.refused.emit(message)
+
+    def _clear_message(self) -> None:
+        self.message.hide()
+        self.message.clear()
+
+    # -- actions (the dialogs only gather arguments) ------------------------------------------
+
+    def add_file(self, path: str | Path) -> None:
+        path = Path(path)
+        self._clear_message()
+        entry = inspect_model(path)
+        if entry.error:
+            self.refuse(f"{path.name}: {entry.error}")
+            return
+        self._remember("models/files", path)
+        self.rescan()
+        self.select_path(path)
+
+    def add_folder(self, folder: str | Path) -> None:
+        self._remember("models/folders", Path(folder))
+        self.rescan()
+
+    def load(self, path: str | Path) -> bool:
+        if self.engine_busy:
+            self.refuse("Stop the running generation before loading another model.")
+            return False
+        entry = inspect_model(path)
+        problem = fit_problem(entry)
+        if problem:
+            self.refuse(problem)
+            return False
+        return self._start_job(f"Loading {entry.name}",
+                               lambda progress, cancel: load_model(entry.path, progress, cancel))
+
+    def convert(self, hf_dir: str | Path, outtype: str, out: str | Path) -> bool:
+        from diffuse.convert.families import read_config
+        hf_dir, out = Path(hf_dir), Path(out)
+        try:
+            read_config(hf_dir)          # refuse unknown architectures before any work
+        except DiffuseError as e:
+            self.refuse(str(e))
+            return False
+        src = sum(p.stat().st_size for p in hf_dir.glob("*.safetensors"))
+        factor = {"f32": 2.0, "f16": 1.0, "bf16": 1.0, "q8_0": 0.55}[outtype]
+        problem = disk_problem(out, int(src * factor))
+        if problem:
+            self.refuse(problem)
+            return False
+        return self._start_job(f"Converting {hf_dir.name} to {outtype.upper()}",
+                               lambda progress, cancel: convert_hf(hf_dir, out, outtype,
+                                                                  progress, cancel), out)
+
+    def quantise(self, src: str | Path, qtype: str, out: str | Path) -> bool:
+        entry, out = inspect_model(src), Path(out)
+        problem = quantise_problem(entry, qtype, out)
+        if problem:
+            self.refuse(problem)
+            return False
+        return self._start_job(f"Quantising {entry.name} to {qtype}",
+                               lambda progress, cancel: quantize_file(entry.path, out, qtype,
+                                                                      progress, cancel), out)
+
+    def cancel_job(self) -> None:
+        if self.job is not None:
+            self.job.cancel()
+            self.job_label.setText(f"{self.job.title}: cancelling…")
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    def _start_job(self, title: str, fn, output: Path | None = None) -> bool:
+        if self.job is not None:
+            self.refuse(f"Wait for '{self.job.title}' to finish (or cancel it) first.")
+            return False
+        self._clear_message()
+        self.job = Job(title, fn, self)
+        self.job_output = output
+        self.job.progressed.connect(self._job_progress)
+        self.job.finished.connect(self._job_finished)
+        self.job.failed.connect(self._job_failed)
+        self.job_label.setText(title)
+        self.progress.setRange(0, 0)      # busy until the first progress report
+        self.job_box.show()
+        for b in self.buttons:
+            b.setEnabled(False)
+        self.job.start()
+        return True
+
+    def _job_progress(self, done: int, total: int, what: str) -> None:
+        scale = max(1, total // 1_000_000)    # QProgressBar is 32-bit: count in megabytes
+        self.progress.setRange(0, max(1, total // scale))
+        self.progress.setValue(done // scale)
+        self.job_label.setText(f"{self.job.title} · {what}" if what else self.job.title)
+
+    def _job_done(self) -> Job:
+        job, self.job = self.job, None
+        self.job_box.hide()
+        for b in self.buttons:
+            b.setEnabled(True)
+        return job
+
+    def _job_finished(self, value) -> None:
+        job, output = self._job_done(), self.job_output
+        if job.cancelled or (output is not None and not output.exists()):
+            self.refuse(f"{job.title}: cancelled, nothing was written.")
+            self.job_finished.emit(job.title, None)
+            return
+        if isinstance(value, diffuse.Model):
+            self.loaded_path = Path(value.path).resolve()
+            storage.settings().setValue("models/last", str(self.loaded_path))
+            self.rescan()
+            self.model_loaded.emit(value)
+        elif output is not None:
+            if not any(output.parent.resolve() == f.resolve() for f in self.folders()):
+                self._remember("models/files", output)
+            self.rescan()
+            self.select_path(output)
+        self.job_finished.emit(job.title, value)
+
+    def _job_failed(self, message: str) -> None:
+        job = self._job_done()
+        self.refuse(f"{job.title} failed: {message}")
+        self.job_finished.emit(job.title, None)
+
+    # -- dialogs ------------------------------------------------------------------------------
+
+    def _default_dir(self) -> str:
+        folders = self.folders()
+        return str(folders[0]) if folders else str(Path.home())
+
+    def _load_clicked(self) -> None:
+        e = self.selected()
+        if e is None:
+            self.refuse("Select a model in the list first (or add one).")
+        else:
+            self.load(e.path)
+
+    def _double_clicked(self, row: int, col: int) -> None:
+        self.load(self.entries[row].path)
+
+    def _add_file_clicked(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Add a GGUF model", self._default_dir(),
+                                              "GGUF models (*.gguf)")
+        if path:
+            self.add_file(path)
+
+    def _add_folder_clicked(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Add a folder of GGUF models",
+                                                  self._default_dir())
+        if folder:
+            self.add_folder(folder)
+
+    def _convert_clicked(self) -> None:
+        hf_dir = QFileDialog.getExistingDirectory(
+            self, "Hugging Face model folder (config.json + *.safetensors)", str(Path.home()))
+        if not hf_dir:
+            return
+        outtype, ok = QInputDialog.getItem(self, "Convert", "Weight type of the GGUF file:",
+                                           list(OUTTYPES), 1, False)
+        if not ok:
+            return
+        default = Path(self._default_dir()) / f"{Path(hf_dir).name}-{outtype}.gguf"
+        out, _ = QFileDialog.getSaveFileName(self, "Save the GGUF file as", str(default),
+                                             "GGUF models (*.gguf)")
+        if out:
+            self.convert(hf_dir, outtype, out)
+
+    def _quantise_clicked(self) -> None:
+        e = self.selected()
+        if e is None:
+            self.refuse("Select the model to quantise first.")
+            return
+        qtype, ok = QInputDialog.getItem(self, "Quantise", f"Write {e.name} as:",
+                                         list(OFFERED_QTYPES), 2, False)
+        if not ok:
+            return
+        stem = e.path.stem
+        for t in (e.file_type, e.weight_type):
+            stem = stem.replace(f"-{t.lower()}", "").replace(f"-{t}", "")
+        default = e.path.with_name(f"{stem}-{qtype.lower()}.gguf")
+        out, _ = QFileDialog.getSaveFileName(self, "Save the quantised model as", str(default),
+                                             "GGUF models (*.gguf)")
+        if out:
+            self.quantise(e.path, qtype, out)

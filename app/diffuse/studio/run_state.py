@@ -1,0 +1,177 @@
+"""One run, live or replayed, and the per-step arrays that every view draws from.
+
+Views never walk the event list: each new event updates these arrays once (O(positions)), and a
+view shows any step k by indexing them. G = generated positions, N = prompt + G, S = capacity in
+steps (the run's step budget, grown if a run goes past it).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from diffuse.events import GenerateResult, StepEvent
+from diffuse.recording import Recording
+
+MASK_GLYPH = "░"
+
+
+class RunState:
+    def __init__(self, prompt: str = "", options: dict | None = None,
+                 model: dict | None = None, decode: Callable[[list[int]], str] | None = None):
+        self.recording = Recording(prompt=prompt, options=dict(options or {}),
+                                   model=dict(model or {}))
+        self._decode = decode
+        self.eos_ids = frozenset(int(t) for t in self.recording.model.get("eos_ids", ()))
+        self.prompt_length = 0
+        self.gen_length = 0
+        self.n_steps = 0
+        self.failed: str | None = None
+
+    @classmethod
+    def from_recording(cls, rec: Recording) -> RunState:
+        run = cls(rec.prompt, rec.options, rec.model)
+        run.recording.pieces = dict(rec.pieces)
+        run.recording.created = rec.created
+        for event in rec.events:
+            run.add(event)
+        run.finish(rec.result)
+        return run
+
+    # -- facts --------------------------------------------------------------------------------
+
+    @property
+    def prompt(self) -> str:
+        return self.recording.prompt
+
+    @property
+    def options(self) -> dict:
+        return self.recording.options
+
+    @property
+    def events(self) -> list[StepEvent]:
+        return self.recording.events
+
+    @property
+    def result(self) -> GenerateResult | None:
+        return self.recording.result
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None or self.failed is not None
+
+    @property
+    def steps_allowed(self) -> int:
+        return self.events[-1].steps_allowed if self.events else 0
+
+    def piece(self, token_id: int) -> str:
+        """Text of one token; cached in the recording so replays need no tokenizer."""
+        text = self.recording.pieces.get(token_id)
+        if text is None:
+            text = self._decode([token_id]) if self._decode else f"<{token_id}>"
+            self.recording.pieces[token_id] = text
+        return text
+
+    # -- building -----------------------------------------------------------------------------
+
+    def _allocate(self, event: StepEvent) -> None:
+        p, n = event.prompt_length, event.tokens.shape[0]
+        self.prompt_length, self.gen_length = p, n - p
+        s, g = max(event.steps_allowed, 1), n - p
+        self.entropy = np.full((s, g), np.nan, np.float32)       # evaluated at step k
+        self.confidence = np.full((s, g), np.nan, np.float32)
+        self.latest_entropy = np.full((s, g), np.nan, np.float32)   # last value up to step k
+        self.latest_confidence = np.full((s, g), np.nan, np.float32)
+        self.cache = np.zeros((s, n), np.int8)            # 0 not run, 1 cached, 2 recomputed
+        self.active_fraction = np.full(s, np.nan)
+        self.step_ms = np.zeros(s)
+        self.forward_ms = np.zeros(s)
+        self.sample_ms = np.zeros(s)
+        self.masked_min = np.full(s, np.nan)              # entropy over still-masked positions
+        self.masked_median = np.full(s, np.nan)
+        self.decided_step = np.full(g, -1, np.int32)
+        self.commit_entropy = np.full(g, np.nan, np.float32)
+        self.commit_confidence = np.full(g, np.nan, np.float32)
+        self.entropy_max = 0.0
+
+    def _grow(self) -> None:
+        for name in ("entropy", "confidence", "latest_entropy", "latest_confidence", "cache",
+                     "active_fraction", "step_ms", "forward_ms", "sample_ms", "masked_min",
+                     "masked_median"):
+            a = getattr(self, name)
+            pad = np.full_like(a, np.nan if a.dtype.kind == "f" else 0)
+            setattr(self, name, np.concatenate([a, pad]))
+
+    def add(self, event: StepEvent) -> None:
+        if not self.events:
+            self._allocate(event)
+        elif self.n_steps >= self.entropy.shape[0]:
+            self._grow()
+        self.recording.add(event)
+        k, p = self.n_steps, self.prompt_length
+        ent = np.asarray(event.entropy[p:], np.float32)
+        conf = np.asarray(event.confidence[p:], np.float32)
+        self.entropy[k], self.confidence[k] = ent, conf
+        prev_e = self.latest_entropy[k - 1] if k else np.full_like(ent, np.nan)
+        prev_c = self.latest_confidence[k - 1] if k else np.full_like(conf, np.nan)
+        self.latest_entropy[k] = np.where(np.isnan(ent), prev_e, ent)
+        self.latest_confidence[k] = np.where(np.isnan(conf), prev_c, conf)
+        if np.isfinite(ent).any():
+            self.entropy_max = max(self.entropy_max, float(np.nanmax(ent)))
+        self.cache[k, np.asarray(event.cached)] = 1
+        self.cache[k, np.asarray(event.active)] = 2
+        n_run = len(event.active) + len(event.cached)
+        self.active_fraction[k] = len(event.active) / n_run if n_run else np.nan
+        self.step_ms[k], self.forward_ms[k] = event.total_ms, event.forward_ms
+        self.sample_ms[k] = event.sample_ms
+        idx = np.asarray(event.unmasked, np.int64) - p
+        self.decided_step[idx] = event.step
+        self.commit_entropy[idx] = self.latest_entropy[k, idx]
+        self.commit_confidence[idx] = self.latest_confidence[k, idx]
+        still = ent[event.gen_mask & np.isfinite(ent)]
+        if still.size:
+            self.masked_min[k], self.masked_median[k] = still.min(), np.median(still)
+        self.n_steps += 1
+
+    def finish(self, result: GenerateResult | None) -> None:
+        self.recording.finish(result)
+        for tid in self.recording.token_ids():
+            self.piece(tid)
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def clamp(self, step: int) -> int:
+        """A valid step index; -1 (or anything past the end) means the latest."""
+        return self.n_steps - 1 if step < 0 or step >= self.n_steps else step
+
+    def cell_values(self, step: int, mode: str) -> np.ndarray:
+        """float32 (G,): per position, the value its cell shows at `step` (mode: entropy|confidence).
+
+        Decided positions keep the value they had when committed; masked ones show the latest.
+        """
+        latest = self.latest_entropy if mode == "entropy" else self.latest_confidence
+        commit = self.commit_entropy if mode == "entropy" else self.commit_confidence
+        decided = (self.decided_step >= 0) & (self.decided_step <= self.events[step].step)
+        return np.where(decided, commit, latest[step])
+
+    def text_at(self, step: int) -> str:
+        """The answer as it stands after `step`: committed pieces, masks as MASK_GLYPH."""
+        event = self.events[step]
+        out = []
+        for tid, masked in zip(event.gen_tokens.tolist(), event.gen_mask.tolist()):
+            if masked:
+                out.append(MASK_GLYPH)
+            elif tid in self.eos_ids:
+                break
+            else:
+                out.append(self.piece(tid))
+        return "".join(out).rstrip(MASK_GLYPH)
+
+    def differs_from(self, other: RunState) -> np.ndarray:
+        """bool (G,): generated positions whose final tokens differ between two runs."""
+        a, b = self.events[-1].gen_tokens, other.events[-1].gen_tokens
+        n = max(a.shape[0], b.shape[0])
+        diff = np.ones(n, bool)
+        m = min(a.shape[0], b.shape[0])
+        diff[:m] = a[:m] != b[:m]
+        return diff

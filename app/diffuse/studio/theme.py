@@ -1,0 +1,90 @@
+"""Look of the app: bundled fonts, the style sheet, colours and colour maps.
+
+Resources live in the repository's `resources/` folder; an installed package carries them as
+`diffuse/studio/resources/` (see the wheel settings), so both places are searched.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtGui import QColor, QFont, QFontDatabase, QIcon
+from PySide6.QtWidgets import QApplication
+
+from diffuse import DiffuseError
+
+UI_FAMILY = "DejaVu Sans"
+MONO_FAMILY = "DejaVu Sans Mono"
+
+# Palette (dark). One place for every colour the widgets paint themselves.
+BG = QColor("#12141a")
+PANEL = QColor("#1a1d25")
+GRID = QColor("#2a2e39")
+TEXT = QColor("#e6e8ee")
+MUTED = QColor("#8a90a2")
+ACCENT = QColor("#5ad1c8")        # teal: the current block, live progress
+HIGHLIGHT = QColor("#ffffff")     # ring around positions unmasked this step
+DIFF = QColor("#ff5c7a")          # compare mode: positions where two runs differ
+MASKED = QColor("#232733")
+MASK_HATCH = QColor("#363b4a")
+ACTIVE = QColor("#f2a541")        # cache view: recomputed this step
+CACHED = QColor("#3b6ea8")        # cache view: K/V served from the cache
+
+ENTROPY_CMAP = "plasma"           # low entropy dark blue -> high entropy yellow
+CONFIDENCE_CMAP = "viridis"       # low top-1 probability purple -> high yellow
+
+
+@lru_cache(maxsize=1)
+def resources_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "resources", here.parents[2] / "resources"):
+        if (candidate / "style.qss").is_file():
+            return candidate
+    raise DiffuseError(f"Diffuse Studio resources not found next to {here}")
+
+
+def register_fonts() -> list[str]:
+    """Register the bundled TTFs so text renders on machines without fonts; returns families."""
+    families: list[str] = []
+    for ttf in sorted((resources_dir() / "fonts").glob("*.ttf")):
+        font_id = QFontDatabase.addApplicationFont(str(ttf))
+        if font_id < 0:
+            raise DiffuseError(f"{ttf}: Qt could not load this font")
+        families += QFontDatabase.applicationFontFamilies(font_id)
+    return sorted(set(families))
+
+
+def mono_font(point_size: float = 9.0) -> QFont:
+    font = QFont(MONO_FAMILY)
+    font.setPointSizeF(point_size)
+    font.setStyleHint(QFont.StyleHint.Monospace)
+    return font
+
+
+def apply(app: QApplication) -> None:
+    """Fonts, style sheet, icon and pyqtgraph defaults for the whole application."""
+    register_fonts()
+    font = QFont(UI_FAMILY)
+    font.setPointSizeF(9.5)
+    app.setFont(font)
+    app.setStyleSheet((resources_dir() / "style.qss").read_text(encoding="utf-8"))
+    app.setWindowIcon(icon("diffuse"))
+    pg.setConfigOptions(antialias=True, background=PANEL, foreground=MUTED)
+
+
+def icon(name: str) -> QIcon:
+    return QIcon(str(resources_dir() / "icons" / f"{name}.svg"))
+
+
+@lru_cache(maxsize=8)
+def lut(name: str, n: int = 256) -> np.ndarray:
+    """uint8 (n, 3) lookup table of a pyqtgraph colour map."""
+    return pg.colormap.get(name).getLookupTable(0.0, 1.0, n, alpha=False)
+
+
+def text_on(color: QColor) -> QColor:
+    """Black or white text, whichever reads better on `color`."""
+    luma = 0.299 * color.redF() + 0.587 * color.greenF() + 0.114 * color.blueF()
+    return QColor("#0b0c10") if luma > 0.55 else QColor("#f4f5f8")

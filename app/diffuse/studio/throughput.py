@@ -1,0 +1,146 @@
+"""Throughput: per-core CPU load, milliseconds per step, tokens per second, steps used.
+
+CPU bars are sampled by psutil twice a second whether or not a run is going (so you see what
+else loads the machine). Per-step time is a stacked bar: network forward pass, then sampling.
+Tokens per second come in the two flavours that matter: buffer (every generated position,
+end-of-text padding included, the paper's figure) and useful (positions before the end of text).
+"""
+from __future__ import annotations
+
+import numpy as np
+import psutil
+import pyqtgraph as pg
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import (QGridLayout, QHBoxLayout, QLabel, QProgressBar, QVBoxLayout,
+                               QWidget)
+
+from diffuse.studio import theme
+from diffuse.studio.run_state import RunState
+
+
+def _metric(title: str) -> tuple[QWidget, QLabel]:
+    box = QWidget()
+    lay = QVBoxLayout(box)
+    lay.setContentsMargins(8, 4, 8, 4)
+    value = QLabel("–")
+    value.setObjectName("Metric")
+    caption = QLabel(title)
+    caption.setObjectName("Muted")
+    lay.addWidget(value)
+    lay.addWidget(caption)
+    return box, value
+
+
+class ThroughputView(QWidget):
+    def __init__(self, parent=None, sample_ms: int = 500):
+        super().__init__(parent)
+        self.run: RunState | None = None
+        n_cpu = psutil.cpu_count() or 1
+
+        self.cpu_plot = pg.PlotWidget()
+        self.cpu_plot.setMenuEnabled(False)
+        self.cpu_plot.setMouseEnabled(x=False, y=False)
+        self.cpu_plot.setYRange(0, 100, padding=0.02)
+        self.cpu_plot.setLabel("left", "CPU %")
+        self.cpu_plot.setLabel("bottom", "core")
+        self.cpu_plot.getAxis("bottom").setTicks([[(i, str(i)) for i in range(n_cpu)]])
+        self.cpu_bars = pg.BarGraphItem(x=np.arange(n_cpu), height=np.zeros(n_cpu), width=0.7,
+                                        brush=theme.ACCENT, pen=None)
+        self.cpu_plot.addItem(self.cpu_bars)
+        self.cpu_plot.setMaximumWidth(max(220, 40 * n_cpu + 80))
+
+        self.ms_plot = pg.PlotWidget()
+        self.ms_plot.setMenuEnabled(False)
+        self.ms_plot.setLabel("left", "ms per step")
+        self.ms_plot.setLabel("bottom", "step")
+        legend = self.ms_plot.addLegend(offset=(-6, 6), labelTextSize="8pt")
+        self.fwd_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=theme.CACHED, pen=None)
+        self.smp_bars = pg.BarGraphItem(x=[], height=[], y0=[], width=0.8, brush=theme.ACTIVE,
+                                        pen=None)
+        self.ms_plot.addItem(self.fwd_bars)
+        self.ms_plot.addItem(self.smp_bars)
+        legend.addItem(self.fwd_bars, "forward")
+        legend.addItem(self.smp_bars, "sampling + rest")
+        self.step_marker = pg.InfiniteLine(angle=90, pen=pg.mkPen(theme.HIGHLIGHT, width=1))
+        self.ms_plot.addItem(self.step_marker)
+
+        metrics = QGridLayout()
+        box, self.buffer_tps = _metric("buffer tok/s (all positions)")
+        metrics.addWidget(box, 0, 0)
+        box, self.useful_tps = _metric("useful tok/s (before end of text)")
+        metrics.addWidget(box, 0, 1)
+        box, self.ms_step = _metric("ms per step (mean)")
+        metrics.addWidget(box, 0, 2)
+        box, self.total_time = _metric("total time")
+        metrics.addWidget(box, 0, 3)
+        self.steps_bar = QProgressBar()
+        self.steps_bar.setFormat("steps used %v of %m allowed")
+        self.memory = QLabel()
+        self.memory.setObjectName("Muted")
+
+        plots = QHBoxLayout()
+        plots.addWidget(self.cpu_plot)
+        plots.addWidget(self.ms_plot, 1)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 6, 6, 6)
+        layout.addLayout(metrics)
+        layout.addWidget(self.steps_bar)
+        layout.addLayout(plots, 1)
+        layout.addWidget(self.memory)
+
+        self._process = psutil.Process()
+        psutil.cpu_percent(percpu=True)      # the first call only starts the measurement
+        self.cpu_timer = QTimer(self)
+        self.cpu_timer.setInterval(sample_ms)
+        self.cpu_timer.timeout.connect(self.sample_cpu)
+        self.cpu_timer.start()
+
+    def sample_cpu(self) -> None:
+        loads = np.array(psutil.cpu_percent(percpu=True), float)
+        self.cpu_bars.setOpts(height=loads)
+        vm = psutil.virtual_memory()
+        rss = self._process.memory_info().rss
+        self.memory.setText(f"this process {rss / 2**30:.2f} GiB · RAM available "
+                            f"{vm.available / 2**30:.1f} of {vm.total / 2**30:.1f} GiB · "
+                            f"{len(loads)} cores")
+
+    def set_run(self, run: RunState | None) -> None:
+        self.run = run
+        if run is None or not run.events:
+            self.fwd_bars.setOpts(x=[], height=[])
+            self.smp_bars.setOpts(x=[], height=[], y0=[])
+            for label in (self.buffer_tps, self.useful_tps, self.ms_step, self.total_time):
+                label.setText("–")
+            self.steps_bar.setRange(0, 1)
+            self.steps_bar.setValue(0)
+            return
+        self.show_step(-1)
+
+    def show_step(self, step: int) -> None:
+        run = self.run
+        if run is None or not run.events:
+            return
+        k = run.clamp(step)
+        n = run.n_steps
+        x = np.arange(n)
+        fwd = run.forward_ms[:n]
+        rest = np.maximum(run.step_ms[:n] - fwd, 0.0)
+        self.fwd_bars.setOpts(x=x, height=fwd)
+        self.smp_bars.setOpts(x=x, height=rest, y0=fwd)
+        self.step_marker.setValue(k)
+        elapsed_s = run.step_ms[:k + 1].sum() / 1000.0
+        res = run.result
+        if res is not None and k == n - 1:
+            buffer, useful, total_s = (res.buffer_tokens_per_s, res.useful_tokens_per_s,
+                                       res.total_ms / 1000.0)
+        else:   # live: positions decided so far over the time so far
+            decided = int((~run.events[k].gen_mask).sum())
+            buffer = decided / elapsed_s if elapsed_s > 0 else 0.0
+            useful = float("nan")
+            total_s = elapsed_s
+        self.buffer_tps.setText(f"{buffer:.1f}")
+        self.useful_tps.setText("…" if np.isnan(useful) else f"{useful:.1f}")
+        self.ms_step.setText(f"{run.step_ms[:k + 1].mean():.0f}")
+        self.total_time.setText(f"{total_s:.2f} s")
+        self.steps_bar.setRange(0, max(run.steps_allowed, 1))
+        self.steps_bar.setValue(k + 1)

@@ -1,0 +1,191 @@
+"""Background threads: the engine's denoising runs and long file jobs (load, convert, quantise).
+
+The engine thread calls `model.generate` and turns each step into one Qt signal; the GUI thread
+receives it in a bound method of an object it owns (a lambda would run on the engine thread).
+Stopping is a flag read by the step callback, so a run ends within one step.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+from diffuse.studio.run_state import RunState
+
+log = logging.getLogger(__name__)
+
+
+def _message(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {text}"
+
+
+class _GenerateWorker(QObject):
+    """Lives on the engine thread."""
+
+    stepped = Signal(object)      # StepEvent
+    finished = Signal(object)     # GenerateResult
+    failed = Signal(str)
+
+    def __init__(self):
+        super().__init__()
+        self.stop_flag = threading.Event()
+
+    @Slot(object, object, object)
+    def run(self, model: Any, prompt, options: dict) -> None:
+        try:
+            result = model.generate(prompt, on_step=self._on_step, **options)
+        except Exception as exc:   # any failure becomes a message in the UI, never a crash
+            log.exception("generation failed")
+            self.failed.emit(_message(exc))
+        else:
+            self.finished.emit(result)
+
+    def _on_step(self, event) -> bool:
+        self.stepped.emit(event)
+        return not self.stop_flag.is_set()
+
+
+class Engine(QObject):
+    """GUI-side owner of the model and of the engine thread; one run at a time.
+
+    `start(run)` generates `run.prompt` with `run.options` and fills `run` as steps arrive.
+    """
+
+    run_started = Signal(object)     # RunState
+    run_stepped = Signal(object)     # RunState, after its new event was added
+    run_finished = Signal(object)    # RunState, result attached
+    run_failed = Signal(object, str)
+    busy_changed = Signal(bool)
+    _request = Signal(object, object, object)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.model: Any = None
+        self.run: RunState | None = None
+        self._thread = QThread()
+        self._thread.setObjectName("diffuse-engine")
+        self._worker = _GenerateWorker()
+        self._worker.moveToThread(self._thread)
+        self._request.connect(self._worker.run)
+        self._worker.stepped.connect(self._on_step)
+        self._worker.finished.connect(self._on_finished)
+        self._worker.failed.connect(self._on_failed)
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        return self.run is not None
+
+    def start(self, run: RunState, prompt: str | list[int] | None = None) -> None:
+        """Generate for `run`; `prompt` (text or token ids) defaults to `run.prompt`."""
+        if self.model is None:
+            raise RuntimeError("no model loaded")
+        if self.busy:
+            raise RuntimeError("a run is already going")
+        self.run = run
+        self._worker.stop_flag.clear()
+        self.busy_changed.emit(True)
+        self.run_started.emit(run)
+        self._request.emit(self.model, run.prompt if prompt is None else prompt,
+                           dict(run.options))
+
+    def stop(self) -> None:
+        self._worker.stop_flag.set()
+
+    def shutdown(self) -> None:
+        """Stop any run and end the thread (waits for the current step to finish)."""
+        self.stop()
+        self._thread.quit()
+        self._thread.wait()
+
+    def _on_step(self, event) -> None:
+        if self.run is not None:
+            self.run.add(event)
+            self.run_stepped.emit(self.run)
+
+    def _on_finished(self, result) -> None:
+        run, self.run = self.run, None
+        run.finish(result)
+        self.busy_changed.emit(False)
+        self.run_finished.emit(run)
+
+    def _on_failed(self, message: str) -> None:
+        run, self.run = self.run, None
+        run.failed = message
+        self.busy_changed.emit(False)
+        self.run_failed.emit(run, message)
+
+
+class _JobWorker(QObject):
+    progressed = Signal(int, int, str)
+    finished = Signal(object)
+    failed = Signal(str)
+
+    def __init__(self, fn: Callable, cancel_flag: threading.Event):
+        super().__init__()
+        self.fn, self.cancel_flag = fn, cancel_flag
+
+    @Slot()
+    def run(self) -> None:
+        try:
+            value = self.fn(self._progress, self.cancel_flag.is_set)
+        except Exception as exc:
+            log.exception("job failed")
+            self.failed.emit(_message(exc))
+        else:
+            self.finished.emit(value)
+
+    def _progress(self, done: int, total: int, what: str = "") -> None:
+        self.progressed.emit(int(done), int(total), str(what))
+
+
+class Job(QObject):
+    """Runs `fn(progress, cancel)` on its own thread; progress(done, total, what), cancel() -> bool.
+
+    Signals arrive on the GUI thread; `cancelled` tells apart a job stopped by `cancel()`.
+    """
+
+    progressed = Signal(int, int, str)
+    finished = Signal(object)
+    failed = Signal(str)
+
+    def __init__(self, title: str, fn: Callable, parent=None):
+        super().__init__(parent)
+        self.title = title
+        self._cancel = threading.Event()
+        self._thread = QThread()
+        self._thread.setObjectName(f"diffuse-job: {title}")
+        self._worker = _JobWorker(fn, self._cancel)
+        self._worker.moveToThread(self._thread)
+        self._thread.started.connect(self._worker.run)
+        self._worker.progressed.connect(self._on_progress)
+        self._worker.finished.connect(self._on_finished)
+        self._worker.failed.connect(self._on_failed)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def wait(self) -> None:
+        self._thread.quit()
+        self._thread.wait()
+
+    def _on_progress(self, done: int, total: int, what: str) -> None:
+        self.progressed.emit(done, total, what)
+
+    def _on_finished(self, value) -> None:
+        self.wait()
+        self.finished.emit(value)
+
+    def _on_failed(self, message: str) -> None:
+        self.wait()
+        self.failed.emit(message)
