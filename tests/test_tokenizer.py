@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_bad_input import rewrite
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -201,15 +202,6 @@ def test_decode_rejects_negative_ids(tmp_path):
 
 # ---- the three sources of a converted model ----
 
-def copy_without_keys(src: Path, dst: Path, drop) -> Path:
-    """A copy of a GGUF model without the metadata keys for which drop(key) is true."""
-    info = gguf_file.read(src)
-    kv = {k: v for k, v in info.kv.items() if not drop(k)}
-    gguf_file.write(dst, kv, info.kv_types, [gguf_file.OutTensor(t.name, t.type, t.shape) for t in info.tensors],
-                    (t.raw() for t in info.tensors))
-    return dst
-
-
 @pytest.fixture(scope="module", params=["llada", "dream"])
 def family_sources(request, tiny_gguf, tmp_path_factory):
     """(original tokenizer, {source: model path}) for one family."""
@@ -220,10 +212,11 @@ def family_sources(request, tiny_gguf, tmp_path_factory):
         hf_dir = request.getfixturevalue("tiny_hf_llada")
         assert original.to_str() == HFTokenizer.from_file(str(hf_dir / "tokenizer.json")).to_str()
     tmp = tmp_path_factory.mktemp(f"tok_{family}")
-    arrays = copy_without_keys(model, tmp / "arrays.gguf", lambda k: k == "tokenizer.huggingface.json")
+    arrays = rewrite(model, tmp / "arrays.gguf", drop=["tokenizer.huggingface.json"])
     (tmp / "beside").mkdir()
-    beside = copy_without_keys(model, tmp / "beside" / "model.gguf",   # the engine still needs the mask id
-                               lambda k: k.startswith("tokenizer.") and k != "tokenizer.ggml.mask_token_id")
+    keys = gguf_file.read(model).kv   # the engine still needs the mask id
+    beside = rewrite(model, tmp / "beside" / "model.gguf",
+                     drop=[k for k in keys if k.startswith("tokenizer.") and k != "tokenizer.ggml.mask_token_id"])
     (tmp / "beside" / "tokenizer.json").write_text(original.to_str(), encoding="utf-8")
     return family, original, {"embedded": model, "arrays": arrays, "beside": beside}
 
