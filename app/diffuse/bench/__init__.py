@@ -1,0 +1,1 @@
+"""Benchmarks behind `diffuse bench`: one module per measurement (forward, grid, prompts, AR baseline)."""

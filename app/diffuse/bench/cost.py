@@ -1,0 +1,77 @@
+"""What a forward pass costs on paper: its matrix products, FLOPs and weight bytes, and how fast
+ggml's own mat-mul runs those products on this machine (the ceiling a forward pass can reach)."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from diffuse import _core, gguf_file
+
+# Rows of a weight used to time its product: the head (n_vocab rows) is timed on a slice and
+# scaled, as ggml splits a product by rows and its time is linear in them.
+CEILING_MAX_ROWS = 16384
+
+
+@dataclass(frozen=True)
+class MatMul:
+    """One weight matrix y = W x of the forward pass: W (m, k) of ggml type `type`."""
+    name: str
+    type: int
+    k: int          # input features
+    m: int          # output features
+    nbytes: int
+
+    @property
+    def params(self) -> int:
+        return self.k * self.m
+
+
+def matmuls(path: str) -> list[MatMul]:
+    """Every weight that goes through a mat-mul, from the file's tensor table: the layer matrices
+    and the head (`output.weight`, or the tied `token_embd.weight`)."""
+    info = gguf_file.read(path)
+    names = {t.name for t in info.tensors}
+    head = "output.weight" if "output.weight" in names else "token_embd.weight"
+    out = []
+    for t in info.tensors:
+        if len(t.shape) == 2 and (t.name.startswith("blk.") or t.name == head):
+            out.append(MatMul(t.name, t.type, t.shape[0], t.shape[1], t.nbytes))
+    return out
+
+
+def attention_flops(hp: dict, n_q: int, n_kv: int) -> float:
+    """Q K^T and (softmax) V over all layers: 2 products of n_q x n_kv x head_dim per head."""
+    return 4.0 * hp["n_layer"] * n_q * n_kv * hp["head_dim"] * hp["n_head"]
+
+
+def forward_flops(mms: list[MatMul], hp: dict, n_tokens: int) -> dict:
+    """FLOPs of a forward pass of n_tokens positions with logits for every row (what
+    Model.forward computes): matmul = 2 * params * n_tokens, attention as above."""
+    matmul = 2.0 * sum(mm.params for mm in mms) * n_tokens
+    attention = attention_flops(hp, n_tokens, n_tokens)
+    return {"matmul": matmul, "attention": attention, "total": matmul + attention}
+
+
+def weight_bytes(mms: list[MatMul]) -> int:
+    return sum(mm.nbytes for mm in mms)
+
+
+def matmul_ceiling(mms: list[MatMul], n_tokens: int, threads: int, reps: int = 3) -> dict:
+    """ggml's own y = W x at every distinct (type, k, m) of the model, n_tokens columns: the
+    seconds all the model's products take at that speed, and the GFLOP/s it amounts to."""
+    seconds = 0.0
+    for (type_, k, m), count in Counter((mm.type, mm.k, mm.m) for mm in mms).items():
+        rows = min(m, CEILING_MAX_ROWS)
+        s = _core.bench_matmul(type_, k, rows, n_tokens, threads=threads, reps=reps)
+        seconds += count * s * m / rows
+    flops = 2.0 * sum(mm.params for mm in mms) * n_tokens
+    return {"seconds": seconds, "gflops": flops / seconds / 1e9}
+
+
+def type_mix(mms: list[MatMul]) -> str:
+    """'Q4_K 61%, Q6_K 27%, ...' by weight bytes."""
+    by_type = Counter()
+    for mm in mms:
+        by_type[_core.type_info(mm.type)["name"]] += mm.nbytes
+    total = sum(by_type.values())
+    return ", ".join(f"{name.upper()} {100 * b / total:.0f}%" for name, b in by_type.most_common())

@@ -1,0 +1,184 @@
+"""`diffuse bench grid`: the paper's grid, quantisation x threads x steps x scheduler x cache x
+generation length (x prompt), with the AR baseline and a roofline in the same run.
+
+Every configuration runs `reps` times after one warm-up per (model, threads); the table gives
+medians and the spread (max - min) / median. Outputs in OUT_DIR: grid.json (every run, the
+aggregates, the machine), grid.csv (aggregates), report.md and PNG plots.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+import diffuse
+from diffuse import gguf_file
+from diffuse.bench import cost, machine, roofline
+from diffuse.bench.forward import time_forward
+from diffuse.bench.llama_ref import LlamaBins, ar_baseline
+from diffuse.bench.prompts import PAPER_PROMPTS
+from diffuse.bench.tables import md_table, on_off, text_table, write_csv, write_json
+
+
+@dataclass
+class Axes:
+    """The grid's axes; every combination is one configuration."""
+    models: list[str]
+    threads: list[int]
+    steps: list[int] = field(default_factory=lambda: [16])
+    schedulers: list[str] = field(default_factory=lambda: ["low_confidence", "entropy_exit"])
+    cache: list[bool] = field(default_factory=lambda: [False, True])
+    gen_lengths: list[int] = field(default_factory=lambda: [32, 64])
+    prompts: list[int] = field(default_factory=lambda: [0, 6])   # indices into PAPER_PROMPTS
+
+    def configs(self):
+        return itertools.product(self.steps, self.schedulers, self.cache, self.gen_lengths, self.prompts)
+
+
+def quant_label(path: str) -> str:
+    """The weight type that dominates the file's mat-muls, or general.file_type's name."""
+    ftypes = {0: "F32", 1: "F16", 7: "Q8_0", 15: "Q4_K_M", 17: "Q5_K_M", 18: "Q6_K", 32: "BF16", 2: "Q4_0"}
+    ft = gguf_file.read(path).kv.get("general.file_type")
+    if isinstance(ft, int) and ft in ftypes:
+        return ftypes[ft]
+    return cost.type_mix(cost.matmuls(path)).split()[0]
+
+
+def run(axes: Axes, reps: int = 3, fixed: dict | None = None, ar_model: str | None = None,
+        ar_backend: str = "auto", llama: LlamaBins | None = None, log=print) -> dict:
+    """Run the grid; returns {machine, axes, runs, rows, ar, roofline}."""
+    fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
+    mach = machine.describe()
+    runs, roof_points = [], []
+    for path in axes.models:
+        model = diffuse.load(path)
+        label = f"{Path(path).stem} [{quant_label(path)}]"
+        mms = cost.matmuls(path)
+        for t in axes.threads:
+            model.threads = t
+            model.generate(PAPER_PROMPTS[0][1], gen_length=16, steps=2, cache=False)   # warm-up
+            for steps, sched, cache_on, gen, p in axes.configs():
+                opts = {**fixed, "steps": steps, "scheduler": sched, "cache": cache_on, "gen_length": gen}
+                for rep in range(reps):
+                    r = model.generate(PAPER_PROMPTS[p][1], **opts)
+                    runs.append({
+                        "model": label, "path": path, "threads": t, "steps": steps, "scheduler": sched,
+                        "cache": cache_on, "gen_length": gen, "prompt": PAPER_PROMPTS[p][0], "rep": rep,
+                        "steps_used": r.steps, "total_ms": r.total_ms, "step_ms": float(np.mean(r.step_ms)),
+                        "forward_ms": float(np.mean(r.forward_ms)), "sample_ms": float(np.mean(r.sample_ms)),
+                        "buffer_tok_s": r.buffer_tokens_per_s, "useful_tok_s": r.useful_tokens_per_s,
+                        "useful_length": r.useful_length, "prompt_tokens": len(r.prompt_tokens),
+                        "stop_reason": r.stop_reason})
+                log(f"{label} t={t} steps={steps} {sched} cache={'on' if cache_on else 'off'} B={gen} "
+                    f"{PAPER_PROMPTS[p][0]}: {runs[-1]['buffer_tok_s']:.2f} tok/s, {runs[-1]['steps_used']} steps")
+            # Roofline point of a full step at each buffer size: one uncached forward pass.
+            n_prompt = len(model.encode_prompt(PAPER_PROMPTS[axes.prompts[0]][1]))
+            for gen in axes.gen_lengths:
+                n = n_prompt + gen
+                ids = np.random.default_rng(0).integers(0, model.n_vocab, size=n).astype(np.int32)
+                ms = float(np.median(time_forward(model, ids, max(reps, 1))))
+                roof_points.append(roofline.diffusion_point(label, mms, model.hparams, n, t, ms))
+    rows = aggregate(runs)
+    ar = []
+    if ar_model:
+        n_prompt = max(axes.gen_lengths)
+        for t in axes.threads:
+            a = ar_baseline(ar_model, threads=t, n_prompt=n_prompt, n_gen=max(axes.gen_lengths), reps=reps,
+                            backend=ar_backend, bins=llama)
+            a.update(threads=t, model=Path(ar_model).name, n_prompt=n_prompt)
+            ar.append(a)
+            roof_points += roofline.ar_points(Path(ar_model).stem, cost.matmuls(ar_model), a, t)
+            log(f"AR {Path(ar_model).name} t={t}: decode {a['decode_tokens_per_s']:.1f} tok/s, "
+                f"prompt {a['prompt_tokens_per_s']:.1f} tok/s ({a['backend']})")
+        decode = {a["threads"]: a["decode_tokens_per_s"] for a in ar}
+        for r in rows:
+            r["buffer_vs_ar"] = r["buffer_tok_s"] / decode[r["threads"]]
+            r["useful_vs_ar"] = r["useful_tok_s"] / decode[r["threads"]]
+    roofs = roofline.measure_roofs(axes.models[0], axes.threads, n_tokens=max(axes.gen_lengths) + 32)
+    return {"machine": mach, "reps": reps, "fixed": fixed,
+            "axes": {k: v for k, v in vars(axes).items()}, "runs": runs, "rows": rows, "ar": ar,
+            "roofline": {"roofs": roofs, "points": roof_points}}
+
+
+KEYS = ("model", "threads", "steps", "scheduler", "cache", "gen_length", "prompt")
+
+
+def aggregate(runs: list[dict]) -> list[dict]:
+    """One row per configuration: medians over reps, spread = (max - min) / median of total time."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault(tuple(r[k] for k in KEYS), []).append(r)
+    rows = []
+    for key, rs in groups.items():
+        total = np.array([r["total_ms"] for r in rs])
+        med = float(np.median(total))
+        row = dict(zip(KEYS, key))
+        row.update({
+            "reps": len(rs), "total_ms": med, "spread": float((total.max() - total.min()) / med) if med else 0.0,
+            "steps_used": int(np.median([r["steps_used"] for r in rs])),
+            "step_ms": float(np.median([r["step_ms"] for r in rs])),
+            "forward_ms": float(np.median([r["forward_ms"] for r in rs])),
+            "sample_ms": float(np.median([r["sample_ms"] for r in rs])),
+            "buffer_tok_s": float(np.median([r["buffer_tok_s"] for r in rs])),
+            "useful_tok_s": float(np.median([r["useful_tok_s"] for r in rs])),
+            "useful_length": int(np.median([r["useful_length"] for r in rs])),
+        })
+        rows.append(row)
+    return rows
+
+
+COLUMNS = [
+    ("model", "model", "{}"), ("threads", "threads", "{:d}"), ("steps", "steps", "{:d}"),
+    ("scheduler", "scheduler", "{}"), ("cache", "cache", on_off), ("gen_length", "B", "{:d}"),
+    ("prompt", "prompt", "{}"), ("steps_used", "steps used", "{:d}"), ("step_ms", "ms/step", "{:.1f}"),
+    ("sample_ms", "sampling ms", "{:.1f}"), ("total_ms", "total ms", "{:.0f}"), ("spread", "spread", "{:.0%}"),
+    ("buffer_tok_s", "buffer tok/s", "{:.2f}"), ("useful_tok_s", "useful tok/s", "{:.2f}"),
+    ("buffer_vs_ar", "buffer/AR", "{:.2f}x"), ("useful_vs_ar", "useful/AR", "{:.2f}x"),
+]
+AR_COLUMNS = [
+    ("model", "AR model", "{}"), ("threads", "threads", "{:d}"), ("backend", "backend", "{}"),
+    ("n_prompt", "prompt tokens", "{:d}"), ("prompt_tokens_per_s", "prompt tok/s", "{:.1f}"),
+    ("decode_tokens_per_s", "decode tok/s", "{:.1f}"),
+]
+
+
+def table(result: dict) -> str:
+    return text_table(result["rows"], COLUMNS)
+
+
+def write(result: dict, out_dir: Path, plots: bool = True) -> list[Path]:
+    """grid.json, grid.csv, report.md and (with matplotlib) the PNG plots; returns the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = [out_dir / "grid.json", out_dir / "grid.csv", out_dir / "report.md"]
+    write_json(files[0], result)
+    write_csv(files[1], result["rows"])
+    pngs = []
+    if plots:
+        from diffuse.bench import plots as plotting
+        pngs = plotting.grid_plots(result, out_dir)
+    files[2].write_text(report(result, [p.name for p in pngs]))
+    return files + pngs
+
+
+def report(result: dict, pngs: list[str]) -> str:
+    m, axes = result["machine"], result["axes"]
+    lines = [
+        "# diffuse bench grid",
+        "",
+        f"Machine: {machine.describe_line(m)}. Threads used: {', '.join(map(str, axes['threads']))}.",
+        f"Grid: models {', '.join(os.path.basename(p) for p in axes['models'])}; steps {axes['steps']}; "
+        f"schedulers {axes['schedulers']}; cache {axes['cache']}; B {axes['gen_lengths']}; "
+        f"prompts {[PAPER_PROMPTS[i][0] for i in axes['prompts']]}. "
+        f"Median of {result['reps']} run(s) after a warm-up; spread = (max - min) / median.",
+        "",
+        md_table(result["rows"], COLUMNS),
+    ]
+    if result["ar"]:
+        lines += ["## Autoregressive baseline", "", md_table(result["ar"], AR_COLUMNS)]
+    lines += ["## Roofline", "", roofline.markdown(result["roofline"]), roofline.verdict(result)]
+    if pngs:
+        lines += ["## Plots", ""] + [f"![{p}]({p})" for p in pngs]
+    return "\n".join(lines) + "\n"

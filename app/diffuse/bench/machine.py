@@ -1,0 +1,87 @@
+"""The machine a benchmark ran on, its memory-copy bandwidth, and the process's memory use."""
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from diffuse import _core
+
+
+def describe() -> dict:
+    """CPU model, cores, memory, SIMD flags and load: everything a reader needs to weigh the numbers."""
+    cpuinfo = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                cpuinfo.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    cpu = cpuinfo.get("model name") or platform.processor() or platform.machine()
+    flags = cpuinfo.get("flags", "").split()
+    simd = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile")
+            if f in flags]
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(_meminfo_kib("MemTotal") / 2**20, 1),
+        "simd": simd,
+        "load_avg_1min": round(os.getloadavg()[0], 2),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "ggml": _core.GGML_VERSION,
+    }
+
+
+def describe_line(m: dict) -> str:
+    return (f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {' '.join(m['simd']) or 'no AVX2'}, "
+            f"ggml {m['ggml']}, load {m['load_avg_1min']} at start")
+
+
+def _meminfo_kib(key: str) -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set so far (ru_maxrss is KiB on Linux). Memory-mapped weight
+    pages that were touched count, so after a forward pass it includes the file."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def rss_bytes() -> int:
+    """The process's resident set now."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return peak_rss_bytes()
+
+
+def memcpy_gbps(threads: int = 1, mib: int = 256, reps: int = 5) -> float:
+    """Best memory-copy bandwidth, GB/s counted as bytes read + bytes written (the traffic of a
+    copy), with `threads` numpy copies of disjoint slices at once (numpy releases the GIL).
+    `mib` per buffer, well past the last-level cache."""
+    n = mib * 2**20 // 8
+    src = np.ones(n, dtype=np.float64)
+    dst = np.empty_like(src)
+    bounds = np.linspace(0, n, threads + 1, dtype=np.int64)
+    parts = [(dst[a:b], src[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(reps + 1):    # the first pass faults the pages in
+            t0 = time.perf_counter()
+            list(pool.map(lambda p: np.copyto(*p), parts))
+            best = min(best, time.perf_counter() - t0)
+    return 2 * src.nbytes / best / 1e9

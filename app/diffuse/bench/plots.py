@@ -1,0 +1,156 @@
+"""PNG plots of a grid result (matplotlib, the optional extra `diffuse[bench]`)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from diffuse.bench import roofline
+
+
+def available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")           # files only, no display
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def _where(rows: list[dict], **eq) -> list[dict]:
+    return [r for r in rows if all(r[k] == v for k, v in eq.items())]
+
+
+def thread_scaling(result: dict, path: Path) -> Path:
+    """Buffer tok/s against threads (left) and the speedup over 1 thread (right), per model /
+    scheduler / cache, at the largest B and step budget; AR decode beside them."""
+    plt = _pyplot()
+    rows, axes = result["rows"], result["axes"]
+    fixed = {"gen_length": max(axes["gen_lengths"]), "steps": max(axes["steps"])}
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for sched in axes["schedulers"]:
+            for cache_on in axes["cache"]:
+                sel = _where(rows, model=model, scheduler=sched, cache=cache_on, **fixed)
+                threads = sorted({r["threads"] for r in sel})
+                tps = [np.mean([r["buffer_tok_s"] for r in sel if r["threads"] == t]) for t in threads]
+                name = f"{model} {sched}{' cache' if cache_on else ''}"
+                ax.plot(threads, tps, marker="o", label=name)
+                ax2.plot(threads, np.array(tps) / tps[0], marker="o", label=name)
+    if result["ar"]:
+        threads = [a["threads"] for a in result["ar"]]
+        dec = [a["decode_tokens_per_s"] for a in result["ar"]]
+        ax.plot(threads, dec, "k--", marker="s", label="AR decode")
+        ax2.plot(threads, np.array(dec) / dec[0], "k--", marker="s", label="AR decode")
+    ax.set(xlabel="threads", ylabel="tokens/s (buffer)", title=f"Thread scaling (B={fixed['gen_length']})")
+    ax2.set(xlabel="threads", ylabel="speedup over 1 thread", title="Normalised")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def step_cost(result: dict, path: Path) -> Path:
+    """Mean ms per step against the generation length, per threads and cache setting."""
+    plt = _pyplot()
+    rows, axes = result["rows"], result["axes"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for t in axes["threads"]:
+        for cache_on in axes["cache"]:
+            sel = _where(rows, threads=t, cache=cache_on)
+            gens = sorted({r["gen_length"] for r in sel})
+            ms = [np.median([r["step_ms"] for r in sel if r["gen_length"] == g]) for g in gens]
+            ax.plot(gens, ms, marker="o", label=f"{t} thread(s), cache {'on' if cache_on else 'off'}")
+    ax.set(xlabel="generation length B", ylabel="ms per step (median)", title="Per-step cost vs generation length")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _bars(ax, groups: list[str], series: dict[str, list[float]]):
+    width = 0.8 / max(len(series), 1)
+    x = np.arange(len(groups))
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar(x + i * width, values, width, label=name)
+    ax.set_xticks(x + width * (len(series) - 1) / 2, groups, rotation=20)
+    ax.legend(fontsize=8)
+
+
+def steps_per_prompt(result: dict, path: Path) -> Path:
+    """Steps used per prompt and scheduler, at the most threads, the largest B and budget."""
+    plt = _pyplot()
+    rows, axes = result["rows"], result["axes"]
+    fixed = {"threads": max(axes["threads"]), "gen_length": max(axes["gen_lengths"]), "steps": max(axes["steps"])}
+    prompts = list(dict.fromkeys(r["prompt"] for r in rows))
+    series = {f"{s}{' cache' if c else ''}": [np.median([r["steps_used"] for r in _where(rows, scheduler=s, cache=c,
+                                                          prompt=p, **fixed)] or [0]) for p in prompts]
+              for s in axes["schedulers"] for c in axes["cache"]}
+    fig, ax = plt.subplots(figsize=(7, 4))
+    _bars(ax, prompts, series)
+    ax.axhline(fixed["steps"], color="gray", linestyle=":")
+    ax.set(ylabel="steps used", title=f"Steps used per prompt (budget {fixed['steps']}, B={fixed['gen_length']})")
+    return _save(fig, path)
+
+
+def cache_speedup(result: dict, path: Path) -> Path:
+    """Uncached / cached total time per prompt and scheduler (needs both cache settings)."""
+    plt = _pyplot()
+    rows, axes = result["rows"], result["axes"]
+    fixed = {"threads": max(axes["threads"]), "gen_length": max(axes["gen_lengths"]), "steps": max(axes["steps"])}
+    prompts = list(dict.fromkeys(r["prompt"] for r in rows))
+    series = {}
+    for s in axes["schedulers"]:
+        vals = []
+        for p in prompts:
+            off = _where(rows, scheduler=s, cache=False, prompt=p, **fixed)
+            on = _where(rows, scheduler=s, cache=True, prompt=p, **fixed)
+            vals.append(off[0]["total_ms"] / on[0]["total_ms"] if off and on else 0.0)
+        series[s] = vals
+    fig, ax = plt.subplots(figsize=(7, 4))
+    _bars(ax, prompts, series)
+    ax.axhline(1.0, color="gray", linestyle=":")
+    ax.set(ylabel="speedup (no cache / cache)", title=f"Inter-step cache speedup ({fixed['threads']} threads)")
+    return _save(fig, path)
+
+
+def roofline_plot(result: dict, path: Path) -> Path:
+    """Log-log roofline: ceilings per thread count and the measured workloads under them."""
+    plt = _pyplot()
+    roof = result["roofline"]
+    fig, ax = plt.subplots(figsize=(7, 5))
+    ai = np.logspace(-1, 4, 200)
+    colour = {}
+    for r in roof["roofs"]:
+        (line,) = ax.plot(ai, np.minimum(ai * r["memcpy_gbps"], r["matmul_gflops"]), linestyle="--",
+                          label=f"roof, {r['threads']} thread(s): {r['memcpy_gbps']:.0f} GB/s, "
+                                f"{r['matmul_gflops']:.0f} GFLOP/s")
+        colour[r["threads"]] = line.get_color()
+    markers = {"diffusion step": "o", "AR decode": "s", "AR prompt": "^"}
+    for p in roofline.annotated(roof):
+        ax.scatter(p["ai"], p["gflops"], marker=markers.get(p["kind"], "x"), color=colour[p["threads"]], zorder=3)
+        ax.annotate(f"{p['kind']} {p['tokens']} tok, {p['threads']}t", (p["ai"], p["gflops"]), fontsize=6,
+                    xytext=(3, 3), textcoords="offset points")
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP / weight byte)", ylabel="GFLOP/s",
+           title="Roofline: AR decode vs diffusion step")
+    ax.legend(fontsize=7, loc="lower right")
+    return _save(fig, path)
+
+
+def grid_plots(result: dict, out_dir: Path) -> list[Path]:
+    plots = [thread_scaling(result, out_dir / "thread_scaling.png"),
+             step_cost(result, out_dir / "step_cost_vs_gen_length.png"),
+             steps_per_prompt(result, out_dir / "steps_per_prompt.png")]
+    if len(result["axes"]["cache"]) == 2:
+        plots.append(cache_speedup(result, out_dir / "cache_speedup.png"))
+    plots.append(roofline_plot(result, out_dir / "roofline.png"))
+    return plots

@@ -1,0 +1,189 @@
+"""`diffuse bench`: forward-pass cost, the paper's grid, the paper's prompts (see docs/benchmarks.md)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from diffuse._core import DiffuseError
+from diffuse.cli.generate import add_generation_options, generation_options
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def str_list(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def on_off_list(text: str) -> list[bool]:
+    table = {"on": True, "off": False}
+    try:
+        return [table[x] for x in str_list(text)]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"expected a list of on/off, got {text!r}") from None
+
+
+def default_threads() -> list[int]:
+    """1, 2, 4, ... up to the core count, and the core count itself."""
+    cores = os.cpu_count() or 1
+    return sorted({1 << i for i in range(cores.bit_length()) if 1 << i <= cores} | {cores})
+
+
+def _llama_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--llama-bin", metavar="DIR",
+                   help="folder with llama.cpp's llama-bench / llama-diffusion-cli (default: $DIFFUSE_LLAMA_BIN)")
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("bench", help="benchmarks: forward pass, the paper's grid, the paper's prompts",
+                       description="Measure speed and memory. See docs/benchmarks.md.")
+    bs = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
+
+    f = bs.add_parser("forward", help="ms per forward pass, GFLOP/s, ggml's mat-mul ceiling, memory",
+                      description="Cost of one full forward pass (a denoising step without cache).")
+    f.add_argument("model", help="GGUF model file")
+    f.add_argument("--tokens", type=int_list, default=[64, 256], help="token counts (default 64,256)")
+    f.add_argument("--threads", type=int_list, default=None, help="thread counts (default 1,2,4.. up to the cores)")
+    f.add_argument("--reps", type=int, default=3, help="timed runs per configuration, after a warm-up")
+    f.add_argument("--no-ceiling", dest="ceiling", action="store_false", help="skip ggml's mat-mul ceiling")
+    f.add_argument("--llama", action="store_true",
+                   help="llama.cpp side by side: llama-bench prompt processing and llama-diffusion-cli ms/step")
+    f.add_argument("--flash-attn", action="store_true", help="also llama-bench with flash attention")
+    _llama_options(f)
+    f.add_argument("--json", type=Path, help="write the result as JSON")
+    f.add_argument("--markdown", type=Path, help="write the table as markdown")
+
+    g = bs.add_parser("grid", help="the paper's grid with AR baseline and roofline: JSON, CSV, PNG, report",
+                      description="quantisation (one file each) x threads x steps x scheduler x cache x "
+                                  "generation length x prompt; medians and spread over repetitions.")
+    g.add_argument("models", nargs="+", help="GGUF files (e.g. the same model in F16, Q8_0, Q4_K_M)")
+    g.add_argument("-o", "--out", type=Path, default=Path("bench-grid"), help="output folder (default bench-grid)")
+    g.add_argument("--threads", type=int_list, default=None, help="default 1,2,4.. up to the cores")
+    g.add_argument("--steps", type=int_list, default=[16], help="step budgets (default 16)")
+    g.add_argument("--schedulers", type=str_list, default=["low_confidence", "entropy_exit"])
+    g.add_argument("--cache", type=on_off_list, default=[False, True], help="on,off (default both)")
+    g.add_argument("--gen-lengths", type=int_list, default=[32, 64], help="generation lengths B (default 32,64)")
+    g.add_argument("--prompts", type=int_list, default=[1, 7],
+                   help="1-based indices of the paper's 8 prompts (default 1,7: capital, sky)")
+    g.add_argument("--reps", type=int, default=3, help="runs per configuration (default 3)")
+    g.add_argument("--seed", type=int)
+    g.add_argument("--threshold", type=float, help="entropy_exit tau in nats")
+    g.add_argument("--keep-active", type=int)
+    g.add_argument("--block-length", type=int)
+    g.add_argument("--ar-model", help="an autoregressive GGUF for the baseline (decode and prompt tok/s)")
+    g.add_argument("--ar-backend", choices=["auto", "llama-cpp-python", "llama-bench"], default="auto")
+    g.add_argument("--no-plots", dest="plots", action="store_false")
+    _llama_options(g)
+
+    pr = bs.add_parser("prompts", help="the paper's 8 prompts: steps, tok/s, cache speedup, fidelity, answers",
+                       description="Each prompt with and without the inter-step cache (defaults: entropy_exit, "
+                                   "16 steps, B=64).")
+    pr.add_argument("model", help="GGUF model file")
+    pr.add_argument("--tokenizer", help="tokenizer.json for model files that carry none")
+    pr.add_argument("--reps", type=int, default=1, help="runs per prompt and setting (median time)")
+    pr.add_argument("--ar-model", help="an autoregressive GGUF: its decode tok/s at the same threads")
+    pr.add_argument("--ar-backend", choices=["auto", "llama-cpp-python", "llama-bench"], default="auto")
+    _llama_options(pr)
+    pr.add_argument("--json", type=Path, help="write the result as JSON")
+    pr.add_argument("--markdown", type=Path, help="write the table and answers as markdown")
+    add_generation_options(pr)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"forward": _forward, "grid": _grid, "prompts": _prompts}[args.bench_command](args)
+
+
+def _write(path: Path | None, text: str) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {path}", file=sys.stderr)
+
+
+def _check_reps(reps: int) -> None:
+    if reps < 1:
+        raise DiffuseError(f"--reps must be at least 1 (got {reps})")
+
+
+def _forward(args) -> int:
+    from diffuse.bench import forward, llama_ref
+    from diffuse.bench.tables import text_table, write_json
+    _check_reps(args.reps)
+    llama = llama_ref.find_bins(args.llama_bin) if args.llama else None
+    if llama is not None and llama.bench is None and llama.diffusion is None:
+        raise DiffuseError("--llama: llama-bench / llama-diffusion-cli not found (--llama-bin DIR)")
+    result = forward.run(args.model, args.tokens, args.threads or default_threads(), args.reps,
+                         ceiling=args.ceiling, llama=llama, flash_attn_too=args.flash_attn,
+                         log=lambda line: print(line, file=sys.stderr))
+    print(forward.header(result))
+    print(text_table(result["rows"], forward.COLUMNS))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        write_json(args.json, result)
+    _write(args.markdown, forward.markdown(result))
+    return 0
+
+
+def _ar(args, threads: int, n_prompt: int, n_gen: int, reps: int) -> dict | None:
+    if not args.ar_model:
+        return None
+    from diffuse.bench import llama_ref
+    bins = llama_ref.find_bins(args.llama_bin) if args.ar_backend != "llama-cpp-python" else None
+    return llama_ref.ar_baseline(args.ar_model, threads=threads, n_prompt=n_prompt, n_gen=n_gen, reps=reps,
+                                 backend=args.ar_backend, bins=bins)
+
+
+def _grid(args) -> int:
+    from diffuse.bench import grid, llama_ref, plots
+    from diffuse.bench.prompts import PAPER_PROMPTS
+    _check_reps(args.reps)
+    if args.plots and not plots.available():
+        raise DiffuseError("the plots need matplotlib: pip install 'diffuse[bench]' (or pass --no-plots)")
+    bad = [i for i in args.prompts if not 1 <= i <= len(PAPER_PROMPTS)]
+    if bad:
+        raise DiffuseError(f"--prompts: {bad} outside 1..{len(PAPER_PROMPTS)}")
+    axes = grid.Axes(models=args.models, threads=args.threads or default_threads(), steps=args.steps,
+                     schedulers=args.schedulers, cache=args.cache, gen_lengths=args.gen_lengths,
+                     prompts=[i - 1 for i in args.prompts])
+    fixed = {"seed": args.seed, "threshold": args.threshold, "keep_active": args.keep_active,
+             "block_length": args.block_length}
+    bins = llama_ref.find_bins(args.llama_bin) if args.ar_model and args.ar_backend != "llama-cpp-python" else None
+    result = grid.run(axes, args.reps, fixed, ar_model=args.ar_model, ar_backend=args.ar_backend, llama=bins,
+                      log=lambda line: print(line, file=sys.stderr))
+    print(grid.table(result))
+    for path in grid.write(result, args.out, plots=args.plots):
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _prompts(args) -> int:
+    from diffuse.bench import prompts
+    from diffuse.bench.tables import text_table, write_json
+    _check_reps(args.reps)
+    options = generation_options(args)
+    threads = args.threads or os.cpu_count()
+    gen = options.get("gen_length") or prompts.DEFAULTS["gen_length"]
+    ar = _ar(args, threads, n_prompt=32, n_gen=gen, reps=max(args.reps, 2))
+    result = prompts.run(args.model, threads=threads, reps=args.reps, options=options, ar=ar,
+                         tokenizer=args.tokenizer, log=lambda line: print(line, file=sys.stderr))
+    print(text_table(result["rows"], prompts.COLUMNS))
+    s = result["summary"]
+    print(f"average: buffer {s['mean_buffer_tok_s_no_cache']:.2f} -> {s['mean_buffer_tok_s']:.2f} tok/s, "
+          f"cache x{s['mean_cache_speedup']:.2f}, fidelity {s['mean_fidelity']:.2f}\n")
+    for r in result["rows"]:
+        print(f"[{r['prompt']}] {r['answer'].strip()}\n")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        write_json(args.json, result)
+    _write(args.markdown, prompts.markdown(result))
+    return 0

