@@ -18,9 +18,9 @@ class Model:
     """A GGUF model, memory-mapped. Use :func:`diffuse.load`."""
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None,
-                 tokenizer: str | os.PathLike | None = None):
+                 tokenizer: str | os.PathLike | None = None, repack: bool = False):
         self.path = str(path)
-        self._core = _core.Model(self.path, threads=threads or 0)
+        self._core = _core.Model(self.path, threads=threads or 0, repack=repack)
         hp = self._core.hparams
         self.hparams: dict = hp
         self.arch: str = hp["arch"]
@@ -51,6 +51,10 @@ class Model:
     @property
     def weights_bytes(self) -> int:
         return self._core.weights_bytes
+
+    @property
+    def repacked_bytes(self) -> int:
+        return self._core.repacked_bytes
 
     def forward(self, token_ids) -> np.ndarray:
         """Raw logits (n_tokens, n_vocab) float32 of every position, bidirectional, no Dream shift."""
@@ -119,10 +123,12 @@ class Model:
 
 
 def load(path: str | os.PathLike, threads: int | None = None,
-         tokenizer: str | os.PathLike | None = None) -> Model:
-    """Load a GGUF model (ours, llama.cpp's or diffuse-cpp's dialect).
+         tokenizer: str | os.PathLike | None = None, repack: bool = False) -> Model:
+    """Load a GGUF model (ours, llama.cpp's or diffuse-cpp's dialect), memory-mapped.
 
     threads: CPU threads for the forward pass (default: all). tokenizer: a tokenizer.json for
     files that carry none (diffuse-cpp's); by default one beside the model file is used.
+    repack: copy quantised matrices into ggml's interleaved CPU layout (faster on AVX2-only and
+    ARM CPUs, slower for Q4_K on AVX512-VNNI; compare with `diffuse bench forward --repack`).
     """
-    return Model(path, threads=threads, tokenizer=tokenizer)
+    return Model(path, threads=threads, tokenizer=tokenizer, repack=repack)

@@ -6,10 +6,10 @@ namespace py = pybind11;
 
 void diffuse_py::register_bench(py::module_ & m) {
     m.def("bench_matmul",
-          [](int type, int64_t k, int64_t mm, int64_t n, int threads, int reps) {
+          [](int type, int64_t k, int64_t mm, int64_t n, int threads, int reps, bool repack) {
               py::gil_scoped_release release;
-              return diffuse::bench_matmul(type, k, mm, n, threads, reps);
+              return diffuse::bench_matmul(type, k, mm, n, threads, reps, repack);
           },
           py::arg("ggml_type"), py::arg("k"), py::arg("m"), py::arg("n"), py::kw_only(), py::arg("threads") = 1,
-          py::arg("reps") = 3, "Best wall time (s) of ggml's y = W x, W (m, k) of ggml_type, x (k, n) F32.");
+          py::arg("reps") = 3, py::arg("repack") = true, "Best wall time (s) of ggml's y = W x, W (m, k) of ggml_type, x (k, n) F32.");
 }

@@ -34,16 +34,18 @@ static py::dict hparams_dict(const diffuse::HParams & hp) {
 
 void diffuse_py::register_model(py::module_ & m) {
     py::class_<Model>(m, "Model")
-        .def(py::init([](const std::string & path, int threads) {
+        .def(py::init([](const std::string & path, int threads, bool repack) {
                  diffuse::LoadParams p;
                  p.n_threads = threads;
+                 p.repack = repack;
                  py::gil_scoped_release release;
                  return Model::load(path, p);
              }),
-             py::arg("path"), py::kw_only(), py::arg("threads") = 0)
+             py::arg("path"), py::kw_only(), py::arg("threads") = 0, py::arg("repack") = false)
         .def_property_readonly("hparams", [](const Model & self) { return hparams_dict(self.hparams()); })
         .def_property_readonly("path", &Model::path)
         .def_property_readonly("weights_bytes", &Model::weights_bytes)
+        .def_property_readonly("repacked_bytes", &Model::repacked_bytes)
         .def_property("threads", &Model::n_threads, &Model::set_n_threads)
         .def("forward",
              [](Model & self, I32Array tokens) {

@@ -1,7 +1,10 @@
 #include "bindings.h"
 
+#include "gguf_file.h"
+
 PYBIND11_MODULE(_core, m) {
     m.doc() = "diffuse engine (C++/GGML). Use the `diffuse` package, not this module.";
+    diffuse::install_ggml_log();   // ggml's messages go into our exceptions, not onto stderr
     diffuse_py::register_errors(m);
     diffuse_py::register_gguf(m);
     diffuse_py::register_quantize(m);

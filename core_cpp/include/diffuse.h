@@ -131,7 +131,11 @@ GenerateOutput generate(Model & model, const std::vector<int32_t> & prompt,
 // ---------------------------------------------------------------------------------------------
 
 struct LoadParams {
-    int n_threads = 0;  // 0: all hardware threads
+    int  n_threads = 0;   // 0: all hardware threads
+    // Copy quantised matrices into ggml's interleaved CPU layout instead of using them from the
+    // mapping. A large gain on AVX2-only and ARM CPUs; slower for Q4_K on AVX512-VNNI (measured:
+    // 122 vs 267 GFLOP/s single-thread), so off by default: weights stay memory-mapped.
+    bool repack = false;
 };
 
 class Model {
@@ -148,8 +152,9 @@ public:
     // (n_tokens, n_vocab) row-major.
     virtual std::vector<float> forward(const std::vector<int32_t> & tokens) = 0;
 
-    // Size of the weights as mapped from the file, bytes.
+    // Size of the weights in the file, and of those copied into the repack layout, bytes.
     virtual size_t weights_bytes() const = 0;
+    virtual size_t repacked_bytes() const = 0;
 };
 
 // Quantise rows of float32 data (n_rows, n_cols) to a ggml type; returns the raw blocks.
@@ -161,6 +166,7 @@ namespace diffuse {
 
 // ggml's own matrix product on this machine: y = W x with W (m, k) of `ggml_type`, x (k, n) F32.
 // Returns the best wall time of `reps` runs, seconds (the ceiling a forward pass is compared to).
-double bench_matmul(int ggml_type, int64_t k, int64_t m, int64_t n, int n_threads, int reps);
+// repack: place W in ggml's interleaved CPU layout when it can be (as the model loader does).
+double bench_matmul(int ggml_type, int64_t k, int64_t m, int64_t n, int n_threads, int reps, bool repack);
 
 }  // namespace diffuse

@@ -2,14 +2,18 @@
 
 #include "forward.h"
 #include "gguf_dialects.h"
+#include "repack.h"
 
 #include "ggml.h"
+#include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "gguf.h"
 
 #include <algorithm>
 #include <cmath>
+#include <atomic>
+#include <map>
 #include <thread>
 
 #ifdef _WIN32
@@ -44,6 +48,18 @@ FileMapping::FileMapping(const GGUFFile & file) : size_(file.file_size()) {
 #endif
 }
 
+void FileMapping::release(const void * addr, size_t size) const {
+#ifndef _WIN32
+    // Whole pages inside [addr, addr + size) only.
+    const uintptr_t page = (uintptr_t) sysconf(_SC_PAGESIZE);
+    const uintptr_t begin = ((uintptr_t) addr + page - 1) & ~(page - 1);
+    const uintptr_t end = ((uintptr_t) addr + size) & ~(page - 1);
+    if (end > begin) madvise((void *) begin, end - begin, MADV_DONTNEED);
+#else
+    (void) addr; (void) size;
+#endif
+}
+
 FileMapping::~FileMapping() {
 #ifdef _WIN32
     if (addr_) UnmapViewOfFile(addr_);
@@ -62,7 +78,7 @@ std::unique_ptr<Model> Model::load(const std::string & path, const LoadParams & 
 ModelImpl::ModelImpl(const std::string & path, const LoadParams & params) {
     file_ = std::make_unique<GGUFFile>(path, /*with_tensors*/ true);
     read_hparams();
-    bind_weights();
+    bind_weights(params.repack);
     backend_ = ggml_backend_cpu_init();
     if (!backend_) file_->fail("cannot initialise the ggml CPU backend");
     set_n_threads(params.n_threads);
@@ -72,6 +88,7 @@ ModelImpl::ModelImpl(const std::string & path, const LoadParams & params) {
 ModelImpl::~ModelImpl() {
     runner_.reset();
     if (backend_) ggml_backend_free(backend_);
+    if (repack_buf_) ggml_backend_buffer_free(repack_buf_);
     if (weight_buf_) ggml_backend_buffer_free(weight_buf_);
 }
 
@@ -150,7 +167,7 @@ static bool is_supported_weight_type(ggml_type t) {
     }
 }
 
-void ModelImpl::bind_weights() {
+void ModelImpl::bind_weights(bool repack) {
     const GGUFFile & f = *file_;
     ggml_context * meta = f.tensors();
     gguf_context * g = f.gguf();
@@ -159,6 +176,8 @@ void ModelImpl::bind_weights() {
     weight_buf_ = ggml_backend_cpu_buffer_from_ptr(map_->addr(), map_->size());
     if (!weight_buf_) f.fail("cannot wrap the mapped file in a ggml buffer");
 
+    // Where each tensor's data starts in the mapping; all of it must lie inside the file.
+    std::map<ggml_tensor *, char *> data;
     const size_t data_offset = f.data_offset();
     const int64_t n_tensors = gguf_get_n_tensors(g);
     for (int64_t i = 0; i < n_tensors; ++i) {
@@ -168,7 +187,7 @@ void ModelImpl::bind_weights() {
         const uint64_t nbytes = ggml_nbytes(t);
         if (begin > map_->size() || nbytes > map_->size() - begin)
             f.fail(std::string("tensor ") + name + " lies past the end of the file (truncated download?)");
-        ggml_backend_tensor_alloc(weight_buf_, t, (char *) map_->addr() + begin);
+        data[t] = (char *) map_->addr() + begin;
         weights_bytes_ += nbytes;
     }
 
@@ -230,6 +249,48 @@ void ModelImpl::bind_weights() {
         L.ffn_down = get(n("ffn_down.weight"), {hp.n_ff, n_embd}, true);
         w_.layers.push_back(L);
     }
+
+    // Placement: quantised matrices that ggml can repack are copied into the repack buffer; every
+    // other tensor is used in place from the mapping. The token embedding stays mapped (get_rows).
+    std::vector<ggml_tensor *> to_repack;
+    if (repack) {
+        std::vector<ggml_tensor *> matrices;
+        for (const LayerWeights & L : w_.layers)
+            for (ggml_tensor * t : {L.wq, L.wk, L.wv, L.wo, L.ffn_gate, L.ffn_up, L.ffn_down}) matrices.push_back(t);
+        if (w_.output != w_.tok_embd) matrices.push_back(w_.output);
+        for (ggml_tensor * t : matrices)
+            if (can_repack(t)) to_repack.push_back(t);
+    }
+    for (auto & [t, addr] : data)
+        if (std::find(to_repack.begin(), to_repack.end(), t) == to_repack.end())
+            ggml_backend_tensor_alloc(weight_buf_, t, addr);
+    if (to_repack.empty()) return;
+
+    ggml_backend_buffer_type * buft = cpu_repack_buffer_type();
+    const size_t align = ggml_backend_buft_get_alignment(buft);
+    size_t total = align;
+    for (ggml_tensor * t : to_repack) total += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), align);
+    repack_buf_ = ggml_backend_buft_alloc_buffer(buft, total);
+    if (!repack_buf_) f.fail("out of memory repacking the weights (" + std::to_string(total >> 20) + " MiB)");
+    ggml_tallocr talloc = ggml_tallocr_new(repack_buf_);
+    for (ggml_tensor * t : to_repack) ggml_tallocr_alloc(&talloc, t);
+
+    // Convert in parallel, one tensor per task; then drop the source pages from this process's
+    // resident set (they stay in the page cache) so memory is counted once.
+    const int n_workers = (int) std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> workers;
+    std::atomic<size_t> next{0};
+    for (int wkr = 0; wkr < n_workers; ++wkr) {
+        workers.emplace_back([&] {
+            for (size_t i; (i = next.fetch_add(1)) < to_repack.size();) {
+                ggml_tensor * t = to_repack[i];
+                ggml_backend_tensor_set(t, data[t], 0, ggml_nbytes(t));
+                map_->release(data[t], ggml_nbytes(t));
+            }
+        });
+    }
+    for (std::thread & th : workers) th.join();
+    for (ggml_tensor * t : to_repack) repacked_bytes_ += ggml_nbytes(t);
 }
 
 void ModelImpl::check_tokens(const int32_t * ids, size_t n) const {

@@ -43,6 +43,8 @@ public:
     ~FileMapping();
     void * addr() const { return addr_; }
     size_t size() const { return size_; }
+    // Drops pages of a range from this process's resident set (they stay in the page cache).
+    void release(const void * addr, size_t size) const;
 private:
     void * addr_ = nullptr;
     size_t size_ = 0;
@@ -64,6 +66,7 @@ public:
     void set_n_threads(int n) override;
     std::vector<float> forward(const std::vector<int32_t> & tokens) override;
     size_t weights_bytes() const override { return weights_bytes_; }
+    size_t repacked_bytes() const override { return repacked_bytes_; }
 
     const Weights & weights() const { return w_; }
     ggml_backend * backend() const { return backend_; }
@@ -75,15 +78,17 @@ public:
 
 private:
     void read_hparams();
-    void bind_weights();
+    void bind_weights(bool repack);
 
     std::unique_ptr<GGUFFile> file_;
     std::unique_ptr<FileMapping> map_;
-    ggml_backend_buffer * weight_buf_ = nullptr;
+    ggml_backend_buffer * weight_buf_ = nullptr;   // the mapping, wrapped
+    ggml_backend_buffer * repack_buf_ = nullptr;   // repacked copies of quantised matrices
     ggml_backend * backend_ = nullptr;
     HParams hp_{};
     Weights w_{};
     size_t weights_bytes_ = 0;
+    size_t repacked_bytes_ = 0;
     int n_threads_ = 1;
     std::unique_ptr<ForwardRunner> runner_;   // graph memory reused by forward()
 };
