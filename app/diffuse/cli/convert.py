@@ -1,0 +1,38 @@
+"""`diffuse convert HF_DIR -o OUT.gguf --outtype f16`: a Hugging Face LLaDA or Dream folder to GGUF."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from diffuse.convert import OUTTYPES, convert_hf
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "convert", help="convert a Hugging Face LLaDA or Dream folder to GGUF",
+        description="Convert a Hugging Face LLaDA or Dream checkpoint folder (config.json, safetensors, "
+                    "tokenizer) to one GGUF file that diffuse and llama.cpp can run. Norms and biases stay F32.")
+    p.add_argument("hf_dir", metavar="HF_DIR", help="folder with config.json and *.safetensors")
+    p.add_argument("-o", "--output", metavar="OUT.gguf",
+                   help="file to write (default: <folder name>-<outtype>.gguf in the current directory)")
+    p.add_argument("--outtype", choices=list(OUTTYPES), default="f16", help="type of the weight matrices (default: f16)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.output or f"{Path(args.hf_dir).resolve().name}-{args.outtype}.gguf")
+    start = time.monotonic()
+    live = sys.stderr.isatty()
+
+    def progress(done: int, total: int, name: str) -> None:
+        if live:
+            print(f"\rconvert [{done:>4}/{total}] {name:<40.40}", end="", file=sys.stderr, flush=True)
+
+    convert_hf(args.hf_dir, out, args.outtype, progress=progress)
+    if live:
+        print(file=sys.stderr)
+    print(f"wrote {out} ({args.outtype}, {os.path.getsize(out) / 2**20:.1f} MiB) in {time.monotonic() - start:.1f} s")
+    return 0

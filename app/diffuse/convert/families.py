@@ -1,0 +1,200 @@
+"""The two model families as tables: config.json keys, Hugging Face -> GGUF tensor names, and the
+few choices that differ (q/k permutation, logit shift, biases).
+
+GGUF names are llama.cpp's, so llama.cpp's diffusion tool can run our files.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from diffuse._core import DiffuseError
+
+
+@dataclass(frozen=True)
+class Family:
+    arch: str                      # general.architecture (llama.cpp's name)
+    hf_architecture: str           # config.json "architectures"[0]
+    config_keys: dict[str, str]    # HParams field -> config.json key
+    defaults: dict[str, object]    # HParams field -> value when the key is absent (n_head_kv: n_head)
+    fixed: dict[str, object]       # config.json key -> the only value whose model we know how to run
+    tensors: dict[str, str]        # GGUF name -> HF name ("{i}" = layer); the head is "output.weight"
+    permute_qk: bool               # llama.cpp permutes LLaDA's q/k rows so RoPE runs in NORM mode
+    shift_logits: bool             # Dream: position i reads the logits of position i - 1
+    mask_token: str                # mask token text, used when config.json has no mask_token_id
+    eot_token: str                 # end of a chat turn
+
+
+LLADA = Family(
+    arch="llada",
+    hf_architecture="LLaDAModelLM",
+    config_keys=dict(n_embd="d_model", n_head="n_heads", n_head_kv="n_kv_heads", n_layer="n_layers",
+                     n_ff="mlp_hidden_size", n_ctx="max_sequence_length", rope_theta="rope_theta",
+                     rms_eps="rms_norm_eps", vocab_size="vocab_size", mask_token_id="mask_token_id",
+                     tied="weight_tying"),
+    defaults=dict(n_head_kv=None, n_ctx=4096, rope_theta=10000.0, rms_eps=1e-5, mask_token_id=None, tied=False),
+    # OLMo-code options that would change the graph; LLaDA-8B uses exactly these.
+    fixed={"block_type": "llama", "layer_norm_type": "rms", "activation_type": "silu", "include_bias": False,
+           "include_qkv_bias": False, "attention_layer_norm": False, "alibi": False, "rope": True,
+           "scale_logits": False, "input_emb_norm": False},
+    tensors={
+        "token_embd.weight": "model.transformer.wte.weight",
+        "blk.{i}.attn_norm.weight": "model.transformer.blocks.{i}.attn_norm.weight",
+        "blk.{i}.attn_q.weight": "model.transformer.blocks.{i}.q_proj.weight",
+        "blk.{i}.attn_k.weight": "model.transformer.blocks.{i}.k_proj.weight",
+        "blk.{i}.attn_v.weight": "model.transformer.blocks.{i}.v_proj.weight",
+        "blk.{i}.attn_output.weight": "model.transformer.blocks.{i}.attn_out.weight",
+        "blk.{i}.ffn_norm.weight": "model.transformer.blocks.{i}.ff_norm.weight",
+        "blk.{i}.ffn_gate.weight": "model.transformer.blocks.{i}.ff_proj.weight",
+        "blk.{i}.ffn_up.weight": "model.transformer.blocks.{i}.up_proj.weight",
+        "blk.{i}.ffn_down.weight": "model.transformer.blocks.{i}.ff_out.weight",
+        "output_norm.weight": "model.transformer.ln_f.weight",
+        "output.weight": "model.transformer.ff_out.weight",
+    },
+    permute_qk=True,
+    shift_logits=False,
+    mask_token="<|mdm_mask|>",
+    eot_token="<|eot_id|>",
+)
+
+DREAM = Family(
+    arch="dream",
+    hf_architecture="DreamModel",
+    config_keys=dict(n_embd="hidden_size", n_head="num_attention_heads", n_head_kv="num_key_value_heads",
+                     n_layer="num_hidden_layers", n_ff="intermediate_size", n_ctx="max_position_embeddings",
+                     rope_theta="rope_theta", rms_eps="rms_norm_eps", vocab_size="vocab_size",
+                     mask_token_id="mask_token_id", tied="tie_word_embeddings"),
+    defaults=dict(n_head_kv=None, n_ctx=32768, rope_theta=10000.0, rms_eps=1e-6, mask_token_id=None, tied=False),
+    fixed={"hidden_act": "silu", "rope_scaling": None},
+    tensors={
+        "token_embd.weight": "model.embed_tokens.weight",
+        "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+        "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
+        "blk.{i}.attn_q.bias": "model.layers.{i}.self_attn.q_proj.bias",
+        "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
+        "blk.{i}.attn_k.bias": "model.layers.{i}.self_attn.k_proj.bias",
+        "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
+        "blk.{i}.attn_v.bias": "model.layers.{i}.self_attn.v_proj.bias",
+        "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+        "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+        "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
+        "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
+        "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+        "output_norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight",
+    },
+    permute_qk=False,
+    shift_logits=True,
+    mask_token="<|mask|>",
+    eot_token="<|im_end|>",
+)
+
+FAMILIES = {f.hf_architecture: f for f in (LLADA, DREAM)}
+
+
+@dataclass(frozen=True)
+class HParams:
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    n_layer: int
+    n_ff: int
+    n_ctx: int
+    rope_theta: float
+    rms_eps: float
+    vocab_size: int
+    mask_token_id: int | None
+    tied: bool              # no separate output head: the embedding is reused
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+def read_config(hf_dir: Path) -> tuple[Family, HParams, dict]:
+    """The family, hyper-parameters and raw config of a checkpoint folder."""
+    path = hf_dir / "config.json"
+    if not path.is_file():
+        raise DiffuseError(f"{hf_dir}: no config.json (not a Hugging Face model folder)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise DiffuseError(f"{path}: unreadable ({err})") from err
+    if not isinstance(config, dict):
+        raise DiffuseError(f"{path}: not a JSON object")
+
+    archs = config.get("architectures") or [None]
+    family = FAMILIES.get(archs[0]) if isinstance(archs, list) else None
+    if family is None:
+        raise DiffuseError(f"{path}: unsupported architecture {archs!r}; diffuse converts "
+                           f"{' and '.join(FAMILIES)} checkpoints")
+    for key, want in family.fixed.items():
+        if key in config and config[key] != want:
+            raise DiffuseError(f"{path}: {key} = {config[key]!r} is a {family.arch} variant diffuse "
+                               f"does not run (expected {want!r})")
+
+    values = {}
+    for field, key in family.config_keys.items():
+        value = config.get(key)
+        if value is None:
+            if field not in family.defaults:
+                raise DiffuseError(f"{path}: missing {key!r}")
+            value = family.defaults[field]
+        values[field] = value
+    if values["n_head_kv"] is None:
+        values["n_head_kv"] = values["n_head"]
+    try:
+        hp = HParams(**{f: _typed(f, v) for f, v in values.items()})
+    except (TypeError, ValueError) as err:
+        raise DiffuseError(f"{path}: bad hyper-parameter value ({err})") from err
+    if min(hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_layer, hp.n_ff, hp.vocab_size) <= 0:
+        raise DiffuseError(f"{path}: sizes must be positive")
+    if hp.n_embd % hp.n_head or hp.n_head % hp.n_head_kv or hp.head_dim % 2:
+        raise DiffuseError(f"{path}: {hp.n_embd} / {hp.n_head} heads / {hp.n_head_kv} KV heads "
+                           "do not give an even head size shared by the KV groups")
+    return family, hp, config
+
+
+def _typed(field: str, value):
+    if field in ("rope_theta", "rms_eps"):
+        return float(value)
+    if field == "tied":
+        return bool(value)
+    if field == "mask_token_id":
+        return None if value is None else int(value)
+    if isinstance(value, bool) or int(value) != value:
+        raise ValueError(f"{field} = {value!r}")
+    return int(value)
+
+
+def expected_shapes(hp: HParams, n_vocab: int) -> dict[str, tuple[int, ...]]:
+    """GGUF tensor name pattern -> Hugging Face shape (numpy order, (out, in) for a matrix)."""
+    e, q, kv, ff = hp.n_embd, hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim, hp.n_ff
+    return {
+        "token_embd.weight": (n_vocab, e),
+        "blk.{i}.attn_norm.weight": (e,),
+        "blk.{i}.attn_q.weight": (q, e),
+        "blk.{i}.attn_q.bias": (q,),
+        "blk.{i}.attn_k.weight": (kv, e),
+        "blk.{i}.attn_k.bias": (kv,),
+        "blk.{i}.attn_v.weight": (kv, e),
+        "blk.{i}.attn_v.bias": (kv,),
+        "blk.{i}.attn_output.weight": (e, q),
+        "blk.{i}.ffn_norm.weight": (e,),
+        "blk.{i}.ffn_gate.weight": (ff, e),
+        "blk.{i}.ffn_up.weight": (ff, e),
+        "blk.{i}.ffn_down.weight": (e, ff),
+        "output_norm.weight": (e,),
+        "output.weight": (n_vocab, e),
+    }
+
+
+def qk_row_order(n_rows: int, n_head: int) -> np.ndarray:
+    """Row order that turns a q or k projection from rotate-half (NEOX) RoPE pairs (j, j + d/2)
+    into adjacent pairs (2j, 2j + 1), as llama.cpp's LLaDA converter does: within each head the
+    rows (2, d/2) are transposed to (d/2, 2). permuted = original[order]."""
+    head_dim = n_rows // n_head
+    return np.arange(n_rows).reshape(n_head, 2, head_dim // 2).swapaxes(1, 2).reshape(-1)

@@ -1,0 +1,199 @@
+"""Hugging Face checkpoint folder -> GGUF in our dialect, streamed: one tensor in memory at a time
+(in its output type), filled from memory-mapped safetensors in row chunks on all cores.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf import Keys, LlamaFileType
+from gguf.quants import quantize as gguf_quantize
+
+from diffuse import _core, gguf_file
+from diffuse._core import DiffuseError
+from diffuse.convert.families import Family, HParams, expected_shapes, qk_row_order, read_config
+from diffuse.convert.safetensors_reader import Checkpoint
+from diffuse.convert.vocab import Vocab, read_vocab
+
+FORMAT_VERSION = 1
+# outtype -> (GGML type of the matrices, general.file_type); 1-D tensors (norms, biases) stay F32.
+OUTTYPES = {
+    "f32": (T.F32, LlamaFileType.ALL_F32),
+    "f16": (T.F16, LlamaFileType.MOSTLY_F16),
+    "bf16": (T.BF16, LlamaFileType.MOSTLY_BF16),
+    "q8_0": (T.Q8_0, LlamaFileType.MOSTLY_Q8_0),
+}
+CHUNK_FLOATS = 4 << 20   # values per work item (16 MB of float32)
+
+Progress = Callable[[int, int, str], None]
+
+
+class _Cancelled(Exception):
+    pass
+
+
+@dataclass
+class _Tensor:
+    """One GGUF tensor and where its data comes from."""
+    out: gguf_file.OutTensor          # name, ggml type, ggml-order shape
+    hf_name: str
+    row_order: np.ndarray | None      # LLaDA q/k permutation: output row r is HF row row_order[r]
+
+
+def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None = None,
+               cancel: Callable[[], bool] | None = None) -> Path | None:
+    """Convert a LLaDA or Dream checkpoint folder to a GGUF file.
+
+    outtype: f32 | f16 | bf16 | q8_0 for the matrices. progress(done, total, tensor_name) once per
+    tensor. Returns the output path, or None when cancel() returned True (nothing is left behind).
+    The file appears under its name only when complete.
+    """
+    if outtype not in OUTTYPES:
+        raise DiffuseError(f"unknown output type {outtype!r} (expected one of {', '.join(OUTTYPES)})")
+    hf_dir, out_path = Path(hf_dir), Path(out_path)
+    family, hp, config = read_config(hf_dir)
+    ckpt = Checkpoint(hf_dir)
+    tensors, n_vocab = _plan(family, hp, ckpt, hf_dir, outtype)
+    vocab = read_vocab(hf_dir, family, config, n_vocab)
+    mask_id = hp.mask_token_id if hp.mask_token_id is not None else vocab.id_of(family.mask_token)
+    if mask_id is None or not 0 <= mask_id < n_vocab:
+        raise DiffuseError(f"{hf_dir}: no usable mask token id (config mask_token_id = {hp.mask_token_id}, "
+                           f"token {family.mask_token!r} in the vocabulary: {vocab.id_of(family.mask_token)})")
+    kv, kv_types = _metadata(family, hp, vocab, n_vocab, mask_id, outtype, hf_dir.resolve().name)
+
+    def data(pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:
+        for done, t in enumerate(tensors, 1):
+            if cancel is not None and cancel():
+                raise _Cancelled
+            yield _encode(t, ckpt, pool, cancel)
+            if progress is not None:
+                progress(done, len(tensors), t.out.name)
+
+    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+    try:
+        gguf_file.write(out_path, kv, kv_types, [t.out for t in tensors], data(pool))
+    except _Cancelled:
+        return None
+    finally:
+        pool.shutdown(cancel_futures=True)
+    return out_path
+
+
+def _plan(family: Family, hp: HParams, ckpt: Checkpoint, hf_dir: Path, outtype: str) -> tuple[list[_Tensor], int]:
+    """The GGUF tensors in writing order, checked against the checkpoint; and the vocabulary size."""
+    embd = family.tensors["token_embd.weight"]
+    if embd not in ckpt.tensors:
+        raise DiffuseError(f"{hf_dir}: missing tensor {embd}")
+    n_vocab = ckpt.tensors[embd].shape[0]
+    if n_vocab < hp.vocab_size:
+        raise DiffuseError(f"{hf_dir}: {embd} has {n_vocab} rows but vocab_size is {hp.vocab_size}")
+    shapes = expected_shapes(hp, n_vocab)
+    matrix_type = OUTTYPES[outtype][0]
+    block = _core.type_info(int(matrix_type))["block_size"]
+
+    tensors, used = [], set()
+    for pattern, hf_pattern in family.tensors.items():
+        if pattern == "output.weight" and hp.tied:
+            continue   # the engine reuses token_embd
+        for i in range(hp.n_layer) if "{i}" in pattern else [None]:
+            name, hf_name = pattern.format(i=i), hf_pattern.format(i=i)
+            entry = ckpt.tensors.get(hf_name)
+            if entry is None:
+                raise DiffuseError(f"{hf_dir}: missing tensor {hf_name}")
+            if entry.shape != shapes[pattern]:
+                raise DiffuseError(f"{entry.path}: tensor {hf_name} has shape {list(entry.shape)}, "
+                                   f"expected {list(shapes[pattern])}")
+            gtype = T.F32
+            if len(entry.shape) == 2:
+                # Q8_0 stores whole 32-value blocks per row; llama.cpp falls back to F16 likewise.
+                gtype = matrix_type if entry.shape[1] % block == 0 else T.F16
+            order = None
+            if family.permute_qk and pattern in ("blk.{i}.attn_q.weight", "blk.{i}.attn_k.weight"):
+                order = qk_row_order(entry.shape[0], hp.n_head if "attn_q" in pattern else hp.n_head_kv)
+            # numpy (out, in) is ggml (in, out): the data is written as it is.
+            tensors.append(_Tensor(gguf_file.OutTensor(name, int(gtype), entry.shape[::-1]), hf_name, order))
+            used.add(hf_name)
+
+    unknown = sorted(set(ckpt.tensors) - used - {family.tensors["output.weight"]})
+    if unknown:
+        raise DiffuseError(f"{hf_dir}: unexpected tensor {unknown[0]} ({len(unknown)} in all) "
+                           f"for a {family.hf_architecture} checkpoint")
+    return tensors, n_vocab
+
+
+def _encode(t: _Tensor, ckpt: Checkpoint, pool: ThreadPoolExecutor, cancel) -> np.ndarray:
+    """A tensor in its output type, as uint8 (rows, bytes per row); converted in row chunks on the pool."""
+    if len(t.out.shape) == 1:
+        return ckpt.read(t.hf_name).view(np.uint8)
+    cols, rows = t.out.shape
+    out = np.empty((rows, t.out.nbytes // rows), dtype=np.uint8)
+    step = max(1, CHUNK_FLOATS // cols)
+
+    def work(r0: int) -> None:
+        r1 = min(rows, r0 + step)
+        x = ckpt.read(t.hf_name, slice(r0, r1) if t.row_order is None else t.row_order[r0:r1])
+        if t.out.type == T.F32:
+            out[r0:r1] = x.view(np.uint8)
+        elif t.out.type == T.F16:
+            out[r0:r1] = x.astype(np.float16).view(np.uint8)
+        elif t.out.type == T.BF16:
+            out[r0:r1] = gguf_quantize(x, T.BF16)      # round to nearest even, as ggml does
+        else:
+            out[r0:r1] = _core.quantize_rows(x, t.out.type)
+
+    for _ in pool.map(work, range(0, rows, step)):
+        if cancel is not None and cancel():
+            raise _Cancelled
+    return out
+
+
+def _metadata(family: Family, hp: HParams, vocab: Vocab, n_vocab: int, mask_id: int, outtype: str,
+              name: str) -> tuple[dict, dict]:
+    """Keys and their GGUF types: llama.cpp's names (see docs/ARCHITECTURE.md, "Keys we write")."""
+    kv, types = {}, {}
+
+    def put(key: str, value, type_name: str) -> None:
+        key = key.format(arch=family.arch)
+        kv[key], types[key] = value, type_name
+
+    put(Keys.General.ARCHITECTURE, family.arch, "str")
+    put(Keys.General.NAME, name, "str")
+    put(Keys.General.FILE_TYPE, int(OUTTYPES[outtype][1]), "u32")
+    put(Keys.General.QUANTIZATION_VERSION, 2, "u32")   # GGML_QNT_VERSION, as llama.cpp's converters write
+    put("diffuse.format_version", FORMAT_VERSION, "u32")
+
+    put(Keys.LLM.CONTEXT_LENGTH, hp.n_ctx, "u32")
+    put(Keys.LLM.EMBEDDING_LENGTH, hp.n_embd, "u32")
+    put(Keys.LLM.BLOCK_COUNT, hp.n_layer, "u32")
+    put(Keys.LLM.FEED_FORWARD_LENGTH, hp.n_ff, "u32")
+    put(Keys.Attention.HEAD_COUNT, hp.n_head, "u32")
+    put(Keys.Attention.HEAD_COUNT_KV, hp.n_head_kv, "u32")
+    put(Keys.Rope.FREQ_BASE, hp.rope_theta, "f32")
+    put(Keys.Attention.LAYERNORM_RMS_EPS, hp.rms_eps, "f32")
+    put(Keys.Rope.DIMENSION_COUNT, hp.head_dim, "u32")
+    put(Keys.LLM.VOCAB_SIZE, n_vocab, "u32")
+    put(Keys.Attention.CAUSAL, False, "bool")
+    put(Keys.Diffusion.SHIFT_LOGITS, family.shift_logits, "bool")
+
+    put(Keys.Tokenizer.MODEL, "gpt2", "str")
+    put(Keys.Tokenizer.PRE, vocab.pre, "str")
+    put(Keys.Tokenizer.LIST, vocab.tokens, "array[str]")
+    put(Keys.Tokenizer.TOKEN_TYPE, vocab.types, "array[i32]")
+    if vocab.merges:
+        put(Keys.Tokenizer.MERGES, vocab.merges, "array[str]")
+    for kind, key in (("bos", Keys.Tokenizer.BOS_ID), ("eos", Keys.Tokenizer.EOS_ID),
+                      ("pad", Keys.Tokenizer.PAD_ID), ("eot", Keys.Tokenizer.EOT_ID)):
+        if kind in vocab.special_ids:
+            put(key, vocab.special_ids[kind], "u32")
+    put(Keys.Tokenizer.MASK_ID, mask_id, "u32")
+    if vocab.add_bos is not None:
+        put(Keys.Tokenizer.ADD_BOS, vocab.add_bos, "bool")
+    if vocab.chat_template:
+        put(Keys.Tokenizer.CHAT_TEMPLATE, vocab.chat_template, "str")
+    put(Keys.Tokenizer.HF_JSON, vocab.hf_json, "str")
+    return kv, types

@@ -1,0 +1,119 @@
+"""Float64 forward pass of LLaDA and Dream in numpy, written from the published model code
+(GSAI-ML modeling_llada.py LLaDALlamaBlock, Dream's Qwen2-based modeling_dream.py) and reading the
+Hugging Face checkpoint directly, so it shares nothing with the engine or the converter.
+
+Both: token embedding -> per layer [x += Wo attn(rope(Wq h), rope(Wk h), Wv h) with h = rmsnorm(x);
+x += Wdown (silu(Wgate h) * Wup h) with h = rmsnorm(x)] -> rmsnorm -> head. Attention is
+bidirectional; RoPE rotates the halves (rotate_half); K/V heads are shared by n_head / n_kv
+consecutive query heads (repeat_interleave). Dream adds q/k/v biases. Raw logits, no Dream shift.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from safetensors import deserialize
+
+LLADA_NAMES = {
+    "embed": "model.transformer.wte.weight", "norm": "model.transformer.ln_f.weight",
+    "head": "model.transformer.ff_out.weight", "layer": "model.transformer.blocks.{i}.",
+    "attn_norm": "attn_norm.weight", "q": "q_proj.weight", "k": "k_proj.weight", "v": "v_proj.weight",
+    "o": "attn_out.weight", "ffn_norm": "ff_norm.weight", "gate": "ff_proj.weight", "up": "up_proj.weight",
+    "down": "ff_out.weight",
+}
+DREAM_NAMES = {
+    "embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "head": "lm_head.weight",
+    "layer": "model.layers.{i}.", "attn_norm": "input_layernorm.weight", "q": "self_attn.q_proj.weight",
+    "k": "self_attn.k_proj.weight", "v": "self_attn.v_proj.weight", "o": "self_attn.o_proj.weight",
+    "q_bias": "self_attn.q_proj.bias", "k_bias": "self_attn.k_proj.bias", "v_bias": "self_attn.v_proj.bias",
+    "ffn_norm": "post_attention_layernorm.weight", "gate": "mlp.gate_proj.weight", "up": "mlp.up_proj.weight",
+    "down": "mlp.down_proj.weight",
+}
+
+
+@lru_cache(maxsize=8)
+def load(hf_dir: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """config.json and every tensor of the checkpoint as float64."""
+    folder = Path(hf_dir)
+    config = json.loads((folder / "config.json").read_text())
+    index = folder / "model.safetensors.index.json"
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
+        else ["model.safetensors"]
+    weights = {}
+    for shard in shards:
+        for name, t in deserialize((folder / shard).read_bytes()):
+            raw = bytes(t["data"])
+            if t["dtype"] == "BF16":
+                x = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32)
+            else:
+                x = np.frombuffer(raw, {"F16": "<f2", "F32": "<f4"}[t["dtype"]])
+            weights[name] = x.reshape(t["shape"]).astype(np.float64)
+    return config, weights
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope(x: np.ndarray, theta: float) -> np.ndarray:
+    """x (n_head, n, d): rotate pairs (j, j + d/2) by position * theta^(-2j/d)."""
+    _, n, d = x.shape
+    inv_freq = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)      # (d/2,)
+    angles = np.arange(n, dtype=np.float64)[:, None] * inv_freq[None, :]      # (n, d/2)
+    cos = np.concatenate([np.cos(angles)] * 2, axis=-1)                       # (n, d)
+    sin = np.concatenate([np.sin(angles)] * 2, axis=-1)
+    rotated = np.concatenate([-x[..., d // 2:], x[..., : d // 2]], axis=-1)   # rotate_half
+    return x * cos + rotated * sin
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """q (n_head, n, d), k/v (n_kv, n, d) -> (n_head, n, d); no mask (bidirectional)."""
+    n_rep = q.shape[0] // k.shape[0]
+    k, v = np.repeat(k, n_rep, axis=0), np.repeat(v, n_rep, axis=0)            # repeat_interleave
+    scores = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1])                   # (n_head, n, n)
+    scores -= scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(axis=-1, keepdims=True)
+    return p @ v
+
+
+def forward(hf_dir, ids, weights: dict[str, np.ndarray] | None = None) -> np.ndarray:
+    """Logits (n, vocab) float64 of token ids under the checkpoint in hf_dir (or its config with
+    `weights`, Hugging Face name -> array, in place of its own)."""
+    config, w = load(str(hf_dir))
+    w = w if weights is None else weights
+    llada = config["architectures"][0] == "LLaDAModelLM"
+    names = LLADA_NAMES if llada else DREAM_NAMES
+    if llada:
+        n_embd, n_head, n_layer = config["d_model"], config["n_heads"], config["n_layers"]
+        n_kv = config.get("n_kv_heads") or n_head
+        tied = config.get("weight_tying", False)
+    else:
+        n_embd, n_head, n_layer = config["hidden_size"], config["num_attention_heads"], config["num_hidden_layers"]
+        n_kv = config.get("num_key_value_heads") or n_head
+        tied = config.get("tie_word_embeddings", False)
+    eps, theta, hd = config["rms_norm_eps"], config["rope_theta"], n_embd // n_head
+
+    ids = np.asarray(ids)
+    n = len(ids)
+    x = w[names["embed"]][ids]                                                  # (n, n_embd)
+    for i in range(n_layer):
+        L = {key: w.get(names["layer"].format(i=i) + names[key]) for key in names if key not in
+             ("embed", "norm", "head", "layer")}
+        h = rms_norm(x, L["attn_norm"], eps)
+        q, k, v = h @ L["q"].T, h @ L["k"].T, h @ L["v"].T
+        if not llada:
+            q, k, v = q + L["q_bias"], k + L["k_bias"], v + L["v_bias"]
+        q = rope(q.reshape(n, n_head, hd).transpose(1, 0, 2), theta)           # (n_head, n, hd)
+        k = rope(k.reshape(n, n_kv, hd).transpose(1, 0, 2), theta)
+        v = v.reshape(n, n_kv, hd).transpose(1, 0, 2)
+        o = attention(q, k, v).transpose(1, 0, 2).reshape(n, n_head * hd)
+        x = x + o @ L["o"].T
+        h = rms_norm(x, L["ffn_norm"], eps)
+        g = h @ L["gate"].T
+        x = x + (g / (1.0 + np.exp(-g)) * (h @ L["up"].T)) @ L["down"].T
+    x = rms_norm(x, w[names["norm"]], eps)
+    head = w[names["embed"]] if tied else w[names["head"]]
+    return x @ head.T
