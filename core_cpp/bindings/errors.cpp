@@ -11,7 +11,11 @@ void diffuse_py::register_errors(py::module_ & m) {
         try {
             if (p) std::rethrow_exception(p);
         } catch (const diffuse::Error & e) {
-            py::set_error(exc, e.what());
+            // Messages may quote bytes from a damaged file: decode leniently.
+            const std::string msg = e.what();
+            PyObject * text = PyUnicode_DecodeUTF8(msg.data(), (Py_ssize_t) msg.size(), "replace");
+            PyErr_SetObject(exc.ptr(), text);
+            Py_XDECREF(text);
         } catch (const std::bad_alloc &) {
             py::set_error(exc, "out of memory");
         }

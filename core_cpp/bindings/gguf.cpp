@@ -80,7 +80,8 @@ static py::dict read_gguf(const std::string & path) {
     gguf_context * g = f.gguf();
     py::dict kv, kv_types;
     for (int64_t id = 0; id < gguf_get_n_kv(g); ++id) {
-        const char * key = gguf_get_key(g, id);
+        const char * key_c = gguf_get_key(g, id);
+        const py::str key = utf8(key_c, std::strlen(key_c));
         const gguf_type t = gguf_get_kv_type(g, id);
         if (t == GGUF_TYPE_ARRAY) {
             kv[key] = array(g, id);
@@ -100,7 +101,8 @@ static py::dict read_gguf(const std::string & path) {
         py::list shape;
         for (int d = 0; d < n_dims; ++d) shape.append(ne[d]);
         py::dict t;
-        t["name"] = gguf_get_tensor_name(g, i);
+        const char * name = gguf_get_tensor_name(g, i);
+        t["name"] = utf8(name, std::strlen(name));
         t["type"] = (int) type;
         t["type_name"] = ggml_type_name(type);
         t["shape"] = shape;   // ggml order: fastest dimension first
