@@ -1,0 +1,76 @@
+"""Write a trained model as a Hugging Face checkpoint in GSAI-ML/LLaDA-8B's layout.
+
+config.json carries the real checkpoint's field names (`LLaDAModelLM`, d_model, n_layers,
+mlp_hidden_size, ...), model.safetensors the OLMo-style tensor names, plus the tokenizer files.
+Written to `<dir>.part` and renamed, so a crash never leaves half a checkpoint under the name.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from safetensors.torch import save_file
+from tokenizers import Tokenizer
+
+from diffuse.train.bpe import BOS, EOS, MASK, save_tokenizer
+from diffuse.train.model import LLaDA
+
+
+def llada_config(model: LLaDA, tok: Tokenizer) -> dict:
+    s = model.shape
+    return {
+        "architectures": ["LLaDAModelLM"],
+        "model_type": "llada",
+        "activation_type": "silu",
+        "alibi": False,
+        "attention_dropout": 0.0,
+        "attention_layer_norm": False,
+        "bias_for_layer_norm": False,
+        "block_group_size": 1,
+        "block_type": "llama",
+        "d_model": s.d_model,
+        "embedding_dropout": 0.0,
+        "embedding_size": s.vocab_size,
+        "eos_token_id": tok.token_to_id(EOS),
+        "bos_token_id": tok.token_to_id(BOS),
+        "flash_attention": False,
+        "include_bias": False,
+        "include_qkv_bias": False,
+        "input_emb_norm": False,
+        "layer_norm_type": "rms",
+        "layer_norm_with_affine": True,
+        "mask_token_id": tok.token_to_id(MASK),
+        "max_sequence_length": s.max_sequence_length,
+        "mlp_hidden_size": s.mlp_hidden_size,
+        "mlp_ratio": round(s.mlp_hidden_size / s.d_model, 3),
+        "multi_query_attention": None,
+        "n_heads": s.n_heads,
+        "n_kv_heads": s.n_heads,
+        "n_layers": s.n_layers,
+        "pad_token_id": tok.token_to_id(EOS),
+        "precision": "fp32",
+        "residual_dropout": 0.0,
+        "rms_norm_eps": s.rms_norm_eps,
+        "rope": True,
+        "rope_full_precision": True,
+        "rope_theta": s.rope_theta,
+        "scale_logits": False,
+        "use_cache": False,
+        "vocab_size": s.vocab_size,
+        "weight_tying": False,
+    }
+
+
+def save_hf(model: LLaDA, tok: Tokenizer, out_dir: Path, training: dict) -> None:
+    """`training` (data, steps, time, scores) goes to training_info.json for the model card."""
+    part = out_dir.with_name(out_dir.name + ".part")
+    shutil.rmtree(part, ignore_errors=True)
+    part.mkdir(parents=True)
+    tensors = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(part / "model.safetensors"), metadata={"format": "pt"})
+    (part / "config.json").write_text(json.dumps(llada_config(model, tok), indent=2) + "\n")
+    save_tokenizer(tok, part, model.shape.max_sequence_length)
+    (part / "training_info.json").write_text(json.dumps(training, indent=2) + "\n")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    part.rename(out_dir)

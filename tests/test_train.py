@@ -1,0 +1,114 @@
+"""`diffuse train` end to end on a few KB of text: a handful of steps, a checkpoint in LLaDA's
+Hugging Face layout, our converter, our engine. Skipped without PyTorch (the `train` extra)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import diffuse  # noqa: E402
+from diffuse.cli import main  # noqa: E402
+
+SENTENCES = [
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, "
+    "must be in want of a wife.",
+    "The family of Dashwood had long been settled in Sussex, and their estate was large.",
+    "Emma Woodhouse, handsome, clever, and rich, seemed to unite some of the best blessings of existence.",
+    "A fool and his money are soon parted, and a penny saved is a penny earned.",
+    "She was the youngest of the two daughters of a most affectionate, indulgent father.",
+]
+TINY = ["--vocab-size", "320", "--d-model", "32", "--layers", "2", "--heads", "2", "--ffn", "64",
+        "--seq-len", "48", "--batch", "4", "--steps", "6", "--eval-every", "3", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, Path]:
+    """(run folder, GGUF) after 6 steps on ~6 KB of text."""
+    tmp = tmp_path_factory.mktemp("train")
+    docs = [" ".join(SENTENCES[(i + j) % 5] for j in range(1 + i % 3)) for i in range(60)]
+    (tmp / "data").mkdir()
+    (tmp / "data" / "text.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    gguf = tmp / "tiny.gguf"
+    assert main(["train", str(tmp / "data"), "--out", str(tmp / "run"), "--gguf", str(gguf), "--outtype", "f32", *TINY]) == 0
+    return tmp / "run", gguf
+
+
+def test_checkpoint_has_the_llada_layout(trained):
+    run, _ = trained
+    hf = run / "hf"
+    config = json.loads((hf / "config.json").read_text())
+    assert config["architectures"] == ["LLaDAModelLM"] and config["block_type"] == "llama"
+    assert (config["d_model"], config["n_layers"], config["n_heads"], config["mlp_hidden_size"]) == (32, 2, 2, 64)
+    from safetensors import safe_open
+
+    with safe_open(hf / "model.safetensors", "np") as f:
+        names = set(f.keys())
+    per_block = {"attn_norm", "q_proj", "k_proj", "v_proj", "attn_out", "ff_norm", "ff_proj", "up_proj", "ff_out"}
+    want = {"model.transformer.wte.weight", "model.transformer.ln_f.weight", "model.transformer.ff_out.weight"}
+    want |= {f"model.transformer.blocks.{i}.{n}.weight" for i in range(2) for n in per_block}
+    assert names == want
+    tok_config = json.loads((hf / "tokenizer_config.json").read_text())
+    assert "<|start_header_id|>" in tok_config["chat_template"]
+    info = json.loads((hf / "training_info.json").read_text())
+    assert info["step"] == 6 and set(info["heldout"]) == {"0.25", "0.5", "0.75"}
+
+
+def test_engine_matches_the_trained_torch_model(trained):
+    run, gguf = trained
+    from safetensors.torch import load_file
+
+    from diffuse.train.model import LLaDA, LLaDAShape
+
+    config = json.loads((run / "hf" / "config.json").read_text())
+    shape = LLaDAShape(config["vocab_size"], config["d_model"], config["n_layers"], config["n_heads"],
+                       config["mlp_hidden_size"], config["max_sequence_length"])
+    model = LLaDA(shape)
+    model.load_state_dict(load_file(run / "hf" / "model.safetensors"))
+    m = diffuse.load(gguf, threads=1)
+    assert (m.arch, m.n_vocab, m.n_ctx_train) == ("llada", 320, 48)
+    assert m.mask_token_id == config["mask_token_id"] == m.tokenizer.token_to_id("<|mdm_mask|>")
+    ids = np.random.default_rng(0).integers(0, 314, 40)
+    ids[10:30] = m.mask_token_id
+    with torch.no_grad():
+        want = model(torch.from_numpy(ids)[None])[0].numpy()
+    np.testing.assert_allclose(m.forward(ids), want, atol=1e-4)
+
+
+def test_chat_rows_use_the_engines_prompt_tokens(trained):
+    """Training tokenizes the chat prompt exactly as generation does before appending masks."""
+    run, gguf = trained
+    from tokenizers import Tokenizer
+
+    from diffuse.train.data import Batches
+
+    tok = Tokenizer.from_file(str(run / "hf" / "tokenizer.json"))
+    batches = Batches(tok, SENTENCES, 160, 2, 1.0, seed=3)
+    engine_tok = diffuse.load(gguf, threads=1).tokenizer
+    for _ in range(5):
+        row, start = batches._chat_row()
+        prompt = tok.decode(row[:start].tolist(), skip_special_tokens=False)
+        user = prompt.split("<|end_header_id|>\n\n")[1].split("<|eot_id|>")[0]
+        assert row[:start].tolist() == engine_tok.encode_chat(user)
+
+
+def test_loss_counts_only_maskable_positions():
+    from diffuse.train.loop import diffusion_loss
+    from diffuse.train.model import LLaDA, LLaDAShape
+
+    torch.manual_seed(0)
+    model = LLaDA(LLaDAShape(vocab_size=40, d_model=16, n_layers=1, n_heads=2, mlp_hidden_size=32, max_sequence_length=8))
+    ids = torch.randint(0, 39, (3, 8))
+    none = torch.zeros(3, 8, dtype=torch.bool)
+    assert diffusion_loss(model, ids, none, mask_id=39, bf16=False).item() == 0.0
+    loss = diffusion_loss(model, ids, ~none, mask_id=39, bf16=False)
+    assert 0.0 < loss.item() < 100.0
+
+
+def test_bad_data_is_a_clean_error(tmp_path, capsys):
+    (tmp_path / "one.txt").write_text("only one document\n", encoding="utf-8")
+    assert main(["train", str(tmp_path), "--out", str(tmp_path / "run"), *TINY]) == 1
+    assert "at least two documents" in capsys.readouterr().err
