@@ -193,7 +193,8 @@ class Tokenizer:
         if self.chat_template is None:
             raise DiffuseError(f"tokenizer from {self.source} has no chat template")
         if self._template is None:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=["jinja2.ext.loopcontrols"])
             env.globals["raise_exception"] = _raise_template_error
             try:
                 self._template = env.from_string(self.chat_template)
