@@ -2,9 +2,10 @@
 
 Each case flips bits, overwrites bytes, truncates, or splices bytes from elsewhere into one
 region of a valid file (header, metadata, tensor table or tensor data). One worker process
-loads each damaged file, runs a forward pass and the tokenizer, and reports; if it dies (a
-signal), the case that killed it is recorded, its file kept in /tmp/fuzz_crashes/, and a new
-worker carries on with the next case. Every failure must be a DiffuseError.
+loads each damaged file, runs a forward pass and the tokenizer, describes it (`diffuse info`)
+and quantizes it, and reports; if it dies (a signal) or hangs, the case is recorded, its file
+kept in /tmp/fuzz_crashes/, and a new worker carries on with the next case. Every failure must
+be a DiffuseError that names the file.
 """
 from __future__ import annotations
 
@@ -110,6 +111,8 @@ def worker(bases: list[str], cases_file: str, start: int, workdir: str) -> None:
         path = Path(workdir) / f"case_{case['id']}.gguf"
         path.write_bytes(mutate(data[case["base"]], case))
         print(f"start {case['id']}", flush=True)
+        if case["kind"] == "abort":   # the harness's own test: a worker that dies
+            os.abort()
         status, details = "ok", []
         for step in (engine, describe, lambda p: quantize(p, case)):
             try:
@@ -203,3 +206,13 @@ def test_fuzz_damaged_models(tiny_gguf, tmp_path):
     outcomes = {s: sum(1 for r in results.values() if r[0] == s) for s in ("ok", "error")}
     print(f"fuzz: {len(cases)} cases in {elapsed:.1f} s: {outcomes}")
     assert outcomes["error"] > 100 and outcomes["ok"] > 50   # the mutations reach both outcomes
+
+
+def test_harness_reports_a_dying_worker(tiny_gguf, tmp_path):
+    base = tiny_gguf("llada", "q8_0")
+    cases = [{"id": 0, "base": 0, "region": "data", "kind": "flip", "pos": 0, "bits": [[30000, 1]]},
+             {"id": 1, "base": 0, "region": "header", "kind": "abort", "pos": 0},
+             {"id": 2, "base": 0, "region": "header", "kind": "truncate", "pos": 10}]
+    results, deaths = run_cases([base], cases, tmp_path)
+    assert deaths == [(cases[1], "signal 6")]
+    assert results[0][0] == "ok" and results[2][0] == "error" and "too small" in results[2][1][0]
