@@ -121,7 +121,7 @@ class FakeModel:
         self.threads_seen = set()
 
     def generate(self, prompt, *, on_step=None, chat=True, **options):
-        self.calls.append(dict(options, prompt=prompt))
+        self.calls.append(dict(options, prompt=prompt, chat=chat))
         self.threads_seen.add(threading.get_ident())
         opts = {k: v for k, v in options.items() if v is not None}
         text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
@@ -161,14 +161,62 @@ def make_recording():
     return make
 
 
+class GapMeter:
+    """A 10 ms GUI-thread timer; `gaps()` are the intervals (ms) between its ticks since
+    `start()`, and `cpu_gaps()` the GUI thread's CPU time within each interval. A late tick
+    with little CPU time in its gap was held up by the OS (other processes), not by our code."""
+
+    def __init__(self):
+        from PySide6.QtCore import QTimer
+        self.stamps: list[float] = []
+        self.cpu: list[float] = []
+        self.timer = QTimer()
+        self.timer.setInterval(10)
+        self.timer.timeout.connect(self._tick)
+
+    def _tick(self):
+        self.stamps.append(time.perf_counter())
+        self.cpu.append(time.thread_time())
+
+    def start(self):
+        self.stamps.clear()
+        self.cpu.clear()
+        self.timer.start()
+
+    def stop(self):
+        self.timer.stop()
+
+    def gaps(self) -> np.ndarray:
+        return np.diff(np.array(self.stamps)) * 1000.0
+
+    def cpu_gaps(self) -> np.ndarray:
+        return np.diff(np.array(self.cpu)) * 1000.0
+
+    def assert_responsive(self) -> None:
+        """The timer ticked with gaps under 50 ms.
+
+        Our code's share is checked always: the GUI thread spent under 40 ms of CPU between any
+        two ticks. The wall-clock bound is checked in full when the machine is not
+        oversubscribed; when other processes keep every core busy (load average above the core
+        count) the OS alone delays ticks, and the bound applies to 95% of the gaps.
+        """
+        gaps, cpu = self.gaps(), self.cpu_gaps()
+        load = os.getloadavg()[0]
+        summary = (f"{len(gaps)} ticks, wall gap max {gaps.max():.1f} ms (p95 "
+                   f"{np.percentile(gaps, 95):.1f}), GUI CPU per gap max {cpu.max():.1f} ms, "
+                   f"load {load:.1f} on {os.cpu_count()} cores")
+        print(summary)
+        assert len(gaps) > 30, summary
+        assert cpu.max() < 40.0, summary
+        if load <= os.cpu_count():
+            assert gaps.max() < 50.0, summary
+        else:
+            assert np.percentile(gaps, 95) < 50.0, summary
+
+
+
 @pytest.fixture
-def timer_gaps(qapp):
-    """Start a 10 ms GUI-thread timer; returns a function giving the gaps (ms) seen so far."""
-    from PySide6.QtCore import QTimer
-    stamps = []
-    timer = QTimer()
-    timer.setInterval(10)
-    timer.timeout.connect(lambda: stamps.append(time.perf_counter()))
-    timer.start()
-    yield lambda: np.diff(np.array(stamps)) * 1000.0
-    timer.stop()
+def gap_meter(qapp):
+    meter = GapMeter()
+    yield meter
+    meter.stop()

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import html
 import math
+from functools import lru_cache
 
 import numpy as np
 from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QFontMetrics, QImage, QLinearGradient, QPainter, QPen
+from PySide6.QtGui import (QBrush, QColor, QFontMetrics, QImage, QLinearGradient, QPainter,
+                           QPen, QPixmap)
 from PySide6.QtWidgets import (QButtonGroup, QHBoxLayout, QLabel, QScrollArea, QSizePolicy,
                                QToolButton, QToolTip, QVBoxLayout, QWidget)
 
@@ -70,65 +72,91 @@ def value_range(run: RunState, mode: str) -> float:
     return 1.0 if mode == "confidence" else max(run.entropy_max, 1e-3)
 
 
+RADIUS = 4.0
+
+
+@lru_cache(maxsize=8)
+def _masked_cell(w: int, h: int) -> QPixmap:
+    """A masked cell (dark, hatched), drawn once per size: most cells are masked early on."""
+    pix = QPixmap(w, h)
+    pix.fill(Qt.GlobalColor.transparent)
+    p = QPainter(pix)
+    p.setRenderHint(QPainter.RenderHint.Antialiasing, True)
+    p.setPen(Qt.PenStyle.NoPen)
+    p.setBrush(theme.MASKED)
+    p.drawRoundedRect(QRectF(0, 0, w, h), RADIUS, RADIUS)
+    p.setBrush(QBrush(theme.MASK_HATCH, Qt.BrushStyle.BDiagPattern))
+    p.drawRoundedRect(QRectF(0, 0, w, h), RADIUS, RADIUS)
+    p.end()
+    return pix
+
+
+@lru_cache(maxsize=65536)
+def _cell_text(piece: str, width: int, point_size: float) -> str:
+    return QFontMetrics(theme.mono_font(point_size)).elidedText(
+        display_text(piece), Qt.TextElideMode.ElideRight, width)
+
+
 def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode: str,
-                diff: np.ndarray | None = None, hover: int = -1) -> None:
-    """Draw the canvas of `run` at `step` with `layout`'s geometry (background not included)."""
+                diff: np.ndarray | None = None, hover: int = -1,
+                clip: QRectF | None = None) -> None:
+    """Draw the canvas of `run` at `step` with `layout`'s geometry (background not included);
+    with `clip`, only the rows that reach into it."""
     if not run.events:
         return
     event = run.events[step]
     pl = run.prompt_length
-    masked = event.gen_mask
-    tokens = event.gen_tokens
+    masked = event.gen_mask.tolist()
+    tokens = event.gen_tokens.tolist()
     colors = value_colors(run.cell_values(step, mode), mode, value_range(run, mode))
     fresh = set((np.asarray(event.unmasked) - pl).tolist())
     block_lo, block_hi = event.block_start - pl, event.block_end - pl
     block_len = max(1, block_hi - block_lo)
-    font = theme.mono_font(8.5 if layout.cell_h >= 26 else 7.0)
-    p.setFont(font)
-    metrics = QFontMetrics(font)
-    hatch = QBrush(theme.MASK_HATCH, Qt.BrushStyle.BDiagPattern)
-    radius = 4.0
+    point_size = 8.5 if layout.cell_h >= 26 else 7.0
+    p.setFont(theme.mono_font(point_size))
+    mask_pix = _masked_cell(layout.cell_w, layout.cell_h)
+    text_w = layout.cell_w - 6
+    ring, diff_pen = QPen(theme.HIGHLIGHT, 2.2), QPen(theme.DIFF, 2.0, Qt.PenStyle.DashLine)
     p.setRenderHint(QPainter.RenderHint.Antialiasing, True)
-    for i in range(run.gen_length):
+    first, last = 0, run.gen_length
+    if clip is not None:          # rows are cell_h + gap apart, starting at the margin
+        pitch = layout.cell_h + layout.gap
+        row_lo = max(0, int((clip.top() - layout.margin) // pitch) - 1)
+        row_hi = int((clip.bottom() - layout.margin) // pitch) + 1
+        first, last = row_lo * layout.cols, min(run.gen_length, (row_hi + 1) * layout.cols)
+    for i in range(first, last):
         r = layout.rect(i)
         color = colors[i]
         if masked[i]:
-            p.setPen(Qt.PenStyle.NoPen)
-            p.setBrush(theme.MASKED)
-            p.drawRoundedRect(r, radius, radius)
-            p.setBrush(hatch)
-            p.drawRoundedRect(r, radius, radius)
+            p.drawPixmap(r.topLeft(), mask_pix)
             if color is not None:     # pending uncertainty, as a bar along the bottom
-                p.setBrush(color)
-                p.drawRect(QRectF(r.left() + 3, r.bottom() - 4, r.width() - 6, 2.5))
+                p.fillRect(QRectF(r.left() + 3, r.bottom() - 4, r.width() - 6, 2.5), color)
         else:
             color = color or theme.GRID
             p.setPen(Qt.PenStyle.NoPen)
             p.setBrush(color)
-            p.drawRoundedRect(r, radius, radius)
-            text = metrics.elidedText(display_text(run.piece(int(tokens[i]))),
-                                      Qt.TextElideMode.ElideRight, int(r.width()) - 6)
+            p.drawRoundedRect(r, RADIUS, RADIUS)
             p.setPen(theme.text_on(color))
-            p.drawText(r, Qt.AlignmentFlag.AlignCenter, text)
+            p.drawText(r, Qt.AlignmentFlag.AlignCenter,
+                       _cell_text(run.piece(tokens[i]), text_w, point_size))
         if i in fresh:
-            p.setPen(QPen(theme.HIGHLIGHT, 2.2))
+            p.setPen(ring)
             p.setBrush(Qt.BrushStyle.NoBrush)
-            p.drawRoundedRect(r.adjusted(-1.5, -1.5, 1.5, 1.5), radius + 1, radius + 1)
+            p.drawRoundedRect(r.adjusted(-1.5, -1.5, 1.5, 1.5), RADIUS + 1, RADIUS + 1)
         if diff is not None and i < diff.shape[0] and diff[i]:
-            p.setPen(QPen(theme.DIFF, 2.0, Qt.PenStyle.DashLine))
+            p.setPen(diff_pen)
             p.setBrush(Qt.BrushStyle.NoBrush)
-            p.drawRoundedRect(r.adjusted(-2.5, -2.5, 2.5, 2.5), radius + 2, radius + 2)
+            p.drawRoundedRect(r.adjusted(-2.5, -2.5, 2.5, 2.5), RADIUS + 2, RADIUS + 2)
         if i == hover:
             p.setPen(QPen(theme.ACCENT, 1.5))
             p.setBrush(Qt.BrushStyle.NoBrush)
-            p.drawRoundedRect(r.adjusted(-1, -1, 1, 1), radius, radius)
+            p.drawRoundedRect(r.adjusted(-1, -1, 1, 1), RADIUS, RADIUS)
         if block_lo <= i < block_hi:   # underline the block being denoised
-            p.setPen(QPen(theme.ACCENT, 2.0))
-            p.drawLine(QPointF(r.left(), r.bottom() + 2), QPointF(r.right(), r.bottom() + 2))
+            p.fillRect(QRectF(r.left(), r.bottom() + 1, r.width(), 2), theme.ACCENT)
         if i > 0 and i % block_len == 0:   # a block starts here
             x = r.left() - layout.gap / 2
-            p.setPen(QPen(theme.ACCENT if i in (block_lo, block_hi) else theme.MUTED, 2.0))
-            p.drawLine(QPointF(x, r.top() - 1), QPointF(x, r.bottom() + 1))
+            p.fillRect(QRectF(x - 1, r.top() - 1, 2, r.height() + 2),
+                       theme.ACCENT if i in (block_lo, block_hi) else theme.MUTED)
 
 
 def render_image(run: RunState, step: int, mode: str, width: int = 960, cell_w: int = 60,
@@ -235,7 +263,7 @@ class DenoisingCanvas(QWidget):
                        "Generate, or open a recorded run, to watch the denoising here")
         else:
             paint_cells(p, self._layout, run, run.clamp(self.step), self.mode, self.diff,
-                        self.hover)
+                        self.hover, QRectF(event.rect()))
         p.end()
 
     def mouseMoveEvent(self, event) -> None:

@@ -19,8 +19,9 @@ from diffuse.studio.run_state import MASK_GLYPH, RunState
 
 
 def _text_html(text: str) -> str:
-    body = html.escape(text).replace("\n", "<br>")
-    return body.replace(MASK_GLYPH, f"<span style='color:#4a5064'>{MASK_GLYPH}</span>")
+    """Message text as HTML, whitespace kept (answers may hold code), masks dimmed."""
+    body = html.escape(text).replace(MASK_GLYPH, f"<span style='color:#4a5064'>{MASK_GLYPH}</span>")
+    return f"<span style='white-space:pre-wrap'>{body}</span>"
 
 
 def answer_meta(run: RunState, recording: str | None) -> dict:
@@ -264,7 +265,7 @@ class ChatPanel(QWidget):
                 parts.append(self._bubble(m.meta.get("model") or "Answer", "#f2a541", "#1a1d25",
                                           _text_html(m.text), self._answer_note(i, m)))
         if self._pending is not None:
-            body = _text_html(self._pending) or "<span style='color:#4a5064'>░░░</span>"
+            body = _text_html(self._pending or MASK_GLYPH * 3)
             parts.append(self._bubble("Denoising…", "#f2a541", "#1a1d25", body))
         if self._error:
             parts.append(self._bubble("Run failed", "#ff5c7a", "#2a1a20",

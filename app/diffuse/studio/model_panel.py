@@ -74,7 +74,7 @@ def inspect_model(path: str | Path) -> ModelEntry:
     by_type: dict[str, int] = {}
     for t in info.tensors:
         by_type[t.type_name] = by_type.get(t.type_name, 0) + t.nbytes
-    weight_type = max(by_type, key=by_type.get) if by_type else "?"
+    weight_type = max(by_type, key=by_type.get).upper() if by_type else "?"
     file_type = _ftype_name(info.kv.get("general.file_type")) or weight_type
     entry = ModelEntry(path, info.family, info.dialect, info.architecture, weight_type,
                        file_type, info.file_size, estimate_ram(info))
@@ -206,6 +206,7 @@ class ModelPanel(QWidget):
         self.job_label = QLabel()
         self.job_label.setObjectName("Muted")
         self.progress = QProgressBar()
+        self.progress.setTextVisible(False)       # the label beside it says how far
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.setObjectName("Danger")
         self.cancel_button.clicked.connect(self.cancel_job)
@@ -395,10 +396,12 @@ class ModelPanel(QWidget):
         return True
 
     def _job_progress(self, done: int, total: int, what: str) -> None:
-        scale = max(1, total // 1_000_000)    # QProgressBar is 32-bit: count in megabytes
-        self.progress.setRange(0, max(1, total // scale))
-        self.progress.setValue(done // scale)
-        self.job_label.setText(f"{self.job.title} · {what}" if what else self.job.title)
+        # Whole percents only: a QProgressBar repaints synchronously on every change.
+        percent = 100 * done // total if total > 0 else 0
+        if self.progress.maximum() != 100 or percent != self.progress.value():
+            self.progress.setRange(0, 100)
+            self.progress.setValue(percent)
+        self.job_label.setText(f"{self.job.title} · {percent}%" + (f" · {what}" if what else ""))
 
     def _job_done(self) -> Job:
         job, self.job = self.job, None

@@ -169,6 +169,10 @@ class Job(QObject):
     def cancelled(self) -> bool:
         return self._cancel.is_set()
 
+    @property
+    def running(self) -> bool:
+        return self._thread.isRunning()
+
     def start(self) -> None:
         self._thread.start()
 

@@ -1,0 +1,150 @@
+"""Model panel: listing, fit checks and refusals, and the load / convert / quantise jobs."""
+from __future__ import annotations
+
+import shutil
+from collections import namedtuple
+from pathlib import Path
+
+import gguf
+import numpy as np
+import psutil
+import pytest
+
+import diffuse
+from diffuse import gguf_file
+from diffuse.studio import model_panel as mp
+from diffuse.studio.model_panel import ModelPanel, inspect_model
+
+
+def write_llama_gguf(path: Path) -> Path:
+    """A valid GGUF of an autoregressive model: not something diffuse runs."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture
+def models(tmp_path, tiny_gguf):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    shutil.copy(tiny_gguf("llada", "f32"), folder / "tiny-llada-f32.gguf")
+    shutil.copy(tiny_gguf("dream", "q8_0"), folder / "tiny-dream-q8_0.gguf")
+    return folder
+
+
+@pytest.fixture
+def panel(qtbot):
+    p = ModelPanel()
+    qtbot.addWidget(p)
+    yield p
+    if p.job is not None:
+        p.cancel_job()
+        p.job.wait()
+
+
+def test_lists_models_with_their_facts(panel, models):
+    panel.add_folder(models)
+    names = [e.name for e in panel.entries]
+    assert {"tiny-llada-f32.gguf", "tiny-dream-q8_0.gguf"} <= set(names)
+    row = names.index("tiny-dream-q8_0.gguf")
+    cells = [panel.table.item(row, c).text() for c in range(panel.table.columnCount())]
+    assert cells[1] == "dream" and cells[2] == "Q8_0"
+    assert cells[5] == "ready" and "GiB" in cells[4]
+    e = panel.entries[row]
+    assert e.ram_needed > sum(t.nbytes for t in gguf_file.read(e.path).tensors)
+    assert ModelPanel().folders()[-1] == models               # the folder is remembered
+
+
+def test_unknown_architecture_and_garbage_are_refused(panel, tmp_path):
+    llama = write_llama_gguf(tmp_path / "llama.gguf")
+    assert "not a diffusion model" in inspect_model(llama).error
+    panel.add_file(llama)
+    assert panel.message.isVisibleTo(panel) and "not a diffusion model" in panel.message.text()
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF" + b"\x00" * 10)
+    with_refusal = []
+    panel.refused.connect(with_refusal.append)
+    panel.add_file(junk)
+    assert with_refusal and "junk.gguf" in with_refusal[0]
+    assert not panel.load(llama)
+
+
+def test_not_enough_ram_is_refused(panel, models, monkeypatch):
+    vm = namedtuple("vm", "available total")(200 * 2**20, 1 * 2**30)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: vm)
+    panel.add_folder(models)
+    row = [e.name for e in panel.entries].index("tiny-llada-f32.gguf")
+    assert panel.table.item(row, 5).text() == "too big"
+    assert not panel.load(models / "tiny-llada-f32.gguf")
+    assert "needs about" in panel.message.text() and "available" in panel.message.text()
+
+
+def test_load_runs_as_a_job(qtbot, panel, models):
+    with qtbot.waitSignal(panel.model_loaded, timeout=20000) as loaded:
+        assert panel.load(models / "tiny-llada-f32.gguf")
+        assert panel.job_box.isVisibleTo(panel) and not panel.load_button.isEnabled()
+    model = loaded.args[0]
+    assert isinstance(model, diffuse.Model) and model.arch == "llada"
+    assert not panel.job_box.isVisibleTo(panel) and panel.load_button.isEnabled()
+    assert panel.loaded_path == (models / "tiny-llada-f32.gguf").resolve()
+    panel.engine_busy = True
+    assert not panel.load(models / "tiny-llada-f32.gguf")
+    assert "Stop the running generation" in panel.message.text()
+
+
+def test_quantise_with_progress(qtbot, panel, models, tmp_path):
+    out = tmp_path / "models" / "tiny-llada-q8_0.gguf"
+    progress = []
+    panel.job_finished.connect(lambda title, value: progress.append(("done", title)))
+    with qtbot.waitSignal(panel.job_finished, timeout=30000):
+        assert panel.quantise(models / "tiny-llada-f32.gguf", "Q8_0", out)
+        panel.job.progressed.connect(lambda d, t, w: progress.append((d, t)))
+    assert out.is_file() and inspect_model(out).weight_type == "Q8_0"
+    assert progress[-1][0] == "done" and len(progress) > 2     # progress came before the end
+    assert all(d <= t for d, t in progress[:-1])
+    assert str(out.resolve()) in {str(e.path) for e in panel.entries}
+    assert panel.selected().path == out.resolve()
+
+
+def test_quantise_refusals(panel, models, tmp_path):
+    q8 = models / "tiny-dream-q8_0.gguf"
+    assert not panel.quantise(q8, "Q8_0", tmp_path / "x.gguf")
+    assert "already Q8_0" in panel.message.text()
+    assert not panel.quantise(q8, "Q4_K_M", tmp_path / "y.gguf")
+    assert "already quantised" in panel.message.text()
+
+
+def test_cancel_leaves_nothing(qtbot, panel, models, tmp_path):
+    out = tmp_path / "cancelled.gguf"
+    with qtbot.waitSignal(panel.job_finished, timeout=30000) as done:
+        panel.quantise(models / "tiny-llada-f32.gguf", "F16", out)
+        panel.cancel_job()
+    assert done.args[1] is None
+    assert not out.exists() and not list(tmp_path.glob("cancelled*"))
+    assert "cancelled" in panel.message.text()
+
+
+def test_convert_hf_folder(qtbot, panel, tiny_hf_dream, tmp_path):
+    out = tmp_path / "converted" / "dream-f16.gguf"
+    out.parent.mkdir()
+    with qtbot.waitSignal(panel.job_finished, timeout=60000) as done:
+        assert panel.convert(tiny_hf_dream, "f16", out)
+    assert done.args[1] is not None and out.is_file()
+    assert inspect_model(out).family == "dream"
+    assert panel.selected().path == out.resolve()
+
+
+def test_convert_refuses_a_folder_that_is_no_checkpoint(panel, tmp_path):
+    assert not panel.convert(tmp_path, "f16", tmp_path / "out.gguf")
+    assert "config.json" in panel.message.text()
+
+
+def test_disk_space_is_checked(panel, models, tmp_path, monkeypatch):
+    usage = namedtuple("usage", "total used free")(10, 10, 0)
+    monkeypatch.setattr(mp.shutil, "disk_usage", lambda p: usage)
+    assert not panel.quantise(models / "tiny-llada-f32.gguf", "F16", tmp_path / "f16.gguf")
+    assert "of disk" in panel.message.text()

@@ -1,0 +1,177 @@
+"""Settings panel (options, persistence) and chat panel with its conversation store."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtCore import QUrl
+
+from diffuse import DiffuseError
+from diffuse.generation import SCHEDULERS, default_options
+from diffuse.studio import storage
+from diffuse.studio.chat import ChatPanel
+from diffuse.studio.conversations import Conversation, ConversationStore, Message
+from diffuse.studio.run_state import RunState
+from diffuse.studio.settings_panel import SettingsPanel
+
+
+# -- settings ---------------------------------------------------------------------------------
+
+def test_auto_values_leave_options_to_the_model(qtbot):
+    panel = SettingsPanel()
+    qtbot.addWidget(panel)
+    opts = panel.options()
+    assert opts["scheduler"] is None and opts["steps"] is None and opts["gen_length"] is None
+    assert opts["cache"] is True and opts["chat"] is True and opts["threshold"] == 1.5
+    assert [panel.scheduler.itemText(i) for i in range(1, panel.scheduler.count())] == SCHEDULERS
+
+
+def test_options_are_remembered(qtbot):
+    panel = SettingsPanel()
+    qtbot.addWidget(panel)
+    wanted = {"scheduler": "entropy_exit", "steps": 64, "gen_length": 96, "block_length": 32,
+              "threshold": 0.8, "cache": False, "keep_active": 2, "refresh_every": 16,
+              "temperature": 0.7, "seed": 42, "threads": 1, "chat": False}
+    panel.set_options(wanted)
+    panel.save()
+    again = SettingsPanel()
+    qtbot.addWidget(again)
+    assert again.options() == wanted
+    assert not again.keep_active.isEnabled()          # cache off: its knobs are greyed out
+    again.reset()
+    assert again.options()["steps"] is None
+
+
+def test_edits_save_immediately_and_damaged_entries_are_ignored(qtbot):
+    panel = SettingsPanel()
+    qtbot.addWidget(panel)
+    panel.steps.setValue(48)
+    s = storage.settings()
+    assert s.value("generation/steps") in (48, "48")
+    s.setValue("generation/gen_length", "lots")
+    s.setValue("generation/scheduler", "no_such_scheduler")
+    s.sync()
+    again = SettingsPanel()
+    qtbot.addWidget(again)
+    assert again.options()["steps"] == 48
+    assert again.options()["gen_length"] is None and again.options()["scheduler"] is None
+
+
+def test_model_defaults_are_shown(qtbot):
+    panel = SettingsPanel()
+    qtbot.addWidget(panel)
+    panel.show()
+    panel.show_defaults("llada")
+    d = default_options("llada")
+    assert panel.defaults_note["steps"].text() == f"model default: {d['steps']}"
+    assert panel.defaults_note["block_length"].isVisible()
+    panel.show_defaults(None)
+    assert not panel.defaults_note["steps"].isVisible()
+
+
+# -- conversations ----------------------------------------------------------------------------
+
+def test_store_round_trip_and_listing(tmp_path):
+    store = ConversationStore(tmp_path)
+    a = Conversation(messages=[Message("user", "first question")])
+    store.save(a)
+    b = Conversation(messages=[Message("user", "second"), Message("assistant", "answer",
+                                                                    {"steps": 8})])
+    store.save(b)
+    assert store.load(b.id) == b and a.title == "first question"
+    assert {cid for cid, _ in store.list()} == {a.id, b.id}
+    (tmp_path / "broken.json").write_text("{not json")
+    assert len(store.list()) == 2                         # damaged files are skipped
+    with pytest.raises(DiffuseError, match="damaged"):
+        store.load("broken")
+    store.delete(a.id)
+    assert [cid for cid, _ in store.list()] == [b.id]
+    assert b.chat_messages() == [{"role": "user", "content": "second"},
+                                 {"role": "assistant", "content": "answer"}]
+
+
+def finished_run(make_recording, prompt="Hello"):
+    return RunState.from_recording(make_recording(prompt, gen_length=32, steps=16,
+                                                  block_length=16))
+
+
+def test_chat_flow_saves_every_message(qtbot, make_recording):
+    chat = ChatPanel()
+    qtbot.addWidget(chat)
+    chat.set_model_ready(True, "fake.gguf")
+    chat.prompt.setPlainText("What is diffusion?")
+    with qtbot.waitSignal(chat.generate_requested) as req:
+        chat.generate_button.click()
+    text, messages = req.args
+    assert text == "What is diffusion?"
+    assert messages == [{"role": "user", "content": "What is diffusion?"}]
+    # the prompt is on disk before the answer exists
+    saved = json.loads(chat.store.path(chat.conversation.id).read_text())
+    assert saved["messages"][0]["text"] == "What is diffusion?"
+    chat.set_busy(True)
+    assert not chat.generate_button.isEnabled() and chat.stop_button.isEnabled()
+    run = finished_run(make_recording)
+    chat.show_progress(run)
+    assert "Denoising" in chat.view.toPlainText()
+    chat.set_busy(False)
+    chat.add_answer(run, "/tmp/run.npz")
+    assert run.result.text in chat.view.toPlainText()
+    # a new panel (next start of the app) restores the conversation
+    again = ChatPanel()
+    qtbot.addWidget(again)
+    msgs = again.conversation.messages
+    assert [m.role for m in msgs] == ["user", "assistant"]
+    assert msgs[1].meta["steps"] == 16 and msgs[1].meta["recording"] == "/tmp/run.npz"
+
+
+def test_multi_turn_regenerate_copy_clear(qtbot, make_recording):
+    chat = ChatPanel()
+    qtbot.addWidget(chat)
+    chat.set_model_ready(True)
+    for q in ("one", "two"):
+        chat.prompt.setPlainText(q)
+        chat.submit()
+        chat.add_answer(finished_run(make_recording, q), None)
+    with qtbot.waitSignal(chat.generate_requested) as req:
+        chat.regenerate()
+    assert req.args[0] == "two"
+    assert [m["role"] for m in req.args[1]] == ["user", "assistant", "user"]
+    chat.add_answer(finished_run(make_recording, "two"), "/tmp/r.npz")
+    chat.copy_answer()
+    assert QGuiApplication.clipboard().text() == chat.conversation.messages[-1].text
+    with qtbot.waitSignal(chat.replay_requested) as replay:
+        chat._link(QUrl("replay:3"))
+    assert replay.args == ["/tmp/r.npz"]
+    chat.clear()
+    assert chat.conversation.messages == []
+    assert ChatPanel().conversation.messages == []
+
+
+def test_conversations_switch_and_errors_show(qtbot, make_recording):
+    chat = ChatPanel()
+    qtbot.addWidget(chat)
+    chat.set_model_ready(True)
+    chat.prompt.setPlainText("first chat")
+    chat.submit()
+    first = chat.conversation.id
+    chat.new_conversation()
+    chat.prompt.setPlainText("second chat")
+    chat.submit()
+    chat.show_error("the engine said no")
+    assert "the engine said no" in chat.view.toPlainText()
+    assert chat.picker.count() == 2
+    chat._picked(chat.picker.findData(first))
+    assert chat.conversation.id == first
+    assert "first chat" in chat.view.toPlainText()
+    assert "the engine said no" not in chat.view.toPlainText()
+
+
+def test_nothing_is_sent_without_a_model(qtbot):
+    chat = ChatPanel()
+    qtbot.addWidget(chat)
+    chat.set_model_ready(False)
+    chat.prompt.setPlainText("hello")
+    with qtbot.assertNotEmitted(chat.generate_requested):
+        chat.submit()
+    assert not chat.generate_button.isEnabled() and "Load a model" in chat.hint.text()

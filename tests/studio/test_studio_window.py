@@ -1,0 +1,191 @@
+"""The main window's flows: generate, stop, failures, replay, export, compare, responsiveness."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from diffuse import DiffuseError
+from diffuse.recording import Recording
+from diffuse.studio import storage, theme
+from diffuse.studio.main_window import MainWindow
+
+SMALL = {"gen_length": 48, "steps": 24, "block_length": 16, "threads": 1}
+
+
+@pytest.fixture
+def window(qtbot):
+    w = MainWindow()
+    qtbot.addWidget(w)
+    w.show()
+    yield w
+    w.close()
+
+
+def generate(qtbot, window, prompt="Tell me about diffusion", timeout=20000):
+    window.chat.prompt.setPlainText(prompt)
+    with qtbot.waitSignal(window.engine.run_finished, timeout=timeout) as done:
+        window.chat.generate_button.click()
+    return done.args[0]
+
+
+def test_bundled_fonts_are_registered(qapp):
+    families = theme.register_fonts()
+    assert theme.UI_FAMILY in families and theme.MONO_FAMILY in families
+    assert qapp.font().family() == theme.UI_FAMILY
+
+
+def test_generate_streams_steps_into_every_view(qtbot, window, fake_model):
+    model = fake_model(step_delay=0.005)
+    window.set_model(model)
+    window.settings_panel.set_options(SMALL)
+    steps_seen = []
+    window.engine.run_stepped.connect(lambda run: steps_seen.append(run.n_steps))
+    run = generate(qtbot, window)
+    res = run.result
+    # one step, one signal, in order; the engine ran on another thread
+    assert steps_seen == list(range(1, res.steps + 1))
+    assert model.threads_seen and threading.get_ident() not in model.threads_seen
+    assert model.calls[0]["gen_length"] == 48 and model.calls[0]["scheduler"] is None
+    qtbot.waitUntil(lambda: window.timeline.slider.maximum() == res.steps - 1)
+    assert window.canvas_panel.canvas.run is run and window.heatmap.run is run
+    assert window.timeline.step() == res.steps - 1
+    # the answer is saved with its recording, which replays the same run
+    answer = window.chat.conversation.messages[-1]
+    assert answer.role == "assistant" and answer.text == res.text
+    qtbot.waitUntil(lambda: Path(answer.meta["recording"]).exists())    # written in the background
+    rec = Recording.load(answer.meta["recording"])
+    assert len(rec.events) == res.steps and rec.prompt == "Tell me about diffusion"
+    assert Path(answer.meta["recording"]).parent == storage.runs_dir()
+    assert "done" in window.statusBar().currentMessage()
+
+
+def test_gui_stays_responsive_during_a_run(qtbot, window, fake_model, gap_meter):
+    window.set_model(fake_model(step_delay=0.015))
+    window.settings_panel.set_options({"gen_length": 256, "steps": 96, "block_length": 64,
+                                       "threads": 1})
+    window.chat.prompt.setPlainText("a long answer please")
+    for tab in (1, 2, 0):                   # every view has been shown once, as a user would
+        window.views.setCurrentIndex(tab)
+        qtbot.wait(50)
+    with qtbot.waitSignal(window.engine.run_started, timeout=5000):
+        window.chat.submit()
+    gap_meter.start()
+    with qtbot.waitSignal(window.engine.run_finished, timeout=30000):
+        for tab in (1, 2, 0):               # every view draws while steps arrive
+            qtbot.wait(300)
+            window.views.setCurrentIndex(tab)
+    gap_meter.stop()
+    gap_meter.assert_responsive()
+
+
+def test_stop_cancels_within_a_step(qtbot, window, fake_model):
+    window.set_model(fake_model(step_delay=0.05))
+    window.settings_panel.set_options(SMALL)
+    window.chat.prompt.setPlainText("stop me")
+    with qtbot.waitSignal(window.engine.run_finished, timeout=20000) as done:
+        window.chat.submit()
+        qtbot.waitUntil(lambda: window.engine.run is not None and window.engine.run.n_steps >= 3)
+        assert window.chat.stop_button.isEnabled() and window.stop_action.isEnabled()
+        n_at_stop = window.engine.run.n_steps
+        window.chat.stop_button.click()
+    run = done.args[0]
+    assert run.result.stop_reason == "cancelled"
+    assert run.result.steps <= n_at_stop + 2 < 24
+    assert not window.engine.busy and window.chat.generate_button.isEnabled()
+    assert "stopped" in window.chat.view.toPlainText()
+
+
+def test_a_failing_run_is_reported_not_fatal(qtbot, window, fake_model):
+    class Broken(fake_model):
+        def generate(self, prompt, **kw):
+            raise DiffuseError("the prompt is too long for this model (4096 positions)")
+    window.set_model(Broken())
+    window.chat.prompt.setPlainText("hello")
+    with qtbot.waitSignal(window.engine.run_failed, timeout=5000):
+        window.chat.submit()
+    assert "too long" in window.chat.view.toPlainText()
+    assert not window.engine.busy and window.chat.generate_button.isEnabled()
+    window.set_model(fake_model(step_delay=0))
+    window.settings_panel.set_options(SMALL)
+    assert generate(qtbot, window, "again").result.stop_reason == "done"
+
+
+def test_multi_turn_prompts_go_in_as_the_templated_conversation(qtbot, window, fake_model):
+    model = fake_model(step_delay=0)
+    window.set_model(model)
+    window.settings_panel.set_options(SMALL)
+    generate(qtbot, window, "first")
+    generate(qtbot, window, "second")
+    assert model.calls[0]["prompt"] == "first" and model.calls[0]["chat"] is True
+    expected = model.tokenizer.encode(model.tokenizer.apply_chat_template(
+        window.chat.conversation.chat_messages()[:3]))
+    assert model.calls[1]["prompt"] == expected
+
+
+def test_replay_scrub_and_play(qtbot, window, make_recording, tmp_path):
+    rec = make_recording("replayed prompt", gen_length=48, steps=24, block_length=16)
+    rec.save(tmp_path / "run.npz")
+    assert window.open_recording(tmp_path / "run.npz")
+    run = window.run
+    assert run.n_steps == 24 and run.done and window.canvas_panel.canvas.run is run
+    window.show_step(5)
+    qtbot.waitUntil(lambda: window.canvas_panel.canvas.step == 5)
+    assert window.timeline.label.text() == "step 6 / 24"
+    assert "step 6/24" in window.canvas_panel.status.text()
+    window.timeline.play_button.setChecked(True)
+    qtbot.waitUntil(lambda: not window.timeline.play_button.isChecked(), timeout=10000)
+    assert window.timeline.step() == 23
+    assert window.save_action.isEnabled()
+    window.save_recording(tmp_path / "copy.npz")
+    assert len(Recording.load(tmp_path / "copy.npz").events) == 24
+
+
+def test_bad_recording_is_refused_politely(window, tmp_path):
+    (tmp_path / "bad.npz").write_bytes(b"nope")
+    assert not window.open_recording(tmp_path / "bad.npz")
+    assert "bad.npz" in window.statusBar().currentMessage()
+    assert window.run is None
+
+
+def test_export_png_strip_and_gif(window, make_recording, tmp_path):
+    rec = make_recording(gen_length=48, steps=24, block_length=16)
+    rec.save(tmp_path / "run.npz")
+    window.open_recording(tmp_path / "run.npz")
+    window.export_png(tmp_path / "strip.png")
+    window.export_gif(tmp_path / "run.gif")
+    with Image.open(tmp_path / "strip.png") as png:
+        assert png.width == 960 and png.height > 8 * 60
+        pixels = np.asarray(png.convert("RGB"))
+    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 20       # colours, not a blank page
+    with Image.open(tmp_path / "run.gif") as gif:
+        assert gif.n_frames == 24 and gif.info["loop"] == 0
+    assert not list(tmp_path.glob("*.part"))
+
+
+def test_compare_mode(qtbot, window, fake_model):
+    model = fake_model(step_delay=0.002)
+    window.set_model(model)
+    window.settings_panel.set_options(SMALL)
+    window.open_compare()
+    cmp = window.compare_window
+    cmp.prompt.setText("same prompt")
+    cmp.preset.setCurrentIndex(1)                        # low_confidence vs entropy_exit
+    assert "entropy_exit" in cmp.sides[1].title.text()
+    finished = []
+    window.engine.run_finished.connect(finished.append)
+    cmp.start()
+    qtbot.waitUntil(lambda: len(finished) == 2, timeout=20000)
+    a, b = cmp.runs
+    assert [c["scheduler"] for c in model.calls] == ["low_confidence", "entropy_exit"]
+    assert b.result.steps < a.result.steps                # entropy-exit needs fewer steps
+    assert "B takes" in cmp.summary.text() and "steps" in cmp.summary.text()
+    diff = a.differs_from(b)
+    assert cmp.sides[0].canvas.canvas.diff is not None
+    assert np.array_equal(cmp.sides[1].canvas.canvas.diff, diff)
+    assert "/" in cmp.sides[0].stats.text()
+    assert window.chat.conversation.messages == []        # compare runs stay out of the chat
+    cmp.close()
