@@ -208,8 +208,6 @@ def test_bad_token_lists(llada):
     assert m.forward([1, 2]).shape == (2, m.n_vocab)   # the model still works afterwards
 
 
-@pytest.mark.xfail(strict=True, reason="Model.forward casts ids to int32 before the range check, so 2**32 + 5 "
-                                       "silently becomes token 5 (app/diffuse/model.py, the lead's)")
 def test_ids_beyond_int32(llada):
     m = diffuse.load(llada, threads=1)
     with pytest.raises(DiffuseError, match="outside"):

@@ -11,14 +11,6 @@ from diffuse import DiffuseError
 
 IDS = [5, 17, 123, 300, 44, 9, 250, 1, 77, 399, 210, 3]
 
-# The engine's diffuse-cpp table reads diffuse.head_count / diffuse.head_count_kv, but diffuse-cpp's
-# converters write diffuse.attention.head_count(_kv) (GGUFWriter.add_head_count) and its loader
-# reads those; and the engine accepts only F32 norm weights. Strict: these turn red once fixed.
-ENGINE_KEYS = pytest.mark.xfail(strict=True, raises=DiffuseError,
-                                reason="core_cpp gguf_dialects.cpp: diffuse-cpp head count keys")
-ENGINE_F16_NORMS = pytest.mark.xfail(strict=True, raises=DiffuseError,
-                                     reason="core_cpp gguf_dialects.cpp + model.cpp: head count keys, F16 norms")
-
 # Hyper-parameters that every dialect states.
 SHARED = ("arch", "n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "n_ctx_train", "head_dim",
           "rope_theta", "rms_eps", "shift_logits", "mask_token_id")
@@ -47,7 +39,6 @@ def test_ours_and_llama_cpp_are_the_same_model(dialect_files):
     np.testing.assert_array_equal(theirs.forward(IDS), ours.forward(IDS))   # same bytes, same graph
 
 
-@ENGINE_KEYS
 def test_diffuse_cpp_is_the_same_model(dialect_files):
     family, paths = dialect_files
     ours, theirs = diffuse.load(paths["diffuse"]), diffuse.load(paths["diffuse-cpp"])
@@ -61,7 +52,6 @@ def test_diffuse_cpp_is_the_same_model(dialect_files):
     assert theirs.tokenizer.encode("the river") == ours.tokenizer.encode("the river")   # tokenizer.json beside
 
 
-@ENGINE_F16_NORMS
 @pytest.mark.parametrize("family", ["llada", "dream"])
 def test_diffuse_cpp_f16_with_f16_norms(family, tiny_gguf, tmp_path):
     """diffuse-cpp's --type f16 stores the norm weights in F16 too."""

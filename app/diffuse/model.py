@@ -63,7 +63,15 @@ class Model:
             raise DiffuseError("forward: expected a non-empty 1-D sequence of token ids")
         if not np.issubdtype(ids.dtype, np.integer):
             raise DiffuseError("forward: token ids must be integers")
+        self._check_ids(ids)
         return self._core.forward(ids.astype(np.int32))
+
+    def _check_ids(self, ids: np.ndarray) -> None:
+        # Checked before the cast to int32, which would wrap 2**32 + 5 into a valid id.
+        bad = (ids < 0) | (ids >= self.n_vocab)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise DiffuseError(f"token id {int(ids[i])} at index {i} is outside the vocabulary [0, {self.n_vocab})")
 
     def encode_prompt(self, prompt: str | list[int], chat: bool = True) -> list[int]:
         """Token ids for a text prompt (chat template applied unless chat=False) or a list of ids."""
@@ -76,6 +84,7 @@ class Model:
         ids = [int(t) for t in prompt]
         if not ids:
             raise DiffuseError("the prompt is empty")
+        self._check_ids(np.asarray(ids))
         return ids
 
     def generate(self, prompt: str | list[int], *, chat: bool = True, threads: int | None = None,

@@ -22,7 +22,7 @@ static const DialectKeys OURS_KEYS = [] {
 // The paper's engine (diffuse-cpp): arch "diffuse", family in diffuse.model_type.
 static const DialectKeys DIFFUSE_CPP_KEYS = {
     Dialect::DiffuseCpp, "diffuse-cpp",
-    "diffuse.block_count", "diffuse.head_count", "diffuse.head_count_kv",
+    "diffuse.block_count", "diffuse.attention.head_count", "diffuse.attention.head_count_kv",
     "diffuse.embedding_length", "diffuse.feed_forward_length", "diffuse.context_length",
     "diffuse.rope.freq_base", "diffuse.attention.layer_norm_rms_epsilon",
     "diffuse.mask_token_id", nullptr,

@@ -89,6 +89,8 @@ ModelImpl::~ModelImpl() {
     runner_.reset();
     if (backend_) ggml_backend_free(backend_);
     if (repack_buf_) ggml_backend_buffer_free(repack_buf_);
+    if (widened_buf_) ggml_backend_buffer_free(widened_buf_);
+    if (widened_ctx_) ggml_free(widened_ctx_);
     if (weight_buf_) ggml_backend_buffer_free(weight_buf_);
 }
 
@@ -212,7 +214,8 @@ void ModelImpl::bind_weights(bool repack) {
         }
         for (; d < GGML_MAX_DIMS; ++d)
             if (t->ne[d] != 1) f.fail("tensor " + name + " has too many dimensions");
-        if (matrix ? !is_supported_weight_type(t->type) : t->type != GGML_TYPE_F32)
+        const bool vector_ok = t->type == GGML_TYPE_F32 || t->type == GGML_TYPE_F16 || t->type == GGML_TYPE_BF16;
+        if (matrix ? !is_supported_weight_type(t->type) : !vector_ok)
             f.fail("tensor " + name + " has unsupported type " + ggml_type_name(t->type));
         return t;
     };
@@ -249,6 +252,14 @@ void ModelImpl::bind_weights(bool repack) {
         L.ffn_down = get(n("ffn_down.weight"), {hp.n_ff, n_embd}, true);
         w_.layers.push_back(L);
     }
+
+    // Norms and biases take part in element-wise ops with F32 activations: diffuse-cpp's F16 files
+    // store them in F16, so such vectors get F32 copies.
+    std::vector<ggml_tensor **> vectors = {&w_.output_norm};
+    for (LayerWeights & L : w_.layers)
+        for (ggml_tensor ** v : {&L.attn_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv})
+            if (*v) vectors.push_back(v);
+    widen_vectors(vectors, data);
 
     // Placement: quantised matrices that ggml can repack are copied into the repack buffer; every
     // other tensor is used in place from the mapping. The token embedding stays mapped (get_rows).
@@ -291,6 +302,27 @@ void ModelImpl::bind_weights(bool repack) {
     }
     for (std::thread & th : workers) th.join();
     for (ggml_tensor * t : to_repack) repacked_bytes_ += ggml_nbytes(t);
+}
+
+void ModelImpl::widen_vectors(std::vector<ggml_tensor **> & slots, const std::map<ggml_tensor *, char *> & data) {
+    std::vector<ggml_tensor **> narrow;
+    for (ggml_tensor ** slot : slots)
+        if ((*slot)->type != GGML_TYPE_F32) narrow.push_back(slot);
+    if (narrow.empty()) return;
+    ggml_init_params ip = {ggml_tensor_overhead() * narrow.size(), nullptr, /*no_alloc*/ true};
+    widened_ctx_ = ggml_init(ip);
+    std::vector<ggml_tensor *> wide;
+    for (ggml_tensor ** slot : narrow) wide.push_back(ggml_new_tensor_1d(widened_ctx_, GGML_TYPE_F32, (*slot)->ne[0]));
+    widened_buf_ = ggml_backend_alloc_ctx_tensors_from_buft(widened_ctx_, ggml_backend_cpu_buffer_type());
+    if (!widened_buf_) file_->fail("out of memory widening norm weights");
+    for (size_t i = 0; i < narrow.size(); ++i) {
+        const ggml_tensor * src = *narrow[i];
+        const char * from = data.at(const_cast<ggml_tensor *>(src));
+        float * to = (float *) wide[i]->data;
+        if (src->type == GGML_TYPE_F16) ggml_fp16_to_fp32_row((const ggml_fp16_t *) from, to, src->ne[0]);
+        else ggml_bf16_to_fp32_row((const ggml_bf16_t *) from, to, src->ne[0]);
+        *narrow[i] = wide[i];
+    }
 }
 
 void ModelImpl::check_tokens(const int32_t * ids, size_t n) const {

@@ -4,6 +4,7 @@
 #include "diffuse.h"
 #include "gguf_file.h"
 
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -79,11 +80,14 @@ public:
 private:
     void read_hparams();
     void bind_weights(bool repack);
+    void widen_vectors(std::vector<ggml_tensor **> & slots, const std::map<ggml_tensor *, char *> & data);
 
     std::unique_ptr<GGUFFile> file_;
     std::unique_ptr<FileMapping> map_;
     ggml_backend_buffer * weight_buf_ = nullptr;   // the mapping, wrapped
     ggml_backend_buffer * repack_buf_ = nullptr;   // repacked copies of quantised matrices
+    ggml_context * widened_ctx_ = nullptr;         // F32 copies of F16/BF16 norms and biases
+    ggml_backend_buffer * widened_buf_ = nullptr;
     ggml_backend * backend_ = nullptr;
     HParams hp_{};
     Weights w_{};
