@@ -122,7 +122,7 @@ class Tokenizer:
 
         if json_path is not None:
             hf = _from_json_file(json_path)
-            source = f"{json_path}"
+            source = str(json_path)
             template = template or _template_beside(json_path)
         elif isinstance(kv.get("tokenizer.huggingface.json"), str):
             try:
