@@ -173,3 +173,12 @@ def test_bad_requests_raise_clear_errors(llada, bad, match):
 def test_steps_round_down_to_blocks(llada):
     r = llada.generate(PROMPT, gen_length=32, steps=10, block_length=8)   # 4 blocks
     assert r.steps_allowed == 8 and r.steps == 8
+
+
+def test_forward_positions_select_rows(llada):
+    ids = np.arange(3, 40) % llada.n_vocab
+    full = llada.forward(ids)
+    some = llada.forward(ids, positions=[30, 2, 7])
+    np.testing.assert_allclose(some, full[[30, 2, 7]], rtol=0, atol=1e-5 * np.abs(full).max())
+    with pytest.raises(DiffuseError, match="out of range"):
+        llada.forward(ids, positions=[len(ids)])

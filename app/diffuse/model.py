@@ -56,15 +56,22 @@ class Model:
     def repacked_bytes(self) -> int:
         return self._core.repacked_bytes
 
-    def forward(self, token_ids) -> np.ndarray:
-        """Raw logits (n_tokens, n_vocab) float32 of every position, bidirectional, no Dream shift."""
+    def forward(self, token_ids, positions=None) -> np.ndarray:
+        """Raw logits float32 under bidirectional attention, before any Dream shift.
+
+        (n_tokens, n_vocab) for every position, or (len(positions), n_vocab) for the positions given
+        (the head then runs over those rows only, as in a denoising step).
+        """
         ids = np.asarray(token_ids)
         if ids.ndim != 1 or ids.size == 0:
             raise DiffuseError("forward: expected a non-empty 1-D sequence of token ids")
         if not np.issubdtype(ids.dtype, np.integer):
             raise DiffuseError("forward: token ids must be integers")
         self._check_ids(ids)
-        return self._core.forward(ids.astype(np.int32))
+        rows = [] if positions is None else [int(p) for p in positions]
+        if positions is not None and not rows:
+            raise DiffuseError("forward: positions is empty")
+        return self._core.forward(ids.astype(np.int32), rows)
 
     def _check_ids(self, ids: np.ndarray) -> None:
         # Checked before the cast to int32, which would wrap 2**32 + 5 into a valid id.

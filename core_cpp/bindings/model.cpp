@@ -48,18 +48,19 @@ void diffuse_py::register_model(py::module_ & m) {
         .def_property_readonly("repacked_bytes", &Model::repacked_bytes)
         .def_property("threads", &Model::n_threads, &Model::set_n_threads)
         .def("forward",
-             [](Model & self, I32Array tokens) {
+             [](Model & self, I32Array tokens, std::vector<int32_t> rows) {
                  if (tokens.ndim() != 1) throw diffuse::Error("forward: expected a 1-D array of token ids");
                  std::vector<int32_t> ids(tokens.data(), tokens.data() + tokens.size());
                  std::vector<float> logits;
                  {
                      py::gil_scoped_release release;
-                     logits = self.forward(ids);
+                     logits = self.forward(ids, rows);
                  }
                  const py::ssize_t n_vocab = self.hparams().n_vocab;
-                 py::array_t<float> out({(py::ssize_t) ids.size(), n_vocab});
+                 py::array_t<float> out({(py::ssize_t) (rows.empty() ? ids.size() : rows.size()), n_vocab});
                  std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
                  return out;
              },
-             py::arg("tokens"), "Logits (n_tokens, n_vocab) under bidirectional attention, before any Dream shift.");
+             py::arg("tokens"), py::arg("rows") = std::vector<int32_t>{},
+             "Logits (n_rows, n_vocab) of the given positions (all when empty), bidirectional, no Dream shift.");
 }

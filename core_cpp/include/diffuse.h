@@ -148,9 +148,10 @@ public:
     virtual int n_threads() const = 0;
     virtual void set_n_threads(int n) = 0;
 
-    // Logits of every position under bidirectional attention, before any Dream shift.
-    // (n_tokens, n_vocab) row-major.
-    virtual std::vector<float> forward(const std::vector<int32_t> & tokens) = 0;
+    // Logits under bidirectional attention, before any Dream shift: (n_rows, n_vocab) row-major for
+    // the positions in `rows` (every position when empty). A diffusion step needs only the masked
+    // positions of its block, so the head runs over those rows only.
+    virtual std::vector<float> forward(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows = {}) = 0;
 
     // Size of the weights in the file, and of those copied into the repack layout, bytes.
     virtual size_t weights_bytes() const = 0;

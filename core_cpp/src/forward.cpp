@@ -29,7 +29,6 @@ KVCache::KVCache(const ModelImpl & model, int n_ctx) : n_ctx_(n_ctx) {
         ggml_free(ctx_);
         throw Error("out of memory allocating the KV cache (" + std::to_string(n_ctx) + " positions)");
     }
-    ggml_backend_buffer_clear(buf_, 0);
 }
 
 KVCache::~KVCache() {

@@ -15,7 +15,8 @@ struct ggml_gallocr;
 
 namespace diffuse {
 
-// Post-RoPE keys and values of every layer: (head_dim * n_head_kv, n_ctx) F32 each.
+// Post-RoPE keys and values of every layer: (head_dim * n_head_kv, n_ctx) F32 each. Not cleared:
+// a row is always written (by a full pass) before any query reads it.
 class KVCache {
 public:
     KVCache(const ModelImpl & model, int n_ctx);

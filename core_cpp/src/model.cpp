@@ -86,6 +86,7 @@ ModelImpl::ModelImpl(const std::string & path, const LoadParams & params) {
 }
 
 ModelImpl::~ModelImpl() {
+    scratch_.reset();
     runner_.reset();
     if (backend_) ggml_backend_free(backend_);
     if (repack_buf_) ggml_backend_buffer_free(repack_buf_);
@@ -332,20 +333,25 @@ void ModelImpl::check_tokens(const int32_t * ids, size_t n) const {
                         " is outside the vocabulary [0, " + std::to_string(hp_.n_vocab) + ")");
 }
 
-std::vector<float> ModelImpl::forward(const std::vector<int32_t> & tokens) {
+std::vector<float> ModelImpl::forward(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows) {
     const int n = (int) tokens.size();
     if (n == 0) throw Error("forward: no tokens");
-    if (n > 1 << 20) throw Error("forward: too many tokens");
-    KVCache cache(*this, n);
+    if (n > hp_.n_ctx_train)
+        throw Error("forward: " + std::to_string(n) + " tokens exceed the model's context of " +
+                    std::to_string(hp_.n_ctx_train));
+    if (!scratch_ || scratch_->n_ctx() < n) {
+        scratch_.reset();
+        scratch_ = std::make_unique<KVCache>(*this, n);
+    }
     ForwardBatch b;
     b.tokens = tokens;
     b.n_kv = n;
-    for (int i = 0; i < n; ++i) {
-        b.positions.push_back(i);
-        b.out_rows.push_back(i);
-    }
+    for (int i = 0; i < n; ++i) b.positions.push_back(i);
+    b.out_rows = rows;
+    if (rows.empty())
+        for (int i = 0; i < n; ++i) b.out_rows.push_back(i);
     std::vector<float> logits;
-    runner_->run(cache, b, n_threads_, logits);
+    runner_->run(*scratch_, b, n_threads_, logits);
     for (float x : logits)
         if (!std::isfinite(x)) throw Error(path() + ": the forward pass produced NaN/Inf logits (corrupt weights?)");
     return logits;

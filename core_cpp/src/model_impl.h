@@ -55,6 +55,7 @@ private:
 };
 
 class ForwardRunner;
+class KVCache;
 
 class ModelImpl final : public Model {
 public:
@@ -65,7 +66,7 @@ public:
     const std::string & path() const override { return file_->path(); }
     int n_threads() const override { return n_threads_; }
     void set_n_threads(int n) override;
-    std::vector<float> forward(const std::vector<int32_t> & tokens) override;
+    std::vector<float> forward(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows) override;
     size_t weights_bytes() const override { return weights_bytes_; }
     size_t repacked_bytes() const override { return repacked_bytes_; }
 
@@ -95,6 +96,7 @@ private:
     size_t repacked_bytes_ = 0;
     int n_threads_ = 1;
     std::unique_ptr<ForwardRunner> runner_;   // graph memory reused by forward()
+    std::unique_ptr<KVCache> scratch_;        // forward()'s K/V rows, grown as needed
 };
 
 }  // namespace diffuse
