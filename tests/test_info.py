@@ -20,13 +20,10 @@ def as_diffuse_cpp(src: Path, dst: Path) -> Path:
     """The metadata layout of the paper's engine: arch "diffuse", diffuse.* keys, no tokenizer."""
     info = gguf_file.read(src)
     arch = info.architecture
-    renamed = {"block_count": "block_count", "attention.head_count": "head_count",
-               "attention.head_count_kv": "head_count_kv", "embedding_length": "embedding_length",
-               "feed_forward_length": "feed_forward_length", "context_length": "context_length",
-               "rope.freq_base": "rope.freq_base",
-               "attention.layer_norm_rms_epsilon": "attention.layer_norm_rms_epsilon"}
-    kv = {f"diffuse.{new}": info.kv[f"{arch}.{old}"] for old, new in renamed.items()}
-    types = {f"diffuse.{new}": info.kv_types[f"{arch}.{old}"] for old, new in renamed.items()}
+    keys = ["block_count", "attention.head_count", "attention.head_count_kv", "embedding_length",
+            "feed_forward_length", "context_length", "rope.freq_base", "attention.layer_norm_rms_epsilon"]
+    kv = {f"diffuse.{k}": info.kv[f"{arch}.{k}"] for k in keys}
+    types = {f"diffuse.{k}": info.kv_types[f"{arch}.{k}"] for k in keys}
     kv.update({"general.architecture": "diffuse", "diffuse.model_type": arch,
                "diffuse.mask_token_id": info.kv["tokenizer.ggml.mask_token_id"]})
     types["diffuse.mask_token_id"] = "u32"
