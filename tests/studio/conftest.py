@@ -28,17 +28,23 @@ MASK_ID, EOS_ID = 0, 1
 
 def synthetic_run(prompt="Hello", *, gen_length=48, steps=24, block_length=16, seed=0,
                   scheduler="low_confidence", threshold=1.5, cache=True, keep_active=1,
-                  refresh_every=8, step_ms=12.0, **_ignored):
-    """(events, result) of a made-up run with the engine's semantics."""
+                  refresh_every=8, step_ms=12.0, answer=None, vocab=VOCAB, **_ignored):
+    """(events, result) of a made-up run with the engine's semantics.
+
+    answer: token ids (into `vocab`) the run converges to, end-of-text after them; by default
+    random words for 70% of the buffer."""
     rng = np.random.default_rng(seed)
     p = max(2, len(prompt.split()) + 4)
     g, n = gen_length, p + gen_length
     tokens = np.full(n, MASK_ID, np.int32)
-    tokens[:p] = rng.integers(2, len(VOCAB), p)
-    target = rng.integers(2, len(VOCAB), g).astype(np.int32)
-    target[int(g * 0.7):] = EOS_ID
+    tokens[:p] = rng.integers(2, len(vocab), p)
+    if answer is None:
+        answer = rng.integers(2, len(vocab), int(g * 0.7))
+    end = min(len(answer), g)
+    target = np.full(g, EOS_ID, np.int32)
+    target[:end] = answer[:end]
     difficulty = rng.uniform(0.5, 3.5, g).astype(np.float32)
-    difficulty[int(g * 0.7):] = 0.2                       # the end-of-text tail is easy
+    difficulty[end:] = 0.2                                # the end-of-text tail is easy
     n_blocks = max(1, g // block_length)
     per_block = max(1, steps // n_blocks)
     changed = np.full(n, -10**6)
@@ -79,8 +85,8 @@ def synthetic_run(prompt="Hello", *, gen_length=48, steps=24, block_length=16, s
                 active=active, cached=cached, forward_ms=fwd, sample_ms=1.0,
                 total_ms=fwd + 1.0))
             step += 1
-    useful = int(np.argmax(target == EOS_ID))
-    text = "".join(VOCAB[t] for t in target[:useful])
+    useful = end
+    text = "".join(vocab[t] for t in target[:useful])
     ms = np.array([e.total_ms for e in events])
     result = GenerateResult(
         text=text, tokens=tokens[p:].copy(), prompt_tokens=tokens[:p].copy(), steps=len(events),
@@ -93,6 +99,7 @@ def synthetic_run(prompt="Hello", *, gen_length=48, steps=24, block_length=16, s
 
 class FakeTokenizer:
     eos_token_ids = (EOS_ID,)
+    special_tokens = {MASK_ID: VOCAB[MASK_ID], EOS_ID: VOCAB[EOS_ID]}
 
     def decode(self, ids, skip_special_tokens=False):
         return "".join(VOCAB[i] for i in ids)
@@ -156,7 +163,8 @@ def make_recording():
     def make(prompt="Hello", **kw):
         events, result = synthetic_run(prompt, **kw)
         rec = Recording(prompt=prompt, options=kw, events=events, result=result,
-                        model={"name": "synthetic", "arch": "llada", "eos_ids": [EOS_ID]})
+                        model={"name": "synthetic", "arch": "llada", "eos_ids": [EOS_ID],
+                               "special_ids": [MASK_ID, EOS_ID]})
         return rec.finish(result, FakeTokenizer().decode)
     return make
 

@@ -139,7 +139,8 @@ def test_empty_canvas_paints_a_hint(qtbot):
     assert image.width() > 0                     # paints without a run
 
 
-@pytest.mark.parametrize("piece,shown", [(" the", "the"), ("\n", "⏎"), (" ", "␣"),
-                                         ("<|endoftext|>", "endoftext"), ("", "∅")])
-def test_display_text(piece, shown):
-    assert display_text(piece) == shown
+@pytest.mark.parametrize("piece,special,shown", [
+    (" the", False, "the"), ("\n", False, "⏎"), (" ", False, "␣"), ("", False, "∅"),
+    ("<|endoftext|>", True, "endoftext"), ("</s>", True, "/s"), ("<html>", False, "<html>")])
+def test_display_text(piece, special, shown):
+    assert display_text(piece, special) == shown

@@ -49,10 +49,11 @@ class CellLayout:
         return i if i < self.n and self.rect(i).contains(x, y) else -1
 
 
-def display_text(piece: str) -> str:
-    """A token's text as a cell shows it: whitespace made visible, special tokens shortened."""
-    if piece.startswith("<|") and piece.endswith("|>") and len(piece) > 4:
-        return piece[2:-2]
+def display_text(piece: str, special: bool = False) -> str:
+    """A token's text as a cell shows it: whitespace made visible, special tokens shortened
+    (<|endoftext|> -> endoftext)."""
+    if special:
+        return piece.strip("<>|") or piece
     shown = piece.replace("\n", "⏎").replace("\t", "⇥").strip()
     return shown if shown else ("␣" if piece else "∅")
 
@@ -92,9 +93,11 @@ def _masked_cell(w: int, h: int) -> QPixmap:
 
 
 @lru_cache(maxsize=65536)
-def _cell_text(piece: str, width: int, point_size: float) -> str:
-    return QFontMetrics(theme.mono_font(point_size)).elidedText(
-        display_text(piece), Qt.TextElideMode.ElideRight, width)
+def _cell_text(piece: str, special: bool, width: int, point_size: float) -> str:
+    """The cell's text elided to `width`; special tokens use a smaller font."""
+    size = point_size - 1.5 if special else point_size
+    return QFontMetrics(theme.mono_font(size)).elidedText(
+        display_text(piece, special), Qt.TextElideMode.ElideRight, width)
 
 
 def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode: str,
@@ -113,7 +116,8 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
     block_lo, block_hi = event.block_start - pl, event.block_end - pl
     block_len = max(1, block_hi - block_lo)
     point_size = 8.5 if layout.cell_h >= 26 else 7.0
-    p.setFont(theme.mono_font(point_size))
+    font, small = theme.mono_font(point_size), theme.mono_font(point_size - 1.5)
+    small.setItalic(True)
     mask_pix = _masked_cell(layout.cell_w, layout.cell_h)
     text_w = layout.cell_w - 6
     ring, diff_pen = QPen(theme.HIGHLIGHT, 2.2), QPen(theme.DIFF, 2.0, Qt.PenStyle.DashLine)
@@ -136,9 +140,14 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
             p.setPen(Qt.PenStyle.NoPen)
             p.setBrush(color)
             p.drawRoundedRect(r, RADIUS, RADIUS)
-            p.setPen(theme.text_on(color))
-            p.drawText(r, Qt.AlignmentFlag.AlignCenter,
-                       _cell_text(run.piece(tokens[i]), text_w, point_size))
+            special = tokens[i] in run.special_ids
+            text = _cell_text(run.piece(tokens[i]), special, text_w, point_size)
+            ink = theme.text_on(color)
+            if special:
+                ink.setAlphaF(0.65)
+            p.setPen(ink)
+            p.setFont(small if special else font)
+            p.drawText(r, Qt.AlignmentFlag.AlignCenter, text)
         if i in fresh:
             p.setPen(ring)
             p.setBrush(Qt.BrushStyle.NoBrush)
@@ -295,7 +304,7 @@ class ColorLegend(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.mode, self.vmax = "entropy", 1.0
-        self.setFixedSize(220, 26)
+        self.setFixedSize(170, 26)
 
     def set_scale(self, mode: str, vmax: float) -> None:
         if (mode, vmax) != (self.mode, self.vmax):
@@ -321,8 +330,8 @@ class ColorLegend(QWidget):
         p.drawText(QRectF(bar.right() + 4, 0, 60, 18),
                    Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
                    f"{self.vmax:.2g}{unit}")
-        p.drawText(QRectF(bar.left(), 14, bar.width(), 12), Qt.AlignmentFlag.AlignCenter,
-                   "entropy when decided" if self.mode == "entropy" else "top-1 probability")
+        p.drawText(QRectF(0, 14, self.width(), 12), Qt.AlignmentFlag.AlignCenter,
+                   "entropy" if self.mode == "entropy" else "top-1 probability")
         p.end()
 
 
@@ -334,13 +343,14 @@ class CanvasPanel(QWidget):
         self.canvas = DenoisingCanvas(cell_w=cell_w, cell_h=cell_h)
         self.status = QLabel()
         self.status.setObjectName("Muted")
+        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.legend = ColorLegend()
         header = QHBoxLayout()
         if title:
             label = QLabel(title)
             label.setObjectName("Title")
             header.addWidget(label)
-        header.addWidget(self.status, 1)
+        header.addStretch(1)
         self.mode_buttons = QButtonGroup(self)
         for k, mode in enumerate(MODES):
             b = QToolButton()
@@ -359,6 +369,7 @@ class CanvasPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
         layout.addLayout(header)
+        layout.addWidget(self.status)
         layout.addWidget(scroll, 1)
 
     def _mode_clicked(self, k: int) -> None:

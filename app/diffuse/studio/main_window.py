@@ -48,7 +48,7 @@ class Timeline(QWidget):
         self.slider.setToolTip("Step shown by every view; drag to scrub through the run")
         self.label = QLabel("no run")
         self.label.setObjectName("Muted")
-        self.label.setMinimumWidth(150)
+        self.label.setMinimumWidth(120)
         layout = QHBoxLayout(self)
         layout.setContentsMargins(8, 2, 8, 2)
         layout.addWidget(self.play_button)
@@ -94,7 +94,8 @@ class MainWindow(QMainWindow):
     def __init__(self, engine: Engine | None = None):
         super().__init__()
         self.setWindowTitle("Diffuse Studio")
-        self.resize(1560, 940)
+        screen = self.screen().availableGeometry()
+        self.resize(min(1560, int(screen.width() * 0.96)), min(940, int(screen.height() * 0.94)))
         self.engine = engine or Engine(self)
         self.run: RunState | None = None      # what the views show
         self.live: RunState | None = None     # the run this window started, while it goes
@@ -238,7 +239,8 @@ class MainWindow(QMainWindow):
             return {}
         tok = m.tokenizer
         return {"name": Path(m.path).name, "arch": m.arch, "path": str(m.path),
-                "n_vocab": int(m.n_vocab), "eos_ids": [int(i) for i in tok.eos_token_ids]}
+                "n_vocab": int(m.n_vocab), "eos_ids": [int(i) for i in tok.eos_token_ids],
+                "special_ids": sorted(int(i) for i in tok.special_tokens)}
 
     def _prompt_for(self, text: str, messages: list[dict], options: dict):
         """A multi-turn chat goes in as token ids of the whole templated conversation."""

@@ -22,7 +22,9 @@ class RunState:
         self.recording = Recording(prompt=prompt, options=dict(options or {}),
                                    model=dict(model or {}))
         self._decode = decode
-        self.eos_ids = frozenset(int(t) for t in self.recording.model.get("eos_ids", ()))
+        model = self.recording.model
+        self.eos_ids = frozenset(int(t) for t in model.get("eos_ids", ()))
+        self.special_ids = frozenset(int(t) for t in model.get("special_ids", ())) | self.eos_ids
         self.prompt_length = 0
         self.gen_length = 0
         self.n_steps = 0

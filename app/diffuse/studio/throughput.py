@@ -45,7 +45,7 @@ class Meter(QWidget):
         p.end()
 
 
-def _metric(title: str) -> tuple[QWidget, QLabel]:
+def _metric(title: str, tip: str) -> tuple[QWidget, QLabel]:
     box = QWidget()
     lay = QVBoxLayout(box)
     lay.setContentsMargins(8, 4, 8, 4)
@@ -53,6 +53,7 @@ def _metric(title: str) -> tuple[QWidget, QLabel]:
     value.setObjectName("Metric")
     caption = QLabel(title)
     caption.setObjectName("Muted")
+    box.setToolTip(tip)
     lay.addWidget(value)
     lay.addWidget(caption)
     return box, value
@@ -92,13 +93,15 @@ class ThroughputView(QWidget):
         self.ms_plot.addItem(self.step_marker)
 
         metrics = QGridLayout()
-        box, self.buffer_tps = _metric("buffer tok/s (all positions)")
+        box, self.buffer_tps = _metric("buffer tok/s", "generated positions per second, "
+                                       "end-of-text padding included (the paper's figure)")
         metrics.addWidget(box, 0, 0)
-        box, self.useful_tps = _metric("useful tok/s (before end of text)")
+        box, self.useful_tps = _metric("useful tok/s", "tokens before the first end of text "
+                                       "per second (known when the run ends)")
         metrics.addWidget(box, 0, 1)
-        box, self.ms_step = _metric("ms per step (mean)")
+        box, self.ms_step = _metric("ms / step", "mean wall time of a denoising step so far")
         metrics.addWidget(box, 0, 2)
-        box, self.total_time = _metric("total time")
+        box, self.total_time = _metric("total time", "wall time of the run so far")
         metrics.addWidget(box, 0, 3)
         self.steps_bar = Meter()
         self.steps_label = QLabel()
