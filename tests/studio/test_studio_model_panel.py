@@ -40,14 +40,18 @@ def models(tmp_path, tiny_gguf):
 def panel(qtbot):
     p = ModelPanel()
     qtbot.addWidget(p)
+    qtbot.waitUntil(lambda: p._scan is None, timeout=10000)      # the first listing
     yield p
-    if p.job is not None:
-        p.cancel_job()
-        p.job.wait()
+    p.shutdown()
 
 
-def test_lists_models_with_their_facts(panel, models):
-    panel.add_folder(models)
+def add_folder(qtbot, panel, folder):
+    with qtbot.waitSignal(panel.scanned, timeout=10000):
+        panel.add_folder(folder)
+
+
+def test_lists_models_with_their_facts(qtbot, panel, models):
+    add_folder(qtbot, panel, models)
     names = [e.name for e in panel.entries]
     assert {"tiny-llada-f32.gguf", "tiny-dream-q8_0.gguf"} <= set(names)
     row = names.index("tiny-dream-q8_0.gguf")
@@ -73,10 +77,10 @@ def test_unknown_architecture_and_garbage_are_refused(panel, tmp_path):
     assert not panel.load(llama)
 
 
-def test_not_enough_ram_is_refused(panel, models, monkeypatch):
+def test_not_enough_ram_is_refused(qtbot, panel, models, monkeypatch):
     vm = namedtuple("vm", "available total")(200 * 2**20, 1 * 2**30)
     monkeypatch.setattr(psutil, "virtual_memory", lambda: vm)
-    panel.add_folder(models)
+    add_folder(qtbot, panel, models)
     row = [e.name for e in panel.entries].index("tiny-llada-f32.gguf")
     assert panel.table.item(row, 5).text() == "too big"
     assert not panel.load(models / "tiny-llada-f32.gguf")
@@ -100,7 +104,7 @@ def test_quantise_with_progress(qtbot, panel, models, tmp_path):
     out = tmp_path / "models" / "tiny-llada-q8_0.gguf"
     progress = []
     panel.job_finished.connect(lambda title, value: progress.append(("done", title)))
-    with qtbot.waitSignal(panel.job_finished, timeout=30000):
+    with qtbot.waitSignals([panel.job_finished, panel.scanned], timeout=30000):
         assert panel.quantise(models / "tiny-llada-f32.gguf", "Q8_0", out)
         panel.job.progressed.connect(lambda d, t, w: progress.append((d, t)))
     assert out.is_file() and inspect_model(out).weight_type == "Q8_0"
@@ -131,9 +135,11 @@ def test_cancel_leaves_nothing(qtbot, panel, models, tmp_path):
 def test_convert_hf_folder(qtbot, panel, tiny_hf_dream, tmp_path):
     out = tmp_path / "converted" / "dream-f16.gguf"
     out.parent.mkdir()
-    with qtbot.waitSignal(panel.job_finished, timeout=60000) as done:
+    results = []
+    panel.job_finished.connect(lambda title, value: results.append(value))
+    with qtbot.waitSignals([panel.job_finished, panel.scanned], timeout=60000):
         assert panel.convert(tiny_hf_dream, "f16", out)
-    assert done.args[1] is not None and out.is_file()
+    assert results[0] is not None and out.is_file()
     assert inspect_model(out).family == "dream"
     assert panel.selected().path == out.resolve()
 

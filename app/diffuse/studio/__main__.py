@@ -5,14 +5,18 @@ FILE may be a .gguf model (loaded at start) or a recorded run (.npz, replayed).
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="diffuse-studio", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="diffuse-studio",
+        description="Diffuse Studio: watch a diffusion language model denoise, step by step.")
     parser.add_argument("file", nargs="?", help="a .gguf model to load or a recorded run (.npz)")
     args = parser.parse_args(argv)
 
+    from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
     from diffuse.studio import theme
@@ -24,6 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     theme.apply(app)
     window = MainWindow()
     window.show()
+    app.aboutToQuit.connect(window.close)      # quitting from outside still stops the engine
+    # Ctrl+C in the terminal quits; the idle timer lets Python see the signal while Qt runs.
+    signal.signal(signal.SIGINT, lambda *_: app.quit())
+    wake = QTimer()
+    wake.start(250)
+    wake.timeout.connect(lambda: None)
     if args.file is None:
         window.restore_session()
     elif args.file.endswith(".npz"):

@@ -125,10 +125,10 @@ class ChatPanel(QWidget):
     def _refresh_picker(self) -> None:
         self.picker.blockSignals(True)
         self.picker.clear()
-        ids = [cid for cid, _ in self.store.list()]
-        if self.conversation.id not in ids:
+        saved = self.store.list()
+        if self.conversation.id not in {cid for cid, _ in saved}:
             self.picker.addItem(self.conversation.title, self.conversation.id)
-        for cid, title in self.store.list():
+        for cid, title in saved:
             self.picker.addItem(title, cid)
         self.picker.setCurrentIndex(max(0, self.picker.findData(self.conversation.id)))
         self.picker.blockSignals(False)

@@ -284,8 +284,7 @@ class MainWindow(QMainWindow):
         self._mark_dirty()
 
     def _start_save(self, run: RunState, path: Path) -> None:
-        job = Job(f"recording {path.name}", lambda progress, cancel: run.recording.save(path),
-                  self)
+        job = Job(f"recording {path.name}", lambda progress, cancel: run.recording.save(path))
         job.failed.connect(self._save_failed)
         job.finished.connect(self._save_done)
         self._saves.append(job)
@@ -469,9 +468,7 @@ class MainWindow(QMainWindow):
         s.setValue("window/geometry", self.saveGeometry())
         s.setValue("window/splitter", self.splitter.saveState())
         s.sync()
-        self.model_panel.cancel_job()
-        if self.model_panel.job is not None:
-            self.model_panel.job.wait()
+        self.model_panel.shutdown()
         for job in self._saves:
             job.wait()
         self.engine.shutdown()

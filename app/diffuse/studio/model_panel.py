@@ -149,6 +149,7 @@ def _setting_list(key: str) -> list[str]:
 
 class ModelPanel(QWidget):
     model_loaded = Signal(object)        # diffuse.Model
+    scanned = Signal()                   # the list was (re)filled
     refused = Signal(str)
     job_finished = Signal(str, object)   # title, value (None if failed or cancelled)
 
@@ -161,6 +162,9 @@ class ModelPanel(QWidget):
         self.job_output: Path | None = None     # the file the running job writes, if any
         self.loaded_path: Path | None = None
         self.engine_busy = False                # set by the window: no model swap mid-run
+        self._scan: Job | None = None           # the header-reading job, while it runs
+        self._scan_again = False
+        self._select_after_scan: Path | None = None
 
         self.table = QTableWidget(0, len(self.COLUMNS))
         self.table.setHorizontalHeaderLabels(self.COLUMNS)
@@ -187,7 +191,7 @@ class ModelPanel(QWidget):
                 ("Convert HF…", self._convert_clicked,
                  "Convert a Hugging Face LLaDA or Dream folder to GGUF"),
                 ("Quantise…", self._quantise_clicked, "Write the selected model as F16/Q8_0/Q4_K_M"),
-                ("Rescan", self.rescan, "Look for new files")):
+                ("Rescan", self._rescan_clicked, "Look for new files")):
             b = QPushButton(text)
             b.setToolTip(tip)
             b.clicked.connect(slot)
@@ -249,7 +253,14 @@ class ModelPanel(QWidget):
             s.setValue(key, items + [str(path)])
             s.sync()
 
-    def rescan(self) -> None:
+    def rescan(self, select: Path | None = None) -> None:
+        """Look for models again, reading headers on a background thread; `scanned` follows.
+        `select`: a file to select once the list is filled."""
+        if select is not None:
+            self._select_after_scan = Path(select).resolve()
+        if self._scan is not None:
+            self._scan_again = True
+            return
         paths: dict[Path, None] = {}
         for folder in self.folders():
             if folder.is_dir():
@@ -258,7 +269,30 @@ class ModelPanel(QWidget):
         for p in self.files():
             if p.is_file():
                 paths[p.resolve()] = None
-        self.entries = [inspect_model(p) for p in paths]
+        self._scan = Job("scanning models",
+                         lambda progress, cancel: [inspect_model(p) for p in paths])
+        self._scan.finished.connect(self._scanned)
+        self._scan.failed.connect(self._scan_failed)
+        self._scan.start()
+
+    def _scan_failed(self, message: str) -> None:
+        self._scanned(self.entries)
+        self.refuse(f"Could not list the models: {message}")
+
+    def _scanned(self, entries: list[ModelEntry]) -> None:
+        self._scan = None
+        if self._scan_again:            # something changed while we were reading
+            self._scan_again = False
+            self.rescan()
+            return
+        self.entries = entries
+        self._fill_table()
+        if self._select_after_scan is not None:
+            self.select_path(self._select_after_scan)
+            self._select_after_scan = None
+        self.scanned.emit()
+
+    def _fill_table(self) -> None:
         available = psutil.virtual_memory().available
         self.table.setRowCount(len(self.entries))
         for r, e in enumerate(self.entries):
@@ -323,8 +357,7 @@ class ModelPanel(QWidget):
             self.refuse(f"{path.name}: {entry.error}")
             return
         self._remember("models/files", path)
-        self.rescan()
-        self.select_path(path)
+        self.rescan(select=path)
 
     def add_folder(self, folder: str | Path) -> None:
         self._remember("models/folders", Path(folder))
@@ -375,6 +408,13 @@ class ModelPanel(QWidget):
             self.job.cancel()
             self.job_label.setText(f"{self.job.title}: cancelling…")
 
+    def shutdown(self) -> None:
+        """Cancel the job and wait for background threads (the window is closing)."""
+        self.cancel_job()
+        for job in (self.job, self._scan):
+            if job is not None:
+                job.wait()
+
     # -- jobs ---------------------------------------------------------------------------------
 
     def _start_job(self, title: str, fn, output: Path | None = None) -> bool:
@@ -382,7 +422,7 @@ class ModelPanel(QWidget):
             self.refuse(f"Wait for '{self.job.title}' to finish (or cancel it) first.")
             return False
         self._clear_message()
-        self.job = Job(title, fn, self)
+        self.job = Job(title, fn)
         self.job_output = output
         self.job.progressed.connect(self._job_progress)
         self.job.finished.connect(self._job_finished)
@@ -419,13 +459,12 @@ class ModelPanel(QWidget):
         if isinstance(value, diffuse.Model):
             self.loaded_path = Path(value.path).resolve()
             storage.settings().setValue("models/last", str(self.loaded_path))
-            self.rescan()
+            self._fill_table()
             self.model_loaded.emit(value)
         elif output is not None:
             if not any(output.parent.resolve() == f.resolve() for f in self.folders()):
                 self._remember("models/files", output)
-            self.rescan()
-            self.select_path(output)
+            self.rescan(select=output)
         self.job_finished.emit(job.title, value)
 
     def _job_failed(self, message: str) -> None:
@@ -438,6 +477,9 @@ class ModelPanel(QWidget):
     def _default_dir(self) -> str:
         folders = self.folders()
         return str(folders[0]) if folders else str(Path.home())
+
+    def _rescan_clicked(self) -> None:
+        self.rescan()
 
     def _load_clicked(self) -> None:
         e = self.selected()

@@ -146,14 +146,18 @@ class Job(QObject):
     """Runs `fn(progress, cancel)` on its own thread; progress(done, total, what), cancel() -> bool.
 
     Signals arrive on the GUI thread; `cancelled` tells apart a job stopped by `cancel()`.
+    A started job keeps itself alive until its thread ends, so the widget that started it may
+    go away meanwhile (Qt aborts if a running QThread is destroyed).
     """
+
+    _running: set[Job] = set()
 
     progressed = Signal(int, int, str)
     finished = Signal(object)
     failed = Signal(str)
 
-    def __init__(self, title: str, fn: Callable, parent=None):
-        super().__init__(parent)
+    def __init__(self, title: str, fn: Callable):
+        super().__init__()
         self.title = title
         self._cancel = threading.Event()
         self._thread = QThread()
@@ -174,7 +178,12 @@ class Job(QObject):
         return self._thread.isRunning()
 
     def start(self) -> None:
+        Job._running.add(self)
+        self._thread.finished.connect(self._ended)
         self._thread.start()
+
+    def _ended(self) -> None:
+        Job._running.discard(self)
 
     def cancel(self) -> None:
         self._cancel.set()
