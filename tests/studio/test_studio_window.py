@@ -134,6 +134,12 @@ def test_replay_scrub_and_play(qtbot, window, make_recording, tmp_path):
     assert run.n_steps == 24 and run.done and window.canvas_panel.canvas.run is run
     window.show_step(5)
     qtbot.waitUntil(lambda: window.canvas_panel.canvas.step == 5)
+    window.timeline.forward()
+    window.timeline.back()
+    window.timeline.back()
+    qtbot.waitUntil(lambda: window.canvas_panel.canvas.step == 4)
+    window.show_step(5)
+    qtbot.waitUntil(lambda: window.canvas_panel.canvas.step == 5)
     assert window.timeline.label.text() == "step 6 / 24"
     assert "step 6/24" in window.canvas_panel.status.text()
     window.timeline.play_button.setChecked(True)
@@ -151,12 +157,16 @@ def test_bad_recording_is_refused_politely(window, tmp_path):
     assert window.run is None
 
 
-def test_export_png_strip_and_gif(window, make_recording, tmp_path):
+def test_export_png_strip_and_gif(qtbot, window, make_recording, tmp_path):
     rec = make_recording(gen_length=48, steps=24, block_length=16)
     rec.save(tmp_path / "run.npz")
     window.open_recording(tmp_path / "run.npz")
+    done = []
+    window.exported.connect(done.append)
     window.export_png(tmp_path / "strip.png")
     window.export_gif(tmp_path / "run.gif")
+    qtbot.waitUntil(lambda: len(done) == 2, timeout=30000)      # drawn on worker threads
+    assert sorted(done) == sorted([str(tmp_path / "strip.png"), str(tmp_path / "run.gif")])
     with Image.open(tmp_path / "strip.png") as png:
         assert png.width == 960 and png.height > 8 * 60
         pixels = np.asarray(png.convert("RGB"))

@@ -15,7 +15,7 @@ from functools import lru_cache
 import numpy as np
 from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import (QBrush, QColor, QFontMetrics, QImage, QLinearGradient, QPainter,
-                           QPen, QPixmap)
+                           QPen)
 from PySide6.QtWidgets import (QButtonGroup, QHBoxLayout, QLabel, QScrollArea, QSizePolicy,
                                QToolButton, QToolTip, QVBoxLayout, QWidget)
 
@@ -77,9 +77,10 @@ RADIUS = 4.0
 
 
 @lru_cache(maxsize=8)
-def _masked_cell(w: int, h: int) -> QPixmap:
-    """A masked cell (dark, hatched), drawn once per size: most cells are masked early on."""
-    pix = QPixmap(w, h)
+def _masked_cell(w: int, h: int) -> QImage:
+    """A masked cell (dark, hatched), drawn once per size: most cells are masked early on.
+    A QImage, not a QPixmap, so exports may paint on a worker thread."""
+    pix = QImage(w, h, QImage.Format.Format_ARGB32_Premultiplied)
     pix.fill(Qt.GlobalColor.transparent)
     p = QPainter(pix)
     p.setRenderHint(QPainter.RenderHint.Antialiasing, True)
@@ -132,7 +133,7 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
         r = layout.rect(i)
         color = colors[i]
         if masked[i]:
-            p.drawPixmap(r.topLeft(), mask_pix)
+            p.drawImage(r.topLeft(), mask_pix)
             if color is not None:     # pending uncertainty, as a bar along the bottom
                 p.fillRect(QRectF(r.left() + 3, r.bottom() - 4, r.width() - 6, 2.5), color)
         else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMainWindow, QMessageBox,
                                QScrollArea, QSlider, QSplitter, QTabWidget, QToolButton,
@@ -69,6 +69,14 @@ class Timeline(QWidget):
     def step(self) -> int:
         return self.slider.value()
 
+    def back(self) -> None:
+        self.follow = False
+        self.slider.setValue(self.slider.value() - 1)
+
+    def forward(self) -> None:
+        self.slider.setValue(self.slider.value() + 1)
+        self.follow = self.slider.value() >= self.slider.maximum()
+
     def _user_moved(self, value: int) -> None:
         self.follow = value >= self.slider.maximum()
 
@@ -91,6 +99,8 @@ class Timeline(QWidget):
 
 
 class MainWindow(QMainWindow):
+    exported = Signal(str)          # path of a finished PNG or GIF export
+
     def __init__(self, engine: Engine | None = None):
         super().__init__()
         self.setWindowTitle("Diffuse Studio")
@@ -100,7 +110,7 @@ class MainWindow(QMainWindow):
         self.run: RunState | None = None      # what the views show
         self.live: RunState | None = None     # the run this window started, while it goes
         self.compare_window: CompareWindow | None = None
-        self._saves: list[Job] = []              # recordings being written
+        self._saves: list[Job] = []              # recordings and exports being written
         self._dirty: set[str] = set()          # groups waiting to be redrawn: canvas, views
 
         self.canvas_panel = CanvasPanel(title="Denoising canvas")
@@ -204,6 +214,8 @@ class MainWindow(QMainWindow):
                          lambda checked=False, m=mode: self.canvas_panel.set_mode(m))
         self._action(view, "Play / pause the timeline",
                      self.timeline.play_button.toggle, "Space")
+        self._action(view, "Step back", self.timeline.back, "Ctrl+Left")
+        self._action(view, "Step forward", self.timeline.forward, "Ctrl+Right")
         help_menu = bar.addMenu("&Help")
         self._action(help_menu, "About Diffuse Studio", self._about)
 
@@ -217,8 +229,8 @@ class MainWindow(QMainWindow):
         has_run = self.run is not None and bool(self.run.events)
         busy = self.engine.busy
         self.save_action.setEnabled(has_run and self.run.done)
-        self.png_action.setEnabled(has_run)
-        self.gif_action.setEnabled(has_run)
+        self.png_action.setEnabled(has_run and self.run.done)
+        self.gif_action.setEnabled(has_run and self.run.done)
         self.stop_action.setEnabled(busy)
         self.compare_action.setEnabled(self.engine.model is not None)
         self.open_action.setEnabled(not busy)
@@ -397,12 +409,28 @@ class MainWindow(QMainWindow):
         self._export(export.gif, path)
 
     def _export(self, fn, path) -> None:
-        try:
-            fn(self.run, path, mode=self.canvas_panel.canvas.mode)
-        except (DiffuseError, OSError) as e:
-            self._error(f"{path}: export failed ({e})")
+        """Draw and encode on a worker thread (a long run's GIF takes seconds)."""
+        run = self.run
+        if run is None or not run.done:
+            self._error("Wait for the run to finish before exporting it.")
             return
+        mode = self.canvas_panel.canvas.mode
+        job = Job(f"exporting {Path(path).name}",
+                  lambda progress, cancel: str(fn(run, path, mode=mode)))
+        job.finished.connect(self._exported)
+        job.failed.connect(self._export_failed)
+        self._saves.append(job)
+        self._show_status(f"exporting {path}…")
+        job.start()
+
+    def _exported(self, path: str) -> None:
+        self._save_done()
         self._show_status(f"exported {path}")
+        self.exported.emit(path)
+
+    def _export_failed(self, message: str) -> None:
+        self._save_done()
+        self._error(f"export failed: {message}")
 
     def _file_dialog(self, save: bool, title: str, suffix: str, kind: str) -> str:
         folder = str(storage.runs_dir())
