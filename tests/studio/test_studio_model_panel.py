@@ -9,6 +9,7 @@ import gguf
 import numpy as np
 import psutil
 import pytest
+from PySide6.QtCore import Qt
 
 import diffuse
 from diffuse import gguf_file
@@ -56,8 +57,9 @@ def test_lists_models_with_their_facts(qtbot, panel, models):
     assert {"tiny-llada-f32.gguf", "tiny-dream-q8_0.gguf"} <= set(names)
     row = names.index("tiny-dream-q8_0.gguf")
     cells = [panel.table.item(row, c).text() for c in range(panel.table.columnCount())]
-    assert cells[1] == "dream" and cells[2] == "Q8_0"
-    assert cells[5] == "ready" and "GiB" in cells[4]
+    assert cells[0] == "● tiny-dream-q8_0.gguf" and cells[1] == "dream" and cells[2] == "Q8_0"
+    assert "GiB" in cells[4] and panel.table.item(row, 0).data(Qt.ItemDataRole.UserRole) == "ready"
+    assert panel.entries[names.index("tiny-llada-f32.gguf")].file_type == "F32"
     e = panel.entries[row]
     assert e.ram_needed > sum(t.nbytes for t in gguf_file.read(e.path).tensors)
     assert ModelPanel().folders()[-1] == models               # the folder is remembered
@@ -82,7 +84,7 @@ def test_not_enough_ram_is_refused(qtbot, panel, models, monkeypatch):
     monkeypatch.setattr(psutil, "virtual_memory", lambda: vm)
     add_folder(qtbot, panel, models)
     row = [e.name for e in panel.entries].index("tiny-llada-f32.gguf")
-    assert panel.table.item(row, 5).text() == "too big"
+    assert panel.table.item(row, 0).data(Qt.ItemDataRole.UserRole) == "too big"
     assert not panel.load(models / "tiny-llada-f32.gguf")
     assert "needs about" in panel.message.text() and "available" in panel.message.text()
 

@@ -1,7 +1,8 @@
 """Export a run as pictures: a PNG strip of chosen steps, or an animated GIF of every step.
 
 Frames are the denoising canvas (`canvas.paint_cells`) under a one-line caption. Qt writes PNG;
-GIF needs Pillow (Qt has no GIF writer). Files are written atomically.
+GIF needs Pillow (Qt has no GIF writer; without Pillow only the GIF export is refused). Files
+are written atomically. Drawing uses QImage only, so exports may run on a worker thread.
 """
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import io
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 from PySide6.QtCore import QBuffer, QIODevice, QRectF, Qt
 from PySide6.QtGui import QImage, QPainter
 
@@ -18,6 +18,11 @@ from diffuse.recording import write_atomic
 from diffuse.studio import theme
 from diffuse.studio.canvas import CellLayout, paint_cells
 from diffuse.studio.run_state import RunState
+
+try:
+    from PIL import Image
+except ImportError:      # only the GIF export needs it
+    Image = None
 
 CAPTION_H = 26
 
@@ -77,7 +82,7 @@ def png_strip(run: RunState, path: str | Path, steps: list[int] | None = None,
     return Path(path)
 
 
-def _to_pil(image: QImage) -> Image.Image:
+def _to_pil(image: QImage):
     rgb = image.convertToFormat(QImage.Format.Format_RGB888)
     data = bytes(rgb.constBits())
     return Image.frombuffer("RGB", (rgb.width(), rgb.height()), data, "raw", "RGB",
@@ -89,6 +94,8 @@ def gif(run: RunState, path: str | Path, mode: str = "entropy", frame_ms: int = 
     """An animated GIF of the run, one frame per step (evenly thinned past `max_frames`);
     the last frame is held for two seconds."""
     _check(run)
+    if Image is None:
+        raise DiffuseError("GIF export needs Pillow (pip install Pillow)")
     steps = strip_steps(run, max_frames)
     frames = [_to_pil(frame(run, k, mode, width, cell_w=44, cell_h=22)) for k in steps]
     # One palette for every frame keeps colours steady; taken from the first, middle and last

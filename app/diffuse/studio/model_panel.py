@@ -75,7 +75,7 @@ def inspect_model(path: str | Path) -> ModelEntry:
     for t in info.tensors:
         by_type[t.type_name] = by_type.get(t.type_name, 0) + t.nbytes
     weight_type = max(by_type, key=by_type.get).upper() if by_type else "?"
-    file_type = _ftype_name(info.kv.get("general.file_type")) or weight_type
+    file_type = (_ftype_name(info.kv.get("general.file_type")) or weight_type).removeprefix("ALL_")
     entry = ModelEntry(path, info.family, info.dialect, info.architecture, weight_type,
                        file_type, info.file_size, estimate_ram(info))
     if info.family is None:
@@ -153,7 +153,9 @@ class ModelPanel(QWidget):
     refused = Signal(str)
     job_finished = Signal(str, object)   # title, value (None if failed or cancelled)
 
-    COLUMNS = ("Model", "Family", "Type", "Size", "RAM need", "Status")
+    COLUMNS = ("Model", "Family", "Type", "Size", "RAM need")
+    STATUS = {"loaded": ("▶", "#5ad1c8"), "ready": ("●", "#7ed07e"), "too big": ("●", "#ff9e7a"),
+              "not a dLLM": ("○", "#8a90a2")}
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -175,7 +177,8 @@ class ModelPanel(QWidget):
         self.table.setAlternatingRowColors(True)
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        header.setMinimumSectionSize(40)
+        header.setMinimumSectionSize(36)
+        self.table.setWordWrap(False)
         for c in range(1, len(self.COLUMNS)):
             header.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
         self.table.itemSelectionChanged.connect(self._selected)
@@ -300,14 +303,15 @@ class ModelPanel(QWidget):
             status = ("loaded" if e.path == self.loaded_path else
                       "ready" if problem is None else
                       "not a dLLM" if e.error else "too big")
-            cells = (e.name, e.family or e.architecture or "?", e.file_type,
-                     f"{e.size / GiB:.2f} GiB",
-                     f"{e.ram_needed / GiB:.1f} of {available / GiB:.0f} GiB", status)
+            mark, color = self.STATUS[status]
+            cells = (f"{mark} {e.name}", e.family or e.architecture or "?", e.file_type,
+                     f"{e.size / GiB:.2f} GiB", f"{e.ram_needed / GiB:.1f} / {available / GiB:.0f} GiB")
             for c, text in enumerate(cells):
                 item = QTableWidgetItem(text)
-                item.setToolTip(problem or str(e.path))
-                if problem:
-                    item.setForeground(QColor("#ff9e7a"))
+                item.setToolTip(f"{status}: {problem or e.path}")
+                item.setData(Qt.ItemDataRole.UserRole, status)
+                if c == 0 or problem:
+                    item.setForeground(QColor(color))
                 self.table.setItem(r, c, item)
         if self.entries and not self.table.selectedItems():
             self.table.selectRow(0)
