@@ -116,6 +116,7 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
     fresh = set((np.asarray(event.unmasked) - pl).tolist())
     block_lo, block_hi = event.block_start - pl, event.block_end - pl
     block_len = max(1, block_hi - block_lo)
+    blocks = event.n_blocks > 1      # one block (Dream's default): no block marks at all
     point_size = 8.5 if layout.cell_h >= 26 else 7.0
     font, small = theme.mono_font(point_size), theme.mono_font(point_size - 1.5)
     small.setItalic(True)
@@ -161,7 +162,7 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
             p.setPen(QPen(theme.ACCENT, 1.5))
             p.setBrush(Qt.BrushStyle.NoBrush)
             p.drawRoundedRect(r.adjusted(-1, -1, 1, 1), RADIUS, RADIUS)
-        if block_lo <= i < block_hi:   # underline the block being denoised
+        if blocks and block_lo <= i < block_hi:   # underline the block being denoised
             p.fillRect(QRectF(r.left(), r.bottom() + 1, r.width(), 2), theme.ACCENT)
         if i > 0 and i % block_len == 0:   # a block starts here
             x = r.left() - layout.gap / 2
