@@ -204,3 +204,20 @@ def test_compare_mode(qtbot, window, fake_model):
     assert "/" in cmp.sides[0].stats.text()
     assert window.chat.conversation.messages == []        # compare runs stay out of the chat
     cmp.close()
+
+
+def test_entry_point_replays_a_file_and_quits_cleanly(qapp, make_recording, tmp_path,
+                                                      monkeypatch):
+    import signal
+
+    from PySide6.QtCore import QTimer
+
+    from diffuse.studio.__main__ import main
+    monkeypatch.setattr(signal, "signal", lambda *a: None)    # keep pytest's Ctrl+C handler
+    make_recording(gen_length=32, steps=16, block_length=16).save(tmp_path / "run.npz")
+    QTimer.singleShot(1500, qapp.quit)
+    assert main([str(tmp_path / "run.npz")]) == 0
+    window = next(w for w in qapp.topLevelWidgets() if isinstance(w, MainWindow)
+                  and w.run is not None and w.run.n_steps == 16)
+    assert not window.engine._thread.isRunning()               # quitting stopped the engine
+    window.deleteLater()
