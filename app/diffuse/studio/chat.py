@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 import time
 
-from PySide6.QtCore import Qt, QUrl, Signal
+from PySide6.QtCore import QUrl, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QMessageBox, QPlainTextEdit,
                                QPushButton, QTextBrowser, QVBoxLayout, QWidget)
