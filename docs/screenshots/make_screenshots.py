@@ -96,7 +96,7 @@ def main():
     save(window.views, "cache-view.png", 1.0)
 
     import diffuse
-    from diffuse.convert.hf_to_gguf import convert_hf
+    from diffuse.convert import convert_hf
     from fixtures.tiny_models import write_llada
     folder = Path(tempfile.mkdtemp(prefix="studio-shots-model-"))
     model_path = convert_hf(write_llada(folder / "LLaDA-tiny-Instruct"),

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QHBoxLayout, QHea
 
 import diffuse
 from diffuse import DiffuseError, gguf_file
-from diffuse.convert.hf_to_gguf import OUTTYPES, convert_hf
+from diffuse.convert import OUTTYPES, convert_hf
 from diffuse.info import _ftype_name
 from diffuse.quantize import QTYPES, quantize_file
 from diffuse.studio import storage
