@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QHBoxLayout, QHea
 import diffuse
 from diffuse import DiffuseError, gguf_file
 from diffuse.convert import OUTTYPES, convert_hf
+from diffuse.convert.families import read_config
 from diffuse.info import _ftype_name
 from diffuse.quantize import QTYPES, quantize_file
 from diffuse.studio import storage
@@ -380,7 +381,6 @@ class ModelPanel(QWidget):
                                lambda progress, cancel: load_model(entry.path, progress, cancel))
 
     def convert(self, hf_dir: str | Path, outtype: str, out: str | Path) -> bool:
-        from diffuse.convert.families import read_config
         hf_dir, out = Path(hf_dir), Path(out)
         try:
             read_config(hf_dir)          # refuse unknown architectures before any work
