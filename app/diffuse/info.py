@@ -36,7 +36,7 @@ def describe(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None
         "dialect": info.dialect,
         "name": kv.get("general.name"),
         "file_type": file_type,
-        "file_type_name": _ftype_name(file_type),
+        "file_type_name": ftype_name(file_type),
         "tensor_count": len(info.tensors),
         "parameters": sum(t.n_elements for t in info.tensors),
         "weights_bytes": sum(t.nbytes for t in info.tensors),
@@ -73,7 +73,7 @@ def describe(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None
     return d
 
 
-def _ftype_name(ftype) -> str | None:
+def ftype_name(ftype) -> str | None:
     try:
         return LlamaFileType(ftype).name.removeprefix("MOSTLY_")
     except (ValueError, TypeError):

@@ -22,7 +22,7 @@ import diffuse
 from diffuse import DiffuseError, gguf_file
 from diffuse.convert import OUTTYPES, convert_hf
 from diffuse.convert.families import read_config
-from diffuse.info import _ftype_name
+from diffuse.info import ftype_name
 from diffuse.quantize import QTYPES, quantize_file
 from diffuse.studio import storage
 from diffuse.studio.workers import Job
@@ -76,7 +76,7 @@ def inspect_model(path: str | Path) -> ModelEntry:
     for t in info.tensors:
         by_type[t.type_name] = by_type.get(t.type_name, 0) + t.nbytes
     weight_type = max(by_type, key=by_type.get).upper() if by_type else "?"
-    file_type = (_ftype_name(info.kv.get("general.file_type")) or weight_type).removeprefix("ALL_")
+    file_type = (ftype_name(info.kv.get("general.file_type")) or weight_type).removeprefix("ALL_")
     entry = ModelEntry(path, info.family, info.dialect, info.architecture, weight_type,
                        file_type, info.file_size, estimate_ram(info))
     if info.family is None:
