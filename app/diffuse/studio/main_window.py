@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMainWindow, QM
 
 from diffuse import DiffuseError
 from diffuse.recording import Recording
-from diffuse.studio import export, storage
+from diffuse.studio import export, first_run, storage
 from diffuse.studio.cache_view import CacheView
 from diffuse.studio.canvas import CanvasPanel
 from diffuse.studio.chat import ChatPanel
@@ -217,6 +217,9 @@ class MainWindow(QMainWindow):
         self._action(view, "Step back", self.timeline.back, "Ctrl+Left")
         self._action(view, "Step forward", self.timeline.forward, "Ctrl+Right")
         help_menu = bar.addMenu("&Help")
+        self._action(help_menu, "Getting real models…",
+                     lambda checked=False: first_run.open_for(self),
+                     tip="LLaDA-8B and Dream-7B: sizes, RAM, and how to convert or download them")
         self._action(help_menu, "About Diffuse Studio", self._about)
 
         tools = self.addToolBar("Main")
@@ -478,10 +481,11 @@ class MainWindow(QMainWindow):
     # -- session ------------------------------------------------------------------------------
 
     def restore_session(self) -> None:
-        """Load the model used last time, if it is still there and fits."""
+        """Load the model used last time, if it is still there and fits; offer real models."""
         last = storage.settings().value("models/last")
         if last and Path(last).is_file():
             self.model_panel.load(last)
+        first_run.open_at_start(self)
 
     def _restore_layout(self) -> None:
         s = storage.settings()

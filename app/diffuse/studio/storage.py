@@ -6,6 +6,7 @@ installs). Settings are an INI file in that folder, so one variable moves everyt
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, QStandardPaths
@@ -39,6 +40,7 @@ def conversations_dir() -> Path:
 
 
 def repo_models_dir() -> Path | None:
-    """The repository's models/ folder when running from a checkout."""
-    d = Path(__file__).resolve().parents[3] / "models"
+    """The repository's models/ folder when running from a checkout, or the bundle's copy."""
+    bundle = getattr(sys, "_MEIPASS", None)     # set inside a PyInstaller bundle
+    d = Path(bundle) / "models" if bundle else Path(__file__).resolve().parents[3] / "models"
     return d if d.is_dir() else None

@@ -1,0 +1,231 @@
+"""Download a model's checkpoint folder from the Hugging Face hub: resumable and checksummed.
+
+Needs the optional `huggingface_hub` package (extra "hub"). The file list, sizes and checksums
+come from the hub's model info at one commit, so a push during a long download cannot mix two
+versions. Each file is fetched into `NAME.part` with HTTP range requests (huggingface_hub's
+`http_get`, which also retries dropped connections), verified (sha256 for LFS files, the git blob
+sha1 for small ones) and only then renamed to NAME. A cancelled or interrupted download keeps its
+`.part` files, and the next call continues from there.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import Callable
+
+from diffuse import DiffuseError
+
+# What diffuse.convert reads from a checkpoint folder (weights, config, both tokenizer layouts,
+# chat template); the custom modelling code and the README are not needed.
+WANTED = ("*.safetensors", "*.json", "merges.txt", "*.jinja")
+CHECK_TIMEOUT_S = 5.0
+HASH_CHUNK = 8 << 20
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    path: str            # relative to the repository root
+    size: int            # bytes
+    sha256: str | None   # LFS files (the weights)
+    git_sha1: str        # every file: the git blob id
+
+    def verify(self, local: Path) -> bool:
+        """The file's bytes hash to what the hub says."""
+        if self.sha256:
+            h = hashlib.sha256()
+        else:   # a git blob id hashes a "blob SIZE\0" header followed by the content
+            h = hashlib.sha1(f"blob {self.size}\0".encode())
+        with open(local, "rb") as f:
+            for chunk in iter(lambda: f.read(HASH_CHUNK), b""):
+                h.update(chunk)
+        return h.hexdigest() == (self.sha256 or self.git_sha1)
+
+
+class _Cancelled(Exception):
+    pass
+
+
+def available() -> bool:
+    """Whether the optional huggingface_hub package is installed."""
+    try:
+        import huggingface_hub  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def default_endpoint() -> str:
+    """$HF_ENDPOINT (a mirror, or a test server) or the public hub."""
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
+def offline_reason(endpoint: str | None = None) -> str | None:
+    """None when the hub answers; otherwise a plain sentence saying why downloads are off."""
+    endpoint = endpoint or default_endpoint()
+    if not available():
+        return ("Downloading needs the optional huggingface_hub package "
+                "(pip install 'diffuse[hub]').")
+    import httpx2
+    from huggingface_hub import constants, get_session
+    if constants.is_offline_mode():
+        return "Downloads are switched off (HF_HUB_OFFLINE is set)."
+    try:
+        get_session().head(endpoint, timeout=CHECK_TIMEOUT_S)
+    except (httpx2.HTTPError, OSError) as e:
+        return f"This computer is offline: {endpoint} cannot be reached ({_reason(e)})."
+    return None
+
+
+def list_files(repo_id: str, revision: str = "main", endpoint: str | None = None
+               ) -> tuple[str, list[RemoteFile]]:
+    """(commit sha, the files diffuse needs) of a model repository."""
+    endpoint = endpoint or default_endpoint()
+    info = _call(repo_id, endpoint, lambda api: api.model_info(repo_id, revision=revision,
+                                                               files_metadata=True))
+    files = [RemoteFile(s.rfilename, int(s.size), s.lfs.sha256 if s.lfs else None, s.blob_id)
+             for s in info.siblings or []
+             if any(fnmatch(s.rfilename, p) for p in WANTED)]
+    if not any(f.path.endswith(".safetensors") for f in files):
+        raise DiffuseError(f"{repo_id}: the repository has no .safetensors weights to download")
+    return info.sha, files
+
+
+def download(repo_id: str, dest, revision: str = "main", endpoint: str | None = None,
+             progress: Progress | None = None,
+             cancel: Callable[[], bool] | None = None) -> Path | None:
+    """Download the checkpoint files of `repo_id` into the folder `dest`.
+
+    progress(done_bytes, total_bytes, file) as bytes arrive. Returns `dest`, or None when cancel()
+    returned True (the .part files stay, so calling again resumes). Raises DiffuseError when the
+    hub cannot be reached, the disk is too small, or a file does not match its checksum (that
+    file is deleted; calling again fetches it anew).
+    """
+    endpoint = endpoint or default_endpoint()
+    dest = Path(dest)
+    commit, files = list_files(repo_id, revision, endpoint)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DiffuseError(f"{dest}: cannot create the download folder ({e})") from e
+    total = sum(f.size for f in files)
+    have = {f.path: _local_size(dest, f) for f in files}
+    missing = total - sum(have.values())
+    free = shutil.disk_usage(dest).free
+    if missing > free:
+        raise DiffuseError(f"{dest}: {repo_id} needs {missing / 1e9:.1f} GB more disk, "
+                           f"only {free / 1e9:.1f} GB are free")
+    done = sum(have.values())
+    for f in files:
+        if cancel is not None and cancel():
+            return None
+        target = dest / f.path
+        if target.is_file() and target.stat().st_size == f.size:
+            continue    # renamed from .part only after its checksum matched
+        try:
+            _fetch(repo_id, commit, f, target, endpoint, done, total, progress, cancel)
+        except _Cancelled:
+            return None
+        done += f.size - have[f.path]
+    if progress is not None:
+        progress(total, total, "done")
+    return dest
+
+
+def _local_size(dest: Path, f: RemoteFile) -> int:
+    """Bytes of `f` already on disk: the whole file, or a resumable .part."""
+    target, part = dest / f.path, dest / (f.path + ".part")
+    if target.is_file() and target.stat().st_size == f.size:
+        return f.size
+    if part.is_file() and part.stat().st_size <= f.size:
+        return part.stat().st_size
+    return 0
+
+
+def _fetch(repo_id: str, commit: str, f: RemoteFile, target: Path, endpoint: str, done: int,
+           total: int, progress: Progress | None, cancel) -> None:
+    """Fetch one file into target.part from where it stopped, verify it, rename it to target.
+    `done` counts the bytes of all files on disk so far, this file's part included."""
+    import httpx2
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
+    part = target.with_name(target.name + ".part")
+    part.parent.mkdir(parents=True, exist_ok=True)
+    if part.is_file() and part.stat().st_size > f.size:
+        part.unlink()          # not a prefix of this version of the file
+    resume = part.stat().st_size if part.is_file() else 0
+    meter = functools.partial(_Meter, f.path, done - resume, total, progress, cancel)
+    url = hf_hub_url(repo_id, f.path, revision=commit, endpoint=endpoint)
+    try:
+        with open(part, "ab") as out:
+            http_get(url, out, resume_size=resume, expected_size=f.size,
+                     headers=build_hf_headers(), tqdm_class=meter)
+    except (httpx2.HTTPError, OSError) as e:   # hub errors subclass httpx2's; disk full
+        raise DiffuseError(f"{repo_id}/{f.path}: download failed, {_reason(e)}. "
+                           f"Start the download again to resume it.") from e
+    if progress is not None:
+        progress(done + f.size - resume, total, f"verifying {f.path}")
+    if not f.verify(part):
+        part.unlink()
+        raise DiffuseError(f"{repo_id}/{f.path}: the downloaded file does not match the hub's "
+                           f"checksum and was deleted; start the download again")
+    part.replace(target)
+
+
+class _Meter:
+    """Stands in for huggingface_hub's tqdm bar: reports bytes and raises _Cancelled on cancel.
+
+    http_get creates it with the file's `initial` (resumed) bytes and calls update(n) per chunk
+    (n < 0 when the server ignored the range request and the file starts again)."""
+
+    def __init__(self, name, base, grand_total, progress, cancel, *, initial=0, **_tqdm_args):
+        self.name, self.grand_total, self.progress, self.cancel = name, grand_total, progress, cancel
+        self.done = base + initial
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.cancel is not None and self.cancel():
+            raise _Cancelled
+        if self.progress is not None:
+            self.progress(self.done, self.grand_total, self.name)
+
+
+def _call(repo_id: str, endpoint: str, fn):
+    """Run fn(HfApi) and turn every failure into a DiffuseError that says what to do."""
+    if not available():
+        raise DiffuseError(f"{repo_id}: downloading needs the optional huggingface_hub package "
+                           f"(pip install 'diffuse[hub]')")
+    import httpx2
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import (HfHubHTTPError, OfflineModeIsEnabled,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
+    try:
+        return fn(HfApi(endpoint=endpoint))
+    except (RepositoryNotFoundError, RevisionNotFoundError) as e:
+        raise DiffuseError(f"{repo_id}: no such model repository or revision on {endpoint}") from e
+    except OfflineModeIsEnabled as e:
+        raise DiffuseError(f"{repo_id}: downloads are switched off (HF_HUB_OFFLINE is set)") from e
+    except HfHubHTTPError as e:
+        raise DiffuseError(f"{repo_id}: the hub refused the request ({_reason(e)})") from e
+    except (httpx2.HTTPError, OSError) as e:
+        raise DiffuseError(f"{repo_id}: this computer is offline, {endpoint} cannot be reached "
+                           f"({_reason(e)})") from e
+
+
+def _reason(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

@@ -1,0 +1,426 @@
+"""The "Getting real models" dialog: shown at start while only the demo model is known, and
+from Help at any time.
+
+It says what LLaDA-8B-Instruct and Dream-v0-Instruct-7B are, what each weight type costs in disk
+and RAM against this computer's memory, and offers the three ways to get one: convert (and
+quantise) a folder downloaded from Hugging Face, pick a GGUF file, or download here when the hub
+can be reached. Model facts come from models/catalog.json, the one place they are written down.
+Jobs run on a worker thread; closing the dialog leaves them running, reopening shows them.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psutil
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QApplication, QCheckBox, QComboBox, QDialog, QFileDialog,
+                               QGroupBox, QHBoxLayout, QLabel, QProgressBar, QPushButton,
+                               QScrollArea, QVBoxLayout, QWidget)
+
+from diffuse import DiffuseError, hub
+from diffuse.convert.families import read_config
+from diffuse.convert.hf_to_gguf import convert_hf
+from diffuse.quantize import quantize_file
+from diffuse.studio import storage
+from diffuse.studio.model_panel import disk_problem, inspect_model
+from diffuse.studio.workers import Job
+
+GB = 1e9
+SHOW_AT_START = "first_run/show_at_start"
+DIRECT = ("F16", "Q8_0")     # types the converter writes itself; others go through F16
+
+
+def load_catalog(path: Path | None = None) -> list[dict]:
+    """The real models of models/catalog.json."""
+    if path is None:
+        folder = storage.repo_models_dir()
+        if folder is None:
+            raise DiffuseError("models/catalog.json is not part of this installation")
+        path = folder / "catalog.json"
+    try:
+        return list(json.loads(Path(path).read_text(encoding="utf-8"))["models"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DiffuseError(f"{path}: unreadable model catalog ({e})") from e
+
+
+def has_real_model(entries, demo_dir: Path | None) -> bool:
+    """Whether the model panel knows a usable diffusion model outside the demo folder."""
+    demo = demo_dir.resolve() if demo_dir else None
+    return any(e.family and not e.error and e.path.resolve().parent != demo for e in entries)
+
+
+def models_dir() -> Path:
+    """Where made and downloaded models go: the app's own folder, kept across reinstalls."""
+    return storage.home_dir() / "models"
+
+
+def _stage(progress, lo: float, hi: float, label: str):
+    """progress of one stage, (done, total) mapped to per-mille lo..hi of the whole job (Qt
+    signals carry 32-bit ints, byte counts of real models do not fit)."""
+    def report(done: int, total: int, what: str) -> None:
+        frac = done / total if total > 0 else 0.0
+        progress(int(1000 * (lo + (hi - lo) * frac)), 1000, f"{label} · {what}")
+    return report
+
+
+def make_gguf(hf_dir, out, qtype: str, progress, cancel, span=(0.0, 1.0)) -> Path | None:
+    """HF checkpoint folder -> GGUF in `qtype`. F16 and Q8_0 come straight from the converter;
+    Q4_K_M quantises a temporary F16 file, deleted afterwards. None when cancelled."""
+    hf_dir, out = Path(hf_dir), Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lo, hi = span
+    if qtype in DIRECT:
+        return convert_hf(hf_dir, out, qtype.lower(), _stage(progress, lo, hi, "converting"),
+                          cancel)
+    mid = lo + 0.6 * (hi - lo)
+    tmp = out.with_name(out.stem + ".f16-tmp.gguf")
+    try:
+        if convert_hf(hf_dir, tmp, "f16", _stage(progress, lo, mid, "converting to F16"),
+                      cancel) is None:
+            return None
+        return quantize_file(tmp, out, qtype, _stage(progress, mid, hi, f"quantising to {qtype}"),
+                             cancel)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def download_and_make(repo_id: str, folder, out, qtype: str, progress, cancel) -> Path | None:
+    if hub.download(repo_id, folder, progress=_stage(progress, 0.0, 0.7, "downloading"),
+                    cancel=cancel) is None:
+        return None
+    return make_gguf(folder, out, qtype, progress, cancel, span=(0.7, 1.0))
+
+
+class ModelCard(QGroupBox):
+    """One real model: facts, sizes and RAM per weight type, and its buttons."""
+
+    convert_requested = Signal(dict, str)     # catalog entry, qtype
+    download_requested = Signal(dict, str)
+
+    def __init__(self, model: dict, ram_total: int, parent=None):
+        super().__init__(model["name"], parent)
+        self.model = model
+        quants = model["quantizations"]
+        rows = []
+        for q, need in quants.items():
+            fits = need["ram_gb"] * GB <= ram_total
+            verdict = ("fits" if fits else
+                       f"<span style='color:#ff9e7a'>more than this computer's "
+                       f"{ram_total / GB:.0f} GB</span>")
+            star = " (recommended)" if q == model.get("recommended") else ""
+            rows.append(f"<tr><td>{q.upper()}{star}</td><td align=right>{need['file_gb']:.1f} GB"
+                        f"</td><td align=right>{need['ram_gb']:.1f} GB</td><td>{verdict}</td></tr>")
+        facts = QLabel(
+            f"<a href='{model['url']}'>{model['hf_repo']}</a> · {model['family']} family · "
+            f"{model['params'] / 1e9:.1f} billion parameters · {model['license']} licence<br>"
+            f"Hugging Face download: {model['download_bytes'] / GB:.1f} GB "
+            f"({model['download_files']})"
+            "<table cellspacing=6><tr><th align=left>weights</th><th>file</th>"
+            "<th>RAM needed</th><th></th></tr>" + "".join(rows) + "</table>")
+        facts.setOpenExternalLinks(True)
+        facts.setWordWrap(True)
+        facts.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
+
+        self.qtype = QComboBox()
+        for q in quants:
+            self.qtype.addItem(q.upper(), q.upper())
+        self.qtype.setCurrentText(model.get("recommended", "q4_k_m").upper())
+        self.qtype.setToolTip("Weight type of the GGUF file to make: Q4_K_M is smallest, F16 exact")
+        self.convert_button = QPushButton("Convert a downloaded folder…")
+        self.convert_button.setToolTip(f"Pick the folder of {model['hf_repo']} you downloaded "
+                                       f"(config.json and *.safetensors inside)")
+        self.convert_button.clicked.connect(
+            lambda: self.convert_requested.emit(self.model, self.qtype.currentData()))
+        self.download_button = QPushButton(f"Download ({model['download_bytes'] / GB:.0f} GB)")
+        self.download_button.setEnabled(False)       # until the hub is known to answer
+        self.download_button.clicked.connect(
+            lambda: self.download_requested.emit(self.model, self.qtype.currentData()))
+        buttons = QHBoxLayout()
+        buttons.addWidget(QLabel("Make:"))
+        buttons.addWidget(self.qtype)
+        buttons.addStretch(1)
+        buttons.addWidget(self.convert_button)
+        buttons.addWidget(self.download_button)
+        layout = QVBoxLayout(self)
+        layout.addWidget(facts)
+        layout.addLayout(buttons)
+
+
+class FirstRunDialog(QDialog):
+    model_ready = Signal(str)     # a GGUF file made or picked here
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle("Getting real models")
+        self.resize(760, 720)
+        self.job: Job | None = None
+        self.check: Job | None = None
+        self.online = False
+        self._downloaded: Path | None = None     # the folder the running job downloads into
+        self.cards: list[ModelCard] = []
+        ram = psutil.virtual_memory().total
+
+        intro = QLabel(
+            "<h3>The demo model is small; the real ones write real answers</h3>"
+            "Diffuse Studio comes with a tiny demo model so you can watch diffusion at once. "
+            "The models from the research papers are below. Each is a 15-16 GB download from "
+            "Hugging Face, made into one GGUF file here: Q4_K_M needs the least memory and "
+            "is what we recommend; F16 is exact but needs about 17 GB of RAM. "
+            f"This computer has <b>{ram / GB:.0f} GB</b> of RAM.")
+        intro.setWordWrap(True)
+        cards = QWidget()
+        cards_layout = QVBoxLayout(cards)
+        try:
+            for model in load_catalog():
+                card = ModelCard(model, ram)
+                card.convert_requested.connect(self._convert_clicked)
+                card.download_requested.connect(self.download)
+                self.cards.append(card)
+                cards_layout.addWidget(card)
+        except DiffuseError as e:
+            cards_layout.addWidget(QLabel(str(e)))
+        cards_layout.addStretch(1)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setWidget(cards)
+
+        self.online_label = QLabel("Checking whether Hugging Face can be reached…")
+        self.online_label.setWordWrap(True)
+        self.online_label.setObjectName("Muted")
+        gguf_button = QPushButton("I have a GGUF file: open it…")
+        gguf_button.setToolTip("A .gguf of LLaDA or Dream, made by diffuse, llama.cpp or "
+                               "diffuse-cpp")
+        gguf_button.clicked.connect(self._gguf_clicked)
+        self.buttons = [gguf_button] + [b for c in self.cards
+                                        for b in (c.convert_button, c.download_button)]
+
+        self.message = QLabel()
+        self.message.setWordWrap(True)
+        self.message.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.job_label = QLabel()
+        self.job_label.setObjectName("Muted")
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.progress.setTextVisible(False)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setObjectName("Danger")
+        self.cancel_button.clicked.connect(self.cancel)
+        job_row = QHBoxLayout()
+        job_row.addWidget(self.progress, 1)
+        job_row.addWidget(self.cancel_button)
+        self.job_box = QWidget()
+        job_layout = QVBoxLayout(self.job_box)
+        job_layout.setContentsMargins(0, 0, 0, 0)
+        job_layout.addWidget(self.job_label)
+        job_layout.addLayout(job_row)
+        self.job_box.hide()
+
+        self.show_at_start = QCheckBox("Show this window at start until a real model is set up")
+        self.show_at_start.setChecked(show_at_start())
+        self.show_at_start.toggled.connect(_set_show_at_start)
+        close = QPushButton("Close")
+        close.setToolTip("A running job goes on; Help → Getting real models shows it again")
+        close.clicked.connect(self.close)
+        bottom = QHBoxLayout()
+        bottom.addWidget(self.show_at_start, 1)
+        bottom.addWidget(close)
+
+        layout = QVBoxLayout(self)
+        layout.addWidget(intro)
+        layout.addWidget(scroll, 1)
+        layout.addWidget(self.online_label)
+        layout.addWidget(gguf_button)
+        layout.addWidget(self.message)
+        layout.addWidget(self.job_box)
+        layout.addLayout(bottom)
+        app = QApplication.instance()
+        if app is not None:
+            app.aboutToQuit.connect(self.shutdown)
+        self.check_online()
+
+    # -- the three ways -----------------------------------------------------------------------
+
+    def use_gguf(self, path) -> bool:
+        entry = inspect_model(path)
+        if entry.error:
+            return self._say(f"{Path(path).name}: {entry.error}", error=True)
+        self._say(f"{entry.name} ({entry.family}, {entry.file_type}) is in the Models list.")
+        self.model_ready.emit(str(entry.path))
+        return True
+
+    def convert_folder(self, hf_dir, qtype: str) -> bool:
+        """Convert (and quantise) a downloaded checkpoint folder into models_dir()."""
+        hf_dir = Path(hf_dir)
+        try:
+            read_config(hf_dir)           # refuse a wrong folder before any work
+        except DiffuseError as e:
+            return self._say(str(e), error=True)
+        out = models_dir() / f"{hf_dir.name}-{qtype.lower()}.gguf"
+        src = sum(p.stat().st_size for p in hf_dir.glob("*.safetensors"))
+        return self._start(f"Making {out.name}", out, _disk_needed(qtype, src),
+                           lambda progress, cancel: make_gguf(hf_dir, out, qtype, progress,
+                                                              cancel))
+
+    def download(self, model: dict, qtype: str) -> bool:
+        """Download the model's folder (resumable), then make the GGUF from it."""
+        name = model["hf_repo"].split("/")[-1]
+        folder = storage.home_dir() / "downloads" / name
+        out = models_dir() / f"{name}-{qtype.lower()}.gguf"
+        started = self._start(f"Downloading and making {out.name}", out,
+                           _disk_needed(qtype, model["download_bytes"]),
+                           lambda progress, cancel: download_and_make(
+                               model["hf_repo"], folder, out, qtype, progress, cancel))
+        if started and self.job is not None:
+            self._downloaded = folder
+        return started
+
+    def cancel(self) -> None:
+        if self.job is not None:
+            self.job.cancel()
+            self.job_label.setText(f"{self.job.title}: cancelling…")
+
+    def shutdown(self) -> None:
+        """Stop and wait for the worker threads (the app is quitting)."""
+        for job in (self.job, self.check):
+            if job is not None:
+                job.cancel()
+                job.wait()
+
+    # -- online check -------------------------------------------------------------------------
+
+    def check_online(self) -> None:
+        self.check = Job("checking the hub", lambda progress, cancel: hub.offline_reason())
+        self.check.finished.connect(self._checked)
+        self.check.failed.connect(self._checked)
+        self.check.start()
+
+    def _checked(self, reason: str | None) -> None:
+        self.check = None
+        self.online = reason is None
+        if self.online:
+            self.online_label.setText(f"Online: downloads from {hub.default_endpoint()} work, "
+                                      "and resume where they stopped if interrupted.")
+        else:
+            self.online_label.setText(
+                f"{reason} Downloading is off. On a computer with internet, download the "
+                "model folder from its Hugging Face page (all files), copy it here, then use "
+                "“Convert a downloaded folder…”.")
+        self._enable(self.job is None)
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    def _start(self, title: str, out: Path, needed: int, fn) -> bool:
+        if self.job is not None:
+            return self._say(f"Wait for '{self.job.title}' to finish (or cancel it).", error=True)
+        if out.exists():
+            self._say(f"{out.name} was made before.")
+            self.model_ready.emit(str(out))
+            return True
+        models_dir().mkdir(parents=True, exist_ok=True)
+        problem = disk_problem(out, needed)
+        if problem:
+            return self._say(problem, error=True)
+        self._say("")
+        self.job = Job(title, fn)
+        self.job.progressed.connect(self._progressed)
+        self.job.finished.connect(self._finished)
+        self.job.failed.connect(self._failed)
+        self.job_label.setText(title)
+        self.progress.setValue(0)
+        self.job_box.show()
+        self._enable(False)
+        self.job.start()
+        return True
+
+    def _progressed(self, done: int, total: int, what: str) -> None:
+        self.progress.setValue(done)
+        self.job_label.setText(f"{self.job.title} · {done / 10:.0f}% · {what}")
+
+    def _finished(self, out) -> None:
+        job = self._job_done()
+        downloaded, self._downloaded = self._downloaded, None
+        if out is None or job.cancelled:
+            kept = " The download resumes where it stopped." if downloaded else ""
+            self._say(f"{job.title}: cancelled.{kept}")
+            return
+        note = (f" The downloaded folder {downloaded} is no longer needed; delete it to free "
+                f"the disk space." if downloaded else "")
+        self._say(f"Ready: {out}. It is in the Models list and loading.{note}")
+        self.model_ready.emit(str(out))
+
+    def _failed(self, message: str) -> None:
+        job = self._job_done()
+        self._downloaded = None
+        self._say(f"{job.title} failed: {message}", error=True)
+
+    def _job_done(self) -> Job:
+        job, self.job = self.job, None
+        self.job_box.hide()
+        self._enable(True)
+        return job
+
+    def _enable(self, on: bool) -> None:
+        for b in self.buttons:
+            b.setEnabled(on)
+        for card in self.cards:
+            card.download_button.setEnabled(on and self.online)
+
+    def _say(self, text: str, error: bool = False) -> bool:
+        self.message.setObjectName("Warning" if error else "")
+        self.message.style().unpolish(self.message)   # the style sheet keys on the name
+        self.message.style().polish(self.message)
+        self.message.setText(text)
+        return not error
+
+    # -- file dialogs -------------------------------------------------------------------------
+
+    def _convert_clicked(self, model: dict, qtype: str) -> None:
+        folder = QFileDialog.getExistingDirectory(
+            self, f"The downloaded {model['name']} folder (config.json + *.safetensors)",
+            str(Path.home()))
+        if folder:
+            self.convert_folder(folder, qtype)
+
+    def _gguf_clicked(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", str(Path.home()),
+                                              "GGUF models (*.gguf)")
+        if path:
+            self.use_gguf(path)
+
+
+def _disk_needed(qtype: str, checkpoint_bytes: int) -> int:
+    """Bytes a job writes besides its input: the GGUF, plus the temporary F16 for Q4_K_M."""
+    bits = {"F16": 16, "Q8_0": 8.5, "Q4_K_M": 4.9}[qtype]
+    f16 = checkpoint_bytes        # the checkpoints are bf16: F16 is the same size
+    return int(f16 * bits / 16) + (0 if qtype in DIRECT else f16)
+
+
+def show_at_start() -> bool:
+    return str(storage.settings().value(SHOW_AT_START, "true")).lower() == "true"
+
+
+def _set_show_at_start(on: bool) -> None:
+    s = storage.settings()
+    s.setValue(SHOW_AT_START, "true" if on else "false")
+    s.sync()
+
+
+def open_for(window) -> FirstRunDialog:
+    """Show the window's dialog (made once); what it makes or picks is added and loaded."""
+    dialog = window.findChild(FirstRunDialog)
+    if dialog is None:
+        dialog = FirstRunDialog(window)
+        dialog.model_ready.connect(window.model_panel.add_file)
+        dialog.model_ready.connect(window.model_panel.load)
+    dialog.show()
+    dialog.raise_()
+    return dialog
+
+
+def open_at_start(window) -> FirstRunDialog | None:
+    """On start: the dialog, unless a real model is already known or the user opted out."""
+    if not show_at_start() or has_real_model(window.model_panel.entries,
+                                             storage.repo_models_dir()):
+        return None
+    return open_for(window)

@@ -1,0 +1,178 @@
+"""The "Getting real models" dialog: catalog facts against this computer's RAM, the three ways
+to a real model (convert + quantise a folder, pick a GGUF, download from a local stand-in hub),
+cancel and refusals, and when it opens at start. No network: the hub is tests/fixtures/fake_hub."""
+from __future__ import annotations
+
+import shutil
+import socket
+
+import pytest
+from fixtures.fake_hub import FakeHub
+
+from diffuse.studio import first_run, storage
+from diffuse.studio.first_run import FirstRunDialog
+from diffuse.studio.model_panel import inspect_model
+
+GB = 1e9
+JOB_TIMEOUT_MS = 180_000
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """The hub endpoint is a closed local port unless a test starts a fake hub."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+
+
+@pytest.fixture
+def dialog(qtbot):
+    made = []
+
+    def make(parent=None):
+        d = FirstRunDialog(parent)
+        if parent is None:
+            qtbot.addWidget(d)
+        made.append(d)
+        qtbot.waitUntil(lambda: d.check is None, timeout=20_000)   # the online check
+        return d
+
+    yield make
+    for d in made:
+        d.shutdown()
+
+
+def card(d, family):
+    return next(c for c in d.cards if c.model["family"] == family)
+
+
+def test_catalog_facts_against_this_computers_ram(dialog, monkeypatch):
+    import psutil
+    ram = psutil.virtual_memory()._replace(total=int(8 * GB))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: ram)
+    d = dialog()
+    catalog = first_run.load_catalog()
+    assert [c.model["name"] for c in d.cards] == [m["name"] for m in catalog]
+    assert {"LLaDA-8B-Instruct", "Dream-v0-Instruct-7B"} <= {m["name"] for m in catalog}
+    llada = card(d, "llada")
+    text = llada.findChildren(first_run.QLabel)[0].text()
+    q = llada.model["quantizations"]
+    for name, need in q.items():
+        assert f"{name.upper()}" in text and f"{need['ram_gb']:.1f} GB" in text
+    # 8 GB of RAM: Q4_K_M (6 GB) fits, F16 (17 GB) does not.
+    rows = {line.split("</td>")[0]: line for line in text.split("<tr><td>")[1:]}
+    assert "fits" in rows["Q4_K_M (recommended)"]
+    assert "more than this computer's 8 GB" in rows["F16"]
+    assert llada.qtype.currentData() == "Q4_K_M"
+
+
+def test_offline_says_so_and_turns_download_off(dialog):
+    d = dialog()
+    assert d.online_label.text().startswith("This computer is offline")
+    assert "Convert a downloaded folder" in d.online_label.text()
+    assert all(not c.download_button.isEnabled() for c in d.cards)
+    assert all(c.convert_button.isEnabled() for c in d.cards)
+
+
+def test_convert_folder_to_q4_k_m(dialog, qtbot, tiny_hf_llada):
+    d = dialog()
+    seen = []
+    with qtbot.waitSignal(d.model_ready, timeout=JOB_TIMEOUT_MS) as ready:
+        assert d.convert_folder(tiny_hf_llada, "Q4_K_M")
+        d.job.progressed.connect(lambda done, total, what: seen.append(done))
+        assert not d.buttons[0].isEnabled()      # one job at a time
+    out = first_run.models_dir() / "LLaDA-tiny-Instruct-q4_k_m.gguf"
+    assert ready.args == [str(out)]
+    entry = inspect_model(out)
+    assert (entry.family, entry.file_type, entry.error) == ("llada", "Q4_K_M", None)
+    assert sorted(p.name for p in out.parent.iterdir()) == [out.name]   # the F16 step is gone
+    assert seen == sorted(seen) and 0 <= seen[0] and seen[-1] <= 1000
+    assert "Ready" in d.message.text() and d.buttons[0].isEnabled()
+    # Asking again offers the file already made.
+    with qtbot.waitSignal(d.model_ready, timeout=1000):
+        assert d.convert_folder(tiny_hf_llada, "Q4_K_M")
+    assert d.job is None
+
+
+def test_cancel_leaves_nothing(dialog, qtbot, tiny_hf_dream):
+    d = dialog()
+    d.convert_folder(tiny_hf_dream, "Q4_K_M")
+    d.cancel()
+    qtbot.waitUntil(lambda: d.job is None, timeout=JOB_TIMEOUT_MS)
+    assert "cancelled" in d.message.text()
+    assert not list(first_run.models_dir().iterdir())
+
+
+def test_refusals(dialog, tmp_path, monkeypatch, tiny_hf_llada):
+    d = dialog()
+    assert not d.convert_folder(tmp_path, "Q8_0")             # no config.json there
+    assert d.message.objectName() == "Warning" and str(tmp_path) in d.message.text()
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model")
+    assert not d.use_gguf(bad)
+    assert "bad.gguf" in d.message.text()
+    import diffuse.studio.model_panel as panel
+    monkeypatch.setattr(panel.shutil, "disk_usage",
+                        lambda p: shutil._ntuple_diskusage(10**12, 10**12 - 10, 10))
+    assert not d.convert_folder(tiny_hf_llada, "F16")
+    assert "GiB of disk" in d.message.text() and d.job is None
+
+
+def test_pick_a_gguf(dialog, qtbot, tiny_gguf):
+    d = dialog()
+    path = tiny_gguf("dream", "q8_0")
+    with qtbot.waitSignal(d.model_ready, timeout=1000) as ready:
+        assert d.use_gguf(path)
+    assert ready.args == [str(path.resolve())]
+
+
+def test_download_then_convert(dialog, qtbot, tiny_hf_dream, monkeypatch):
+    repo = "Dream-org/Dream-tiny-Instruct"
+    with FakeHub({repo: tiny_hf_dream}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        d = dialog()
+        assert d.online_label.text().startswith("Online")
+        assert all(c.download_button.isEnabled() for c in d.cards)
+        model = dict(card(d, "dream").model, hf_repo=repo, download_bytes=10**7)
+        with qtbot.waitSignal(d.model_ready, timeout=JOB_TIMEOUT_MS) as ready:
+            assert d.download(model, "Q8_0")
+    out = first_run.models_dir() / "Dream-tiny-Instruct-q8_0.gguf"
+    assert ready.args == [str(out)]
+    assert inspect_model(out).family == "dream"
+    folder = storage.home_dir() / "downloads" / "Dream-tiny-Instruct"
+    assert (folder / "config.json").is_file() and not list(folder.glob("*.part"))
+    assert str(folder) in d.message.text() and "no longer needed" in d.message.text()
+
+
+def test_opens_at_start_only_without_a_real_model(qtbot, dialog, tiny_gguf):
+    from diffuse.studio.main_window import MainWindow
+    window = MainWindow()
+    qtbot.addWidget(window)
+    d = first_run.open_at_start(window)
+    assert d is not None and d.isVisible()
+    qtbot.waitUntil(lambda: d.check is None, timeout=20_000)
+    d.close()
+    # Help reopens the same dialog.
+    action = next(a for m in window.menuBar().findChildren(first_run.QWidget)
+                  for a in m.actions() if a.text().startswith("Getting real models"))
+    action.trigger()
+    assert window.findChild(FirstRunDialog) is d and d.isVisible()
+    # What the dialog makes or picks lands in the model list and loads.
+    path = tiny_gguf("llada", "q8_0")
+    with qtbot.waitSignal(window.model_panel.model_loaded, timeout=60_000):
+        d.use_gguf(path)
+    assert first_run.has_real_model(window.model_panel.entries, storage.repo_models_dir())
+    d.close()
+    assert first_run.open_at_start(window) is None
+    d.shutdown()
+
+
+def test_opting_out(qtbot, dialog):
+    d = dialog()
+    d.show_at_start.setChecked(False)
+    assert not first_run.show_at_start()
+    from diffuse.studio.main_window import MainWindow
+    window = MainWindow()
+    qtbot.addWidget(window)
+    assert first_run.open_at_start(window) is None
