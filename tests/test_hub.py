@@ -142,3 +142,13 @@ def test_not_enough_disk(fake_hub, tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10, 10, 10))
     with pytest.raises(DiffuseError, match="more disk"):
         hub.download(REPO, tmp_path / "dl", endpoint=fake_hub.url)
+
+
+def test_a_file_name_outside_the_folder_is_refused(fake_hub, tmp_path, monkeypatch):
+    listed = fake_hub.info
+    evil = {"rfilename": "../evil.json", "size": 2, "blobId": "0" * 40}
+    monkeypatch.setattr(fake_hub, "info",
+                        lambda repo: dict(listed(repo), siblings=listed(repo)["siblings"] + [evil]))
+    with pytest.raises(DiffuseError, match="refusing the file name '../evil.json'"):
+        hub.download(REPO, tmp_path / "dl", endpoint=fake_hub.url)
+    assert not (tmp_path / "evil.json").exists()

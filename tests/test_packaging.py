@@ -110,6 +110,9 @@ def test_bundled_binary_starts_loads_the_demo_and_generates(built, tmp_path):
     warm = _smoke(binary, tmp_path / "second")
     for report in (cold, warm):
         assert report["steps"] > 0 and report["model"].endswith(".gguf")
+        # The first-run dialog found the catalog and the hub client (and no network).
+        assert {"LLaDA-8B-Instruct", "Dream-v0-Instruct-7B"} <= set(report["real_models"])
+        assert "optional huggingface_hub" not in report["hub"]
         assert "/_internal/models/" in report["model"]        # the bundled demo model
         assert 0 < report["window_s"] < report["model_s"] < report["first_step_s"]
     shot = tmp_path / "second" / "smoke.png"
@@ -178,3 +181,4 @@ def test_smoke_module_in_the_dev_tree(tiny_gguf, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["steps"] > 0 and shot.is_file()
+    assert report["real_models"] and (tmp_path / "dev-first-run.png").is_file()

@@ -92,6 +92,9 @@ def list_files(repo_id: str, revision: str = "main", endpoint: str | None = None
     files = [RemoteFile(s.rfilename, int(s.size), s.lfs.sha256 if s.lfs else None, s.blob_id)
              for s in info.siblings or []
              if any(fnmatch(s.rfilename, p) for p in WANTED)]
+    for f in files:     # a name like ../x would write outside the download folder
+        if Path(f.path).is_absolute() or ".." in Path(f.path).parts:
+            raise DiffuseError(f"{repo_id}: refusing the file name {f.path!r}")
     if not any(f.path.endswith(".safetensors") for f in files):
         raise DiffuseError(f"{repo_id}: the repository has no .safetensors weights to download")
     return info.sha, files

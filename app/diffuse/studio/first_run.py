@@ -22,7 +22,7 @@ from diffuse import DiffuseError, hub
 from diffuse.convert.families import read_config
 from diffuse.convert.hf_to_gguf import convert_hf
 from diffuse.quantize import quantize_file
-from diffuse.studio import storage
+from diffuse.studio import storage, theme
 from diffuse.studio.model_panel import disk_problem, inspect_model
 from diffuse.studio.workers import Job
 
@@ -105,14 +105,15 @@ class ModelCard(QGroupBox):
         rows = []
         for q, need in quants.items():
             fits = need["ram_gb"] * GB <= ram_total
-            verdict = ("fits" if fits else
+            verdict = (f"<span style='color:{theme.ACCENT.name()}'>fits</span>" if fits else
                        f"<span style='color:#ff9e7a'>more than this computer's "
                        f"{ram_total / GB:.0f} GB</span>")
             star = " (recommended)" if q == model.get("recommended") else ""
             rows.append(f"<tr><td>{q.upper()}{star}</td><td align=right>{need['file_gb']:.1f} GB"
                         f"</td><td align=right>{need['ram_gb']:.1f} GB</td><td>{verdict}</td></tr>")
         facts = QLabel(
-            f"<a href='{model['url']}'>{model['hf_repo']}</a> · {model['family']} family · "
+            f"<a href='{model['url']}' style='color:{theme.ACCENT.name()}'>{model['hf_repo']}</a>"
+            f" · {model['family']} family · "
             f"{model['params'] / 1e9:.1f} billion parameters · {model['license']} licence<br>"
             f"Hugging Face download: {model['download_bytes'] / GB:.1f} GB "
             f"({model['download_files']})"

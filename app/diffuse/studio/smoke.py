@@ -1,11 +1,13 @@
 """`python -m diffuse.studio.smoke OUT.png [MODEL]` (in a bundle: `diffuse-studio --smoke-test
 OUT.png`): start Diffuse Studio headless, load a model (default: the demo model in models/),
-generate one answer, save a screenshot of the window.
+generate one answer, save a screenshot of the window (OUT) and of the first-run dialog
+(OUT-first-run.png).
 
 Prints one JSON line of seconds since the process started: `window_s` (main window shown and
-rendered), `model_s` (model loaded), `first_step_s` (first denoising step drawn), `done_s`, plus
-the answer's text and step count. Exit status 0 when all of that happened, 1 otherwise. App
-settings go to a temporary folder, so the user's are never touched.
+rendered), `model_s` (model loaded), `first_step_s` (first denoising step drawn), `done_s`; plus
+the answer's text and step count, the real models the dialog lists and what it says about the
+hub. Exit status 0 when all of that happened, 1 otherwise. App settings go to a temporary
+folder, so the user's are never touched.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ def run(out: Path, model: Path | None) -> dict:
     from PySide6.QtWidgets import QApplication
 
     from diffuse import DiffuseError
-    from diffuse.studio import theme
+    from diffuse.studio import first_run, theme
     from diffuse.studio.main_window import MainWindow
 
     class Waiter(QObject):
@@ -109,9 +111,19 @@ def run(out: Path, model: Path | None) -> dict:
     if not window.grab().save(str(out)):
         raise DiffuseError(f"{out}: could not save the screenshot")
     result, used = run_state.result, window.engine.model.path
+
+    # The first-run dialog: the catalog and the hub client are part of the installation.
+    dialog = first_run.open_for(window)
+    deadline = time.monotonic() + 30
+    while dialog.check is not None and time.monotonic() < deadline:
+        app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
+    dialog.grab().save(str(out.with_name(out.stem + "-first-run.png")))
+    real_models = [c.model["name"] for c in dialog.cards]
+    hub_state = dialog.online_label.text()
+    dialog.shutdown()
     window.close()
     return dict(times, model=str(used), steps=result.steps, text=result.text,
-                screenshot=str(out))
+                screenshot=str(out), real_models=real_models, hub=hub_state)
 
 
 def main(argv: list[str] | None = None) -> int:
