@@ -27,7 +27,7 @@ CMAKE_ARGS="-DDIFFUSE_PORTABLE=ON" "$py" -m pip wheel -q --no-deps -w "$work/whe
     -C build-dir="$work/cmake" "$root"
 wheel=$(ls "$work"/wheels/diffuse-*.whl)
 "$py" -m pip install -q --force-reinstall --no-deps "$wheel"
-"$py" -m pip install -q "$wheel[studio]" -r "$here/requirements.txt"
+"$py" -m pip install -q "$wheel[studio,hub]" -r "$here/requirements.txt"
 
 echo "== PyInstaller bundle"
 "$work/venv/bin/pyinstaller" --noconfirm --log-level WARN --distpath "$work/dist" \

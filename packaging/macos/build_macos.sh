@@ -25,7 +25,7 @@ CMAKE_ARGS="-DDIFFUSE_PORTABLE=ON -DOpenMP_ROOT=$(brew --prefix libomp)" \
     "$py" -m pip wheel -q --no-deps -w "$work/wheels" -C build-dir="$work/cmake" "$root"
 wheel=$(ls "$work"/wheels/diffuse-*.whl)
 "$py" -m pip install -q --force-reinstall --no-deps "$wheel"
-"$py" -m pip install -q "$wheel[studio]" -r "$root/packaging/requirements.txt"
+"$py" -m pip install -q "$wheel[studio,hub]" -r "$root/packaging/requirements.txt"
 
 "$py" "$root/packaging/make_icon.py" "$work/icon.png" 1024
 DIFFUSE_ICON="$work/icon.png" \

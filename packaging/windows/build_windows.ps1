@@ -22,7 +22,7 @@ $env:CMAKE_ARGS = "-DDIFFUSE_PORTABLE=ON"
 Run $py -m pip wheel -q --no-deps -w "$Work\wheels" -C "build-dir=$Work\cmake" $root
 $wheel = (Get-ChildItem "$Work\wheels\diffuse-*.whl" | Select-Object -First 1).FullName
 Run $py -m pip install -q --force-reinstall --no-deps $wheel
-Run $py -m pip install -q "$wheel[studio]" -r "$root\packaging\requirements.txt"
+Run $py -m pip install -q "$wheel[studio,hub]" -r "$root\packaging\requirements.txt"
 
 Run $py "$root\packaging\make_icon.py" "$Work\icon.png" 256
 $env:DIFFUSE_ICON = "$Work\icon.png"
