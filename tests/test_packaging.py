@@ -147,6 +147,8 @@ def test_installer_installs_runs_and_uninstalls(built, tmp_path):
     entry = desktop.read_text()
     assert f'Exec="{app}/diffuse-studio" %f' in entry and "Icon=diffuse-studio" in entry
     assert (data / "icons" / "hicolor" / "scalable" / "apps" / "diffuse-studio.svg").is_file()
+    link = home / ".local" / "bin" / "diffuse-studio"
+    assert link.resolve() == (app / "diffuse-studio").resolve()
     if shutil.which("desktop-file-validate"):
         subprocess.run(["desktop-file-validate", str(desktop)], check=True)
 
@@ -163,7 +165,8 @@ def test_installer_installs_runs_and_uninstalls(built, tmp_path):
     assert keep.is_file()
 
     subprocess.run(["sh", str(app / "uninstall.sh")], env=env, check=True, capture_output=True)
-    assert not app.exists() and not desktop.exists() and keep.is_file()
+    assert not app.exists() and not desktop.exists() and not link.is_symlink()
+    assert keep.is_file()
     subprocess.run(["sh", str(built["installer"]), "--quiet", "--nox11"], cwd=tmp_path, env=env,
                    check=True, capture_output=True, timeout=RUN_TIMEOUT_S)
     subprocess.run(["sh", str(app / "uninstall.sh"), "--purge"], env=env, check=True,
