@@ -30,6 +30,14 @@ def test_llada_low_confidence_matches_reference(llada, block_length, steps):
     assert got.steps == steps and got.stop_reason == "done"
 
 
+def test_llada_classifier_free_guidance_matches_reference(llada):
+    expected = llada_generate(llada.forward, PROMPT, llada.mask_token_id, 16, 8, 8, cfg_scale=1.5)
+    got = llada.generate(PROMPT, gen_length=16, steps=8, block_length=8, cfg_scale=1.5, cache=False)
+    assert got.tokens.tolist() == expected.tolist()
+    plain = llada.generate(PROMPT, gen_length=16, steps=8, block_length=8, cache=False)
+    assert got.tokens.tolist() != plain.tokens.tolist()
+
+
 @pytest.mark.parametrize("alg", ["maskgit_plus", "topk_margin", "entropy"])
 def test_dream_matches_reference(dream, alg):
     expected = dream_generate(dream.forward, PROMPT, dream.mask_token_id, 24, 12, alg)

@@ -15,8 +15,8 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def llada_generate(logits_fn, prompt: list[int], mask_id: int, gen_length: int, steps: int,
-                   block_length: int) -> np.ndarray:
-    """LLaDA generate.py, remasking='low_confidence', temperature 0, no CFG."""
+                   block_length: int, cfg_scale: float = 0.0) -> np.ndarray:
+    """LLaDA generate.py, remasking='low_confidence', temperature 0, optional classifier-free guidance."""
     x = np.array(list(prompt) + [mask_id] * gen_length)
     n_prompt = len(prompt)
     n_blocks = gen_length // block_length
@@ -28,6 +28,11 @@ def llada_generate(logits_fn, prompt: list[int], mask_id: int, gen_length: int, 
         for i in range(steps_per_block):
             mask_index = x == mask_id
             logits = logits_fn(x)
+            if cfg_scale > 0:
+                un_x = x.copy()
+                un_x[:n_prompt] = mask_id
+                un_logits = logits_fn(un_x)
+                logits = un_logits + (cfg_scale + 1) * (logits - un_logits)
             x0 = logits.argmax(-1)
             p = _softmax(logits)
             conf = p[np.arange(len(x)), x0]
