@@ -55,12 +55,16 @@ def _clean_env(home: Path) -> dict:
     return env
 
 
-def _smoke(binary: Path, tmp: Path) -> dict:
-    """Run `binary --smoke-test` from an empty folder; its JSON report."""
+def _smoke(binary: Path, tmp: Path, x_server: bool = False) -> dict:
+    """Run `binary --smoke-test` from an empty folder (offscreen, or with Qt's xcb platform on
+    a virtual X server); its JSON report."""
     tmp.mkdir(parents=True, exist_ok=True)
     shot = tmp / "smoke.png"
-    proc = subprocess.run([str(binary), "--smoke-test", str(shot)], cwd=tmp,
-                          env=_clean_env(tmp / "home"), capture_output=True, text=True,
+    cmd, env = [str(binary), "--smoke-test", str(shot)], _clean_env(tmp / "home")
+    if x_server:
+        cmd = ["xvfb-run", "-a", "-s", "-screen 0 1600x1000x24"] + cmd
+        env["QT_QPA_PLATFORM"] = "xcb"
+    proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True,
                           timeout=RUN_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -122,6 +126,16 @@ def test_bundled_binary_starts_loads_the_demo_and_generates(built, tmp_path):
             first_run={k: round(v, 2) for k, v in cold.items() if k.endswith("_s")},
             second_run={k: round(v, 2) for k, v in warm.items() if k.endswith("_s")},
             demo_answer=warm["text"][:200])
+
+
+@bundle_test
+def test_bundled_binary_draws_on_an_x_server(built, tmp_path):
+    """The xcb platform plugin and the X libraries it needs are in the bundle."""
+    if shutil.which("xvfb-run") is None:
+        pytest.skip("xvfb-run (Debian xvfb) is not installed")
+    report = _smoke(built["bundle"] / "diffuse-studio", tmp_path, x_server=True)
+    assert report["steps"] > 0
+    _assert_not_blank(tmp_path / "smoke.png")
 
 
 def _assert_not_blank(png: Path) -> None:
