@@ -17,9 +17,9 @@ from diffuse.cli import main
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 FAKE_LLAMA_BENCH = """#!/bin/sh
-# prints one llama-bench JSON record; prompt runs take 20 ms, decode runs 50 tok/s
-case " $* " in *" -n 0 "*) ns=20000000; ts=3200.0;; *) ns=1280000000; ts=50.0;; esac
-echo '[{"n_prompt": 64, "n_gen": 0, "avg_ns": '$ns', "stddev_ns": 1000, "avg_ts": '$ts', "stddev_ts": 1.0}]'
+# prints one llama-bench JSON record: a prompt run takes 20 ms, a decode run of 16 tokens 320 ms
+case " $* " in *" -n 0 "*) ns=20000000;; *) ns=320000000;; esac
+echo '[{"avg_ns": '$ns', "stddev_ns": 1000, "samples_ns": ['$ns', '$ns', '$ns']}]'
 """
 FAKE_DIFFUSION_CLI = """#!/bin/sh
 echo "diffusion step: 8/8"

@@ -41,9 +41,13 @@ def run(path: str, tokens: list[int], threads: list[int], reps: int = 3, ceiling
     hp = model.hparams
     mms = cost.matmuls(path)
     rng = np.random.default_rng(0)
+    batches = {n: rng.integers(0, model.n_vocab, size=n).astype(np.int32) for n in tokens}
+    # One pass per size before anything else allocates: the peak RSS of forward passes alone.
+    for ids in batches.values():
+        model.forward(ids)
+    memory["peak_rss_after_forward"] = machine.peak_rss_bytes()
     rows = []
-    for n in tokens:
-        ids = rng.integers(0, model.n_vocab, size=n).astype(np.int32)
+    for n, ids in batches.items():
         flops = cost.forward_flops(mms, hp, n)
         for t in threads:
             model.threads = t
@@ -57,7 +61,7 @@ def run(path: str, tokens: list[int], threads: list[int], reps: int = 3, ceiling
                 row.update(ceiling_ms=c["seconds"] * 1000.0, ceiling_gflops=c["gflops"])
             if llama is not None and llama.bench is not None:
                 pp = llama_bench(llama.bench, path, n_prompt=n, n_gen=0, threads=t, reps=reps)
-                row.update(llama_pp_ms=pp["ms"], llama_pp_ms_std=pp["ms_std"], ratio_vs_pp=med / pp["ms"])
+                row.update(llama_pp_ms=pp["ms"], llama_pp_ms_min=pp["ms_min"], ratio_vs_pp=med / pp["ms"])
                 if flash_attn_too:
                     fa = llama_bench(llama.bench, path, n_prompt=n, n_gen=0, threads=t, reps=reps, flash_attn=True)
                     row.update(llama_pp_fa_ms=fa["ms"], ratio_vs_pp_fa=med / fa["ms"])
@@ -67,7 +71,6 @@ def run(path: str, tokens: list[int], threads: list[int], reps: int = 3, ceiling
                            ratio_vs_llama_step=med / d["ms_per_step"])
             rows.append(row)
             log(format_row(row))
-    memory["peak_rss_after_forward"] = machine.peak_rss_bytes()
     info = {"path": path, "arch": model.arch, "n_layer": hp["n_layer"], "n_embd": hp["n_embd"],
             "n_vocab": model.n_vocab, "params_in_matmuls": sum(mm.params for mm in mms),
             "weight_types": cost.type_mix(mms)}

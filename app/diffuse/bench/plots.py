@@ -1,6 +1,7 @@
 """PNG plots of a grid result (matplotlib, the optional extra `diffuse[bench]`)."""
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -9,11 +10,7 @@ from diffuse.bench import roofline
 
 
 def available() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def _pyplot():

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 # (key in the row, header, format string or a function of the value)
-Columns = list[tuple[str, str, "str | Callable"]]
+Columns = list[tuple[str, str, str | Callable]]
 
 
 def on_off(value: bool) -> str:

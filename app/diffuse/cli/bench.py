@@ -74,7 +74,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--gen-lengths", type=int_list, default=[32, 64], help="generation lengths B (default 32,64)")
     g.add_argument("--prompts", type=int_list, default=[1, 7],
                    help="1-based indices of the paper's 8 prompts (default 1,7: capital, sky)")
-    g.add_argument("--reps", type=int, default=3, help="runs per configuration (default 3)")
+    g.add_argument("--reps", type=int, default=2, help="runs per configuration (default 2)")
     g.add_argument("--seed", type=int)
     g.add_argument("--threshold", type=float, help="entropy_exit tau in nats")
     g.add_argument("--keep-active", type=int)
