@@ -41,7 +41,6 @@ double ms_since(Clock::time_point t0) {
 struct Run {
     ModelImpl & model;
     const GenerateParams & p;
-    const SchedulerInfo & sched;
     int n_prompt, n_total, n_threads;
 
     std::vector<int32_t> x;            // (n_total,) current sequence
@@ -114,7 +113,7 @@ GenerateOutput generate(Model & base, const std::vector<int32_t> & prompt, const
     // block count (at least one step per block).
     const int steps_per_block = std::max(1, p.steps / n_blocks);
 
-    Run r{model, p, sched, (int) prompt.size(), (int) n_total64, p.n_threads > 0 ? p.n_threads : model.n_threads(),
+    Run r{model, p, (int) prompt.size(), (int) n_total64, p.n_threads > 0 ? p.n_threads : model.n_threads(),
           {}, {}, {}, {}};
     r.x = prompt;
     r.x.resize(r.n_total, hp.mask_token_id);
