@@ -11,24 +11,25 @@ from diffuse import DiffuseError
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "train",
+        usage="diffuse train DATA --out RUN [--gguf MODEL.gguf] [options]",
         help="train a small LLaDA-architecture model on text (needs PyTorch: pip install 'diffuse[train]')",
         description="Train a small masked diffusion LM (LLaDA architecture and objective) with its own "
         "byte-level BPE tokenizer. DATA is a .txt file or a folder of them, documents separated by blank "
         "lines (python -m diffuse.train.corpus DIR writes the demo corpus). Resumes from RUN/state.pt.",
     )
-    p.add_argument("data", type=Path, help="text file or folder of .txt files")
-    p.add_argument("--out", type=Path, required=True, help="run folder: hf/ checkpoint, state.pt, train.log")
-    p.add_argument("--gguf", type=Path, help="also convert the final checkpoint to this GGUF file")
+    p.add_argument("data", type=Path, metavar="DATA", help="text file or folder of .txt files")
+    p.add_argument("--out", type=Path, required=True, metavar="RUN", help="run folder: hf/ checkpoint, state.pt, train.log")
+    p.add_argument("--gguf", type=Path, metavar="MODEL.gguf", help="also convert the final checkpoint to this GGUF file")
     p.add_argument("--outtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"], help="GGUF weight type (default f16)")
     p.add_argument("--steps", type=int, default=8000, help="optimizer steps (default 8000)")
     p.add_argument("--minutes", type=float, default=0.0, help="stop after this much training time (0: no limit)")
     p.add_argument("--batch", type=int, default=16, help="sequences per step (default 16)")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence, also the context length (default 256)")
     p.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary incl. 6 special tokens (default 4096)")
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--ffn", type=int, default=704, help="SwiGLU hidden size (default 704)")
+    p.add_argument("--d-model", type=int, default=192, help="embedding width (default 192)")
+    p.add_argument("--layers", type=int, default=4, help="transformer blocks (default 4)")
+    p.add_argument("--heads", type=int, default=3, help="attention heads (default 3, head size 64)")
+    p.add_argument("--ffn", type=int, default=512, help="SwiGLU hidden size (default 512)")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
     p.add_argument("--chat-fraction", type=float, default=0.25, help="share of rows that are chat examples (default 0.25)")
     p.add_argument("--no-bf16", action="store_true", help="train in float32 (slower; for CPUs without bf16)")

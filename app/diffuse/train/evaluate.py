@@ -18,6 +18,8 @@ from typing import Callable
 
 import numpy as np
 
+from diffuse import DiffuseError
+
 RATIOS = (0.25, 0.5, 0.75)
 CHUNK = 16  # windows per forward call: (16, 256, 4096) float32 logits are 64 MB
 
@@ -73,7 +75,7 @@ def engine_logits_fn(m) -> Callable[[np.ndarray], np.ndarray]:
     return lambda ids: np.stack([m.forward(row) for row in ids])
 
 
-def _report(gguf: Path, data: Path, gen_length: int, steps: int) -> str:
+def _report(gguf: Path, data: Path, gen_length: int, steps: int, block_length: int, temperature: float) -> str:
     import diffuse
     from diffuse.train.bpe import EOS
     from diffuse.train.data import heldout_windows, read_documents, split_heldout
@@ -88,11 +90,13 @@ def _report(gguf: Path, data: Path, gen_length: int, steps: int) -> str:
              f"one forward pass, our engine on {gguf.name}; {time.time() - t0:.0f} s):", "",
              "| mask ratio | accuracy | cross-entropy (nats) |", "|---|---|---|"]
     lines += [f"| {r} | {v['acc']:.3f} | {v['loss']:.2f} |" for r, v in scores.items()]
-    lines += ["", f"Generations (chat template, gen_length {gen_length}, {steps} steps, one block, greedy):", ""]
+    lines += ["", f"Generations (chat template, gen_length {gen_length}, {steps} steps, blocks of {block_length}, "
+              f"temperature {temperature}, seed 0):", ""]
     lines += ["| prompt | scheduler | steps used | ms | text |", "|---|---|---|---|---|"]
     for prompt in PROMPTS:
         for scheduler in ("low_confidence", "entropy_exit"):
-            r = m.generate(prompt, gen_length=gen_length, steps=steps, block_length=gen_length, scheduler=scheduler)
+            r = m.generate(prompt, gen_length=gen_length, steps=steps, block_length=block_length,
+                           temperature=temperature, seed=0, scheduler=scheduler)
             text = r.text.replace("|", "\\|").replace("\n", " ")
             lines.append(f"| {prompt} | {scheduler} | {r.steps} | {r.total_ms:.0f} | {text} |")
     return "\n".join(lines)
@@ -104,8 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("data", type=Path, help="the training text (its held-out documents are scored)")
     p.add_argument("--gen-length", type=int, default=64)
     p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--block-length", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=0.0)
     args = p.parse_args(argv)
-    print(_report(args.gguf, args.data, args.gen_length, args.steps))
+    try:
+        print(_report(args.gguf, args.data, args.gen_length, args.steps, args.block_length, args.temperature))
+    except DiffuseError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -19,11 +19,11 @@ from torch import nn
 @dataclass
 class LLaDAShape:
     vocab_size: int
-    d_model: int = 256
-    n_layers: int = 6
-    n_heads: int = 4
-    mlp_hidden_size: int = 704
-    max_sequence_length: int = 128
+    d_model: int
+    n_layers: int
+    n_heads: int
+    mlp_hidden_size: int
+    max_sequence_length: int
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
 
