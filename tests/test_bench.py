@@ -106,7 +106,7 @@ def test_grid_writes_json_csv_plots_report(tiny_gguf, tmp_path, fake_llama, caps
     for name in ("thread_scaling", "step_cost_vs_gen_length", "steps_per_prompt", "cache_speedup", "roofline"):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG_MAGIC
     report = (out / "report.md").read_text()
-    assert "## Roofline" in report and "## Autoregressive baseline" in report and "AR decodes 50.0 tok/s" in report
+    assert "## Roofline" in report and "## Autoregressive baseline" in report and "AR decodes 50.0 tok/s" in report and "buffer tok/s in" in report
 
 
 @pytest.mark.parametrize("argv", [

@@ -52,12 +52,20 @@ def run(axes: Axes, reps: int = 3, fixed: dict | None = None, ar_model: str | No
     """Run the grid; returns {machine, axes, runs, rows, ar, roofline}."""
     fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
     mach = machine.describe()
-    runs, roof_points = [], []
-    for path in axes.models:
+    runs, roof_points, roofs, ar = [], [], [], []
+    for i, path in enumerate(axes.models):
         model = diffuse.load(path)
         label = f"{Path(path).stem} [{quant_label(path)}]"
         mms = cost.matmuls(path)
+        n_prompt = len(model.encode_prompt(PAPER_PROMPTS[axes.prompts[0]][1]))
         for t in axes.threads:
+            # The ceilings for these weights, and the AR baseline, next to the diffusion runs of t threads.
+            roofs.append(roofline.measure_roof(label, mms, t, n_tokens=n_prompt + max(axes.gen_lengths)))
+            if i == 0 and ar_model:
+                ar_mms, ar_label = cost.matmuls(ar_model), Path(ar_model).stem
+                ar.append(_ar_at(ar_model, t, max(axes.gen_lengths), reps, ar_backend, llama, log))
+                roofs.append(roofline.measure_roof(ar_label, ar_mms, t, n_tokens=max(axes.gen_lengths)))
+                roof_points += roofline.ar_points(ar_label, ar_mms, ar[-1], t)
             model.threads = t
             model.generate(PAPER_PROMPTS[0][1], gen_length=16, steps=2, cache=False)   # warm-up
             for steps, sched, cache_on, gen, p in axes.configs():
@@ -75,32 +83,30 @@ def run(axes: Axes, reps: int = 3, fixed: dict | None = None, ar_model: str | No
                 log(f"{label} t={t} steps={steps} {sched} cache={'on' if cache_on else 'off'} B={gen} "
                     f"{PAPER_PROMPTS[p][0]}: {runs[-1]['buffer_tok_s']:.2f} tok/s, {runs[-1]['steps_used']} steps")
             # Roofline point of a full step at each buffer size: one uncached forward pass.
-            n_prompt = len(model.encode_prompt(PAPER_PROMPTS[axes.prompts[0]][1]))
             for gen in axes.gen_lengths:
                 n = n_prompt + gen
                 ids = np.random.default_rng(0).integers(0, model.n_vocab, size=n).astype(np.int32)
                 ms = float(np.median(time_forward(model, ids, max(reps, 1))))
                 roof_points.append(roofline.diffusion_point(label, mms, model.hparams, n, t, ms))
     rows = aggregate(runs)
-    ar = []
-    if ar_model:
-        n_prompt = max(axes.gen_lengths)
-        for t in axes.threads:
-            a = ar_baseline(ar_model, threads=t, n_prompt=n_prompt, n_gen=max(axes.gen_lengths), reps=reps,
-                            backend=ar_backend, bins=llama)
-            a.update(threads=t, model=Path(ar_model).name, n_prompt=n_prompt)
-            ar.append(a)
-            roof_points += roofline.ar_points(Path(ar_model).stem, cost.matmuls(ar_model), a, t)
-            log(f"AR {Path(ar_model).name} t={t}: decode {a['decode_tokens_per_s']:.1f} tok/s, "
-                f"prompt {a['prompt_tokens_per_s']:.1f} tok/s ({a['backend']})")
+    if ar:
         decode = {a["threads"]: a["decode_tokens_per_s"] for a in ar}
         for r in rows:
             r["buffer_vs_ar"] = r["buffer_tok_s"] / decode[r["threads"]]
             r["useful_vs_ar"] = r["useful_tok_s"] / decode[r["threads"]]
-    roofs = roofline.measure_roofs(axes.models[0], axes.threads, n_tokens=max(axes.gen_lengths) + 32)
     return {"machine": mach, "reps": reps, "fixed": fixed,
             "axes": {k: v for k, v in vars(axes).items()}, "runs": runs, "rows": rows, "ar": ar,
             "roofline": {"roofs": roofs, "points": roof_points}}
+
+
+def _ar_at(ar_model: str, threads: int, n_tokens: int, reps: int, backend: str, llama, log) -> dict:
+    """AR prompt tok/s over n_tokens and decode tok/s of n_tokens at `threads`."""
+    a = ar_baseline(ar_model, threads=threads, n_prompt=n_tokens, n_gen=n_tokens, reps=reps, backend=backend,
+                    bins=llama)
+    a.update(threads=threads, model=Path(ar_model).name, n_prompt=n_tokens)
+    log(f"AR {Path(ar_model).name} t={threads}: decode {a['decode_tokens_per_s']:.1f} tok/s, "
+        f"prompt {a['prompt_tokens_per_s']:.1f} tok/s ({a['backend']})")
+    return a
 
 
 KEYS = ("model", "threads", "steps", "scheduler", "cache", "gen_length", "prompt")

@@ -27,6 +27,11 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _quant(model_label: str) -> str:
+    """'name [Q4_K_M]' -> 'Q4_K_M', to keep legends short."""
+    return model_label.rsplit("[", 1)[-1].rstrip("]")
+
+
 def _where(rows: list[dict], **eq) -> list[dict]:
     return [r for r in rows if all(r[k] == v for k, v in eq.items())]
 
@@ -44,7 +49,7 @@ def thread_scaling(result: dict, path: Path) -> Path:
                 sel = _where(rows, model=model, scheduler=sched, cache=cache_on, **fixed)
                 threads = sorted({r["threads"] for r in sel})
                 tps = [np.mean([r["buffer_tok_s"] for r in sel if r["threads"] == t]) for t in threads]
-                name = f"{model} {sched}{' cache' if cache_on else ''}"
+                name = f"{_quant(model)} {sched}{' cache' if cache_on else ''}"
                 ax.plot(threads, tps, marker="o", label=name)
                 ax2.plot(threads, np.array(tps) / tps[0], marker="o", label=name)
     if result["ar"]:
@@ -52,6 +57,8 @@ def thread_scaling(result: dict, path: Path) -> Path:
         dec = [a["decode_tokens_per_s"] for a in result["ar"]]
         ax.plot(threads, dec, "k--", marker="s", label="AR decode")
         ax2.plot(threads, np.array(dec) / dec[0], "k--", marker="s", label="AR decode")
+    for a in (ax, ax2):
+        a.set_xticks(axes["threads"])
     ax.set(xlabel="threads", ylabel="tokens/s (buffer)", title=f"Thread scaling (B={fixed['gen_length']})")
     ax2.set(xlabel="threads", ylabel="speedup over 1 thread", title="Normalised")
     ax.legend(fontsize=7)
@@ -129,12 +136,13 @@ def roofline_plot(result: dict, path: Path) -> Path:
     colour = {}
     for r in roof["roofs"]:
         (line,) = ax.plot(ai, np.minimum(ai * r["memcpy_gbps"], r["matmul_gflops"]), linestyle="--",
-                          label=f"roof, {r['threads']} thread(s): {r['memcpy_gbps']:.0f} GB/s, "
+                          label=f"{_quant(r['label'])} {r['threads']}t: {r['memcpy_gbps']:.0f} GB/s, "
                                 f"{r['matmul_gflops']:.0f} GFLOP/s")
-        colour[r["threads"]] = line.get_color()
+        colour[r["label"], r["threads"]] = line.get_color()
     markers = {"diffusion step": "o", "AR decode": "s", "AR prompt": "^"}
     for p in roofline.annotated(roof):
-        ax.scatter(p["ai"], p["gflops"], marker=markers.get(p["kind"], "x"), color=colour[p["threads"]], zorder=3)
+        ax.scatter(p["ai"], p["gflops"], marker=markers.get(p["kind"], "x"), color=colour[p["label"], p["threads"]],
+                   zorder=3)
         ax.annotate(f"{p['kind']} {p['tokens']} tok, {p['threads']}t", (p["ai"], p["gflops"]), fontsize=6,
                     xytext=(3, 3), textcoords="offset points")
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP / weight byte)", ylabel="GFLOP/s",
