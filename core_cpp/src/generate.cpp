@@ -177,6 +177,7 @@ GenerateOutput generate(Model & base, const std::vector<int32_t> & prompt, const
             sc.gumbel = sched.gumbel;
             sc.seed = p.seed;
             sc.step = (uint64_t) step;
+            sc.mask_token_id = hp.mask_token_id;
             sample_rows(logits.data(), (int) cand.size(), hp.n_vocab, cand, sc, r.n_threads, stats);
             for (const RowStats & s : stats)
                 if (!std::isfinite(s.entropy))

@@ -10,6 +10,9 @@ namespace diffuse {
 
 namespace {
 
+// A logit no token can win with; finite so that exp() gives 0 and 0 * logit stays 0 (not NaN).
+constexpr float BANNED = -1e30f;
+
 // max, log-sum-exp and entropy of softmax(l) in one pass after the max.
 struct Softmax {
     float max;
@@ -44,7 +47,7 @@ void dream_row(const float * l, int64_t n, const SampleConfig & cfg, uint64_t ke
                std::vector<std::pair<float, int32_t>> & buf) {
     const float inv_t = cfg.temperature > 0 ? 1.0f / cfg.temperature : 1.0f;
     buf.resize(n);
-    for (int64_t i = 0; i < n; ++i) buf[i] = {l[i] * inv_t, (int32_t) i};
+    for (int64_t i = 0; i < n; ++i) buf[i] = {std::max(l[i] * inv_t, BANNED), (int32_t) i};
     std::sort(buf.begin(), buf.end(), [](auto & a, auto & b) { return a.first > b.first; });
     int64_t keep = n;
     if (cfg.top_p < 1.0f) {
@@ -92,9 +95,15 @@ void sample_rows(const float * logits, int n_rows, int64_t n_vocab, const std::v
 #pragma omp parallel num_threads(std::max(1, n_threads))
     {
         std::vector<std::pair<float, int32_t>> buf;
+        std::vector<float> row;
 #pragma omp for schedule(dynamic)
         for (int r = 0; r < n_rows; ++r) {
             const float * l = logits + (int64_t) r * n_vocab;
+            if (cfg.mask_token_id >= 0 && cfg.mask_token_id < n_vocab) {
+                row.assign(l, l + n_vocab);
+                row[cfg.mask_token_id] = BANNED;
+                l = row.data();
+            }
             const uint64_t key = rng_key(cfg.seed, cfg.step, (uint64_t) keys[r]);
             const Softmax s = softmax_stats(l, n_vocab);
             RowStats & o = out[r];

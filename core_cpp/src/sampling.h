@@ -14,6 +14,7 @@ struct SampleConfig {
     bool  gumbel = true;        // LLaDA: Gumbel-max in float64; Dream: categorical over top-k/top-p
     uint64_t seed = 0;
     uint64_t step = 0;
+    int32_t  mask_token_id = -1;  // never sampled: committing a mask would leave the position masked
 };
 
 struct RowStats {
