@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 
 from diffuse import DiffuseError
@@ -15,8 +14,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="diffuse", description="CPU inference for masked diffusion language models")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        if importlib.util.find_spec(f"diffuse.cli.{name}") is None:  # TEMP while commands are being written
-            continue
         module = importlib.import_module(f"diffuse.cli.{name}")
         p = module.add_parser(sub)
         p.set_defaults(_run=module.run)
