@@ -5,10 +5,13 @@ import argparse
 import shutil
 import sys
 
+from pathlib import Path
+
 import numpy as np
 
 from diffuse.events import GenerateResult, StepEvent
 from diffuse.generation import SCHEDULERS
+from diffuse.recording import Recording
 
 MASK_GLYPH = "\u2591"   # light shade: a position still masked
 
@@ -47,6 +50,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--no-chat", dest="chat", action="store_false", help="do not apply the chat template")
     p.add_argument("--tokenizer", help="tokenizer.json for model files that carry none")
     p.add_argument("--quiet", action="store_true", help="no live view, only the answer and the summary")
+    p.add_argument("--record", metavar="RUN.npz", help="save every step, to replay in Diffuse Studio")
     add_generation_options(p)
     return p
 
@@ -108,7 +112,19 @@ def run(args: argparse.Namespace) -> int:
 
     model = diffuse.load(args.model, threads=args.threads, tokenizer=args.tokenizer)
     view = None if args.quiet else LiveView(model.tokenizer)
-    result = model.generate(args.prompt, chat=args.chat, on_step=view, **generation_options(args))
+    options = generation_options(args)
+    recording = Recording(prompt=args.prompt, options=options,
+                          model={"name": Path(args.model).name, "arch": model.arch, "path": args.model,
+                                 "n_vocab": model.n_vocab}) if args.record else None
+
+    def on_step(ev: StepEvent) -> bool:
+        if recording is not None:
+            recording.add(ev)
+        return view(ev) if view is not None else True
+
+    result = model.generate(args.prompt, chat=args.chat, on_step=on_step, **options)
+    if recording is not None:
+        recording.finish(result, model.tokenizer.decode).save(args.record)
     print()
     print(result.text)
     print()
