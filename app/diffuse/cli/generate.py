@@ -58,9 +58,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 class LiveView:
     """Redraws the generated buffer after every step (ANSI on a terminal, one line per step otherwise)."""
 
-    def __init__(self, tokenizer, stream=sys.stdout):
+    def __init__(self, tokenizer, stream=None):
         self.tok = tokenizer
-        self.out = stream
+        self.out = stream or sys.stdout
         self.tty = stream.isatty()
         self.lines_drawn = 0
         self.pieces: dict[int, str] = {}
