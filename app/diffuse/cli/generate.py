@@ -61,7 +61,7 @@ class LiveView:
     def __init__(self, tokenizer, stream=None):
         self.tok = tokenizer
         self.out = stream or sys.stdout
-        self.tty = stream.isatty()
+        self.tty = self.out.isatty()
         self.lines_drawn = 0
         self.pieces: dict[int, str] = {}
 
