@@ -481,10 +481,12 @@ class MainWindow(QMainWindow):
     # -- session ------------------------------------------------------------------------------
 
     def restore_session(self) -> None:
-        """Load the model used last time, if it is still there and fits; offer real models."""
+        """Load the model used last time (the demo model on first start); offer real models."""
         last = storage.settings().value("models/last")
         if last and Path(last).is_file():
             self.model_panel.load(last)
+        elif (demo := storage.demo_model()) is not None:
+            self.model_panel.load(str(demo))
         first_run.open_at_start(self)
 
     def _restore_layout(self) -> None:

@@ -31,11 +31,10 @@ def since_start() -> float:
 def demo_model() -> Path:
     from diffuse import DiffuseError
     from diffuse.studio import storage
-    folder = storage.repo_models_dir()
-    found = sorted(folder.glob("*.gguf")) if folder else []
-    if not found:
-        raise DiffuseError(f"no demo model (*.gguf) in {folder or 'models/'}")
-    return found[0]
+    found = storage.demo_model()
+    if found is None:
+        raise DiffuseError(f"no demo model (*.gguf) in {storage.repo_models_dir() or 'models/'}")
+    return found
 
 
 def run(out: Path, model: Path | None) -> dict:

@@ -40,7 +40,15 @@ def conversations_dir() -> Path:
 
 
 def repo_models_dir() -> Path | None:
-    """The repository's models/ folder when running from a checkout, or the bundle's copy."""
+    """The shipped models/ folder: the bundle's copy, the installed package's, or the checkout's."""
     bundle = getattr(sys, "_MEIPASS", None)     # set inside a PyInstaller bundle
-    d = Path(bundle) / "models" if bundle else Path(__file__).resolve().parents[3] / "models"
-    return d if d.is_dir() else None
+    here = Path(__file__).resolve()
+    candidates = [Path(bundle) / "models"] if bundle else [here.parents[1] / "models", here.parents[3] / "models"]
+    return next((d for d in candidates if d.is_dir()), None)
+
+
+def demo_model() -> Path | None:
+    """The demo model that ships with the app (the one GGUF in the shipped models/ folder)."""
+    d = repo_models_dir()
+    found = sorted(d.glob("*.gguf")) if d else []
+    return found[0] if found else None

@@ -120,7 +120,7 @@ class Engine(QObject):
 
 
 class _JobWorker(QObject):
-    progressed = Signal(int, int, str)
+    progressed = Signal(object, object, str)   # Python ints: byte counts pass 2**31
     finished = Signal(object)
     failed = Signal(str)
 
@@ -152,7 +152,7 @@ class Job(QObject):
 
     _running: set[Job] = set()
 
-    progressed = Signal(int, int, str)
+    progressed = Signal(object, object, str)   # Python ints: byte counts pass 2**31
     finished = Signal(object)
     failed = Signal(str)
 
