@@ -132,21 +132,21 @@ def roofline_plot(result: dict, path: Path) -> Path:
     plt = _pyplot()
     roof = result["roofline"]
     fig, ax = plt.subplots(figsize=(7, 5))
-    ai = np.logspace(-1, 4, 200)
+    ai = np.logspace(-0.5, 3.5, 200)
     colour = {}
     for r in roof["roofs"]:
         (line,) = ax.plot(ai, np.minimum(ai * r["memcpy_gbps"], r["matmul_gflops"]), linestyle="--",
-                          label=f"{_quant(r['label'])} {r['threads']}t: {r['memcpy_gbps']:.0f} GB/s, "
+                          label=f"roof {_quant(r['label'])}, {r['threads']}t: {r['memcpy_gbps']:.0f} GB/s, "
                                 f"{r['matmul_gflops']:.0f} GFLOP/s")
         colour[r["label"], r["threads"]] = line.get_color()
     markers = {"diffusion step": "o", "AR decode": "s", "AR prompt": "^"}
     for p in roofline.annotated(roof):
         ax.scatter(p["ai"], p["gflops"], marker=markers.get(p["kind"], "x"), color=colour[p["label"], p["threads"]],
                    zorder=3)
-        ax.annotate(f"{p['kind']} {p['tokens']} tok, {p['threads']}t", (p["ai"], p["gflops"]), fontsize=6,
-                    xytext=(3, 3), textcoords="offset points")
+    for kind, marker in markers.items():     # legend entries for the point shapes
+        ax.scatter([], [], marker=marker, color="gray", label=kind)
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP / weight byte)", ylabel="GFLOP/s",
-           title="Roofline: AR decode vs diffusion step")
+           title="Roofline: AR decode vs diffusion step (colour = weights and threads)")
     ax.legend(fontsize=7, loc="lower right")
     return _save(fig, path)
 
