@@ -3,6 +3,7 @@ Hugging Face layout, our converter, our engine. Skipped without PyTorch (the `tr
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ SENTENCES = [
     "She was the youngest of the two daughters of a most affectionate, indulgent father.",
 ]
 TINY = ["--vocab-size", "320", "--d-model", "32", "--layers", "2", "--heads", "2", "--ffn", "64",
-        "--seq-len", "48", "--batch", "4", "--steps", "6", "--eval-every", "3", "--threads", "1"]
+        "--seq-len", "48", "--batch", "4", "--eval-every", "3", "--threads", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def trained(tmp_path_factory) -> tuple[Path, Path]:
     (tmp / "data").mkdir()
     (tmp / "data" / "text.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
     gguf = tmp / "tiny.gguf"
-    assert main(["train", str(tmp / "data"), "--out", str(tmp / "run"), "--gguf", str(gguf), "--outtype", "f32", *TINY]) == 0
+    assert main(["train", str(tmp / "data"), "--out", str(tmp / "run"), "--gguf", str(gguf), "--outtype", "f32", *TINY, "--steps", "6"]) == 0
     return tmp / "run", gguf
 
 
@@ -112,3 +113,21 @@ def test_bad_data_is_a_clean_error(tmp_path, capsys):
     (tmp_path / "one.txt").write_text("only one document\n", encoding="utf-8")
     assert main(["train", str(tmp_path), "--out", str(tmp_path / "run"), *TINY]) == 1
     assert "at least two documents" in capsys.readouterr().err
+
+
+def test_a_second_run_resumes(trained, tmp_path, capsys):
+    run, _ = trained
+    shutil.copytree(run, tmp_path / "run")
+    assert main(["train", str(run.parent / "data"), "--out", str(tmp_path / "run"), *TINY, "--steps", "8"]) == 0
+    assert "resumed at step 6" in capsys.readouterr().out
+    assert json.loads((tmp_path / "run" / "hf" / "training_info.json").read_text())["step"] == 8
+
+
+def test_corpus_keeps_prose_fortunes(tmp_path, monkeypatch):
+    from diffuse.train import corpus
+
+    (tmp_path / "fortunes").write_text(
+        "A penny saved\n\tis a penny earned.\n\t\t-- Benjamin Franklin\n%\n"
+        "   /\\_/\\\n  ( o.o )\n   > ^ <   ===|||===\n%\nshort\n%\n", encoding="utf-8")
+    monkeypatch.setattr(corpus, "FORTUNE_DIR", tmp_path)
+    assert corpus.fortunes() == ["A penny saved is a penny earned. -- Benjamin Franklin"]

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         data=args.data, out=args.out, vocab_size=args.vocab_size, d_model=args.d_model, n_layers=args.layers,
         n_heads=args.heads, mlp_hidden_size=args.ffn, seq_len=args.seq_len, batch=args.batch, steps=args.steps,
         minutes=args.minutes, lr=args.lr, chat_fraction=args.chat_fraction, bf16=not args.no_bf16,
-        threads=args.threads, seed=args.seed, eval_every=args.eval_every, save_every=args.eval_every,
+        threads=args.threads, seed=args.seed, eval_every=args.eval_every,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "train.log", "a", encoding="utf-8") as log_file:

@@ -9,7 +9,6 @@ The learning rate follows warm-up then cosine decay over `progress`, the larger 
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -51,8 +50,7 @@ class TrainConfig:
     bf16: bool = True  # autocast matmuls to bfloat16 (2-3x faster on CPUs with AVX512-BF16/AMX)
     threads: int = 2
     seed: int = 0
-    eval_every: int = 500
-    save_every: int = 500
+    eval_every: int = 500  # steps between held-out scores and checkpoints
     eval_windows: int = 128
 
 
@@ -85,6 +83,8 @@ def _tokenizer(cfg: TrainConfig, train_docs: list[str]) -> Tokenizer:
 
 def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
     """Train (or resume from cfg.out/state.pt); returns the Hugging Face checkpoint folder."""
+    if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 2:
+        raise DiffuseError(f"d_model {cfg.d_model} must split into {cfg.n_heads} heads of even size")
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     cfg.out.mkdir(parents=True, exist_ok=True)
@@ -95,8 +95,6 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
     held = heldout_windows(lambda text: tok.encode(text).ids, tok.token_to_id(EOS), held_docs, cfg.seq_len,
                            cfg.eval_windows)
     shape = LLaDAShape(tok.get_vocab_size(), cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.mlp_hidden_size, cfg.seq_len)
-    if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 2:
-        raise DiffuseError(f"d_model {cfg.d_model} must split into {cfg.n_heads} heads of even size")
     model = LLaDA(shape)
     decay = [p for p in model.parameters() if p.dim() > 1]
     no_decay = [p for p in model.parameters() if p.dim() == 1]
@@ -107,10 +105,14 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
     step, used_s = 0, 0.0
     state_path = cfg.out / "state.pt"
     if state_path.exists():
-        state = torch.load(state_path, weights_only=True)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step, used_s = state["step"], state["seconds"]
+        try:
+            state = torch.load(state_path, weights_only=True)
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            step, used_s = state["step"], state["seconds"]
+        except (OSError, RuntimeError, KeyError, ValueError) as e:
+            raise DiffuseError(f"{state_path}: cannot resume this run with these settings ({e}); "
+                               "delete the run folder to start over") from e
         log(f"resumed at step {step} ({used_s / 60:.1f} min)")
     log(f"model {shape.n_params() / 1e6:.2f}M params, vocab {shape.vocab_size}, "
         f"{len(batches.stream)} training tokens, {held.shape[0]} held-out windows")
@@ -150,14 +152,16 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
             loss_sum, n_loss = 0.0, 0
         if step % cfg.eval_every == 0:
             scores = masked_accuracy(torch_logits_fn(model), held, mask_id)
-            log("held-out " + " ".join(f"r={r} acc {v['acc']:.3f} loss {v['loss']:.3f}" for r, v in scores.items()))
-        if step % cfg.save_every == 0:
+            log("held-out " + _format(scores))
             checkpoint()
-            t_last = time.time()  # saving time is not training time
-    if step % cfg.eval_every:
+            t_last = time.time()  # scoring and saving are not training time
+    if step % cfg.eval_every or not scores:
         scores = masked_accuracy(torch_logits_fn(model), held, mask_id)
-    log("final held-out " + " ".join(f"r={r} acc {v['acc']:.3f} loss {v['loss']:.3f}" for r, v in scores.items()))
+    log("final held-out " + _format(scores))
     hf = checkpoint()
     log(f"saved {hf} after {step} steps, {used_s / 60:.1f} min")
-    (cfg.out / "done.json").write_text(json.dumps({"step": step, "minutes": used_s / 60}) + "\n")
     return hf
+
+
+def _format(scores: dict) -> str:
+    return " ".join(f"r={r} acc {v['acc']:.3f} loss {v['loss']:.3f}" for r, v in scores.items())
