@@ -51,14 +51,14 @@ void diffuse_py::register_model(py::module_ & m) {
              [](Model & self, I32Array tokens, std::vector<int32_t> rows) {
                  if (tokens.ndim() != 1) throw diffuse::Error("forward: expected a 1-D array of token ids");
                  std::vector<int32_t> ids(tokens.data(), tokens.data() + tokens.size());
-                 std::vector<float> logits;
-                 {
-                     py::gil_scoped_release release;
-                     logits = self.forward(ids, rows);
-                 }
+                 // The engine writes straight into the array: one allocation, one copy.
                  const py::ssize_t n_vocab = self.hparams().n_vocab;
                  py::array_t<float> out({(py::ssize_t) (rows.empty() ? ids.size() : rows.size()), n_vocab});
-                 std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
+                 float * dst = out.mutable_data();
+                 {
+                     py::gil_scoped_release release;
+                     self.forward_into(ids, rows, dst);
+                 }
                  return out;
              },
              py::arg("tokens"), py::arg("rows") = std::vector<int32_t>{},

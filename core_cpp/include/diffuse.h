@@ -152,7 +152,13 @@ public:
     // Logits under bidirectional attention, before any Dream shift: (n_rows, n_vocab) row-major for
     // the positions in `rows` (every position when empty). A diffusion step needs only the masked
     // positions of its block, so the head runs over those rows only.
-    virtual std::vector<float> forward(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows = {}) = 0;
+    // forward_into writes them to `out`, which holds rows.size() (or tokens.size()) * n_vocab floats.
+    virtual void forward_into(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows, float * out) = 0;
+    std::vector<float> forward(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows = {}) {
+        std::vector<float> out((rows.empty() ? tokens.size() : rows.size()) * hparams().n_vocab);
+        forward_into(tokens, rows, out.data());
+        return out;
+    }
 
     // Size of the weights in the file, and of those copied into the repack layout, bytes.
     virtual size_t weights_bytes() const = 0;

@@ -131,7 +131,7 @@ ForwardRunner::ForwardRunner(ModelImpl & model) : model_(model) {
 
 ForwardRunner::~ForwardRunner() { ggml_gallocr_free(galloc_); }
 
-void ForwardRunner::run(KVCache & cache, const ForwardBatch & b, int n_threads, std::vector<float> & logits) {
+void ForwardRunner::run(KVCache & cache, const ForwardBatch & b, int n_threads, float * logits) {
     const HParams & hp = model_.hparams();
     const int n_q = (int) b.tokens.size();
     const int n_out = (int) b.out_rows.size();
@@ -166,8 +166,7 @@ void ForwardRunner::run(KVCache & cache, const ForwardBatch & b, int n_threads, 
         ggml_free(ctx);
         throw Error("forward pass failed (ggml status " + std::to_string((int) st) + ")");
     }
-    logits.resize((size_t) n_out * hp.n_vocab);
-    ggml_backend_tensor_get(out, logits.data(), 0, logits.size() * sizeof(float));
+    ggml_backend_tensor_get(out, logits, 0, (size_t) n_out * hp.n_vocab * sizeof(float));
     ggml_free(ctx);
 }
 

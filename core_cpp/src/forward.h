@@ -46,8 +46,8 @@ public:
     ForwardRunner(const ForwardRunner &) = delete;
     ForwardRunner & operator=(const ForwardRunner &) = delete;
 
-    // logits: (n_out, n_vocab) row-major. Graph memory is planned once and reused across calls.
-    void run(KVCache & cache, const ForwardBatch & batch, int n_threads, std::vector<float> & logits);
+    // logits: (n_out, n_vocab) row-major, written in place. Graph memory is planned once and reused.
+    void run(KVCache & cache, const ForwardBatch & batch, int n_threads, float * logits);
 
 private:
     ModelImpl & model_;

@@ -77,7 +77,8 @@ void run_forward(Run & r, KVCache & cache, const std::vector<int32_t> & seq, con
         b.positions.push_back(pos);
     }
     for (int32_t s : sources) b.out_rows.push_back(row_of[s]);
-    r.model.runner().run(cache, b, r.n_threads, logits);
+    logits.resize(sources.size() * (size_t) r.model.hparams().n_vocab);
+    r.model.runner().run(cache, b, r.n_threads, logits.data());
 }
 
 }  // namespace

@@ -333,7 +333,7 @@ void ModelImpl::check_tokens(const int32_t * ids, size_t n) const {
                         " is outside the vocabulary [0, " + std::to_string(hp_.n_vocab) + ")");
 }
 
-std::vector<float> ModelImpl::forward(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows) {
+void ModelImpl::forward_into(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows, float * out) {
     const int n = (int) tokens.size();
     if (n == 0) throw Error("forward: no tokens");
     if (n > hp_.n_ctx_train)
@@ -350,11 +350,10 @@ std::vector<float> ModelImpl::forward(const std::vector<int32_t> & tokens, const
     b.out_rows = rows;
     if (rows.empty())
         for (int i = 0; i < n; ++i) b.out_rows.push_back(i);
-    std::vector<float> logits;
-    runner_->run(*scratch_, b, n_threads_, logits);
-    for (float x : logits)
-        if (!std::isfinite(x)) throw Error(path() + ": the forward pass produced NaN/Inf logits (corrupt weights?)");
-    return logits;
+    runner_->run(*scratch_, b, n_threads_, out);
+    const size_t n_values = b.out_rows.size() * (size_t) hp_.n_vocab;
+    for (size_t i = 0; i < n_values; ++i)
+        if (!std::isfinite(out[i])) throw Error(path() + ": the forward pass produced NaN/Inf logits (corrupt weights?)");
 }
 
 }  // namespace diffuse

@@ -66,7 +66,7 @@ public:
     const std::string & path() const override { return file_->path(); }
     int n_threads() const override { return n_threads_; }
     void set_n_threads(int n) override;
-    std::vector<float> forward(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows) override;
+    void forward_into(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows, float * out) override;
     size_t weights_bytes() const override { return weights_bytes_; }
     size_t repacked_bytes() const override { return repacked_bytes_; }
 
