@@ -176,3 +176,11 @@ def test_opting_out(qtbot, dialog):
     window = MainWindow()
     qtbot.addWidget(window)
     assert first_run.open_at_start(window) is None
+
+
+def test_first_start_opens_the_demo_with_its_suggested_settings():
+    from diffuse.studio import storage
+    demo = storage.demo_model()
+    assert demo is not None and demo.name == "diffuse-demo-3m.gguf"
+    suggested = storage.demo_options()
+    assert suggested["temperature"] > 0 and suggested["gen_length"] <= 128

@@ -487,6 +487,8 @@ class MainWindow(QMainWindow):
             self.model_panel.load(last)
         elif (demo := storage.demo_model()) is not None:
             self.model_panel.load(str(demo))
+            if not storage.settings().contains("generation/steps"):   # first start: no saved settings
+                self.settings_panel.set_options(storage.demo_options())
         first_run.open_at_start(self)
 
     def _restore_layout(self) -> None:

@@ -5,6 +5,7 @@ installs). Settings are an INI file in that folder, so one variable moves everyt
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -47,8 +48,25 @@ def repo_models_dir() -> Path | None:
     return next((d for d in candidates if d.is_dir()), None)
 
 
-def demo_model() -> Path | None:
-    """The demo model that ships with the app (the one GGUF in the shipped models/ folder)."""
+def _demo_entry() -> tuple[Path, dict] | None:
+    """The shipped models/ folder and the "demo" entry of its catalog.json."""
     d = repo_models_dir()
-    found = sorted(d.glob("*.gguf")) if d else []
-    return found[0] if found else None
+    if d is None:
+        return None
+    try:
+        return d, dict(json.loads((d / "catalog.json").read_text(encoding="utf-8"))["demo"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def demo_model() -> Path | None:
+    """The demo model that ships with the app, as models/catalog.json names it."""
+    found = _demo_entry()
+    path = found[0] / str(found[1].get("file", "")) if found else None
+    return path if path is not None and path.is_file() else None
+
+
+def demo_options() -> dict:
+    """Generation settings the catalog suggests for the demo model (it loops when greedy)."""
+    found = _demo_entry()
+    return dict(found[1].get("suggested", {})) if found else {}
