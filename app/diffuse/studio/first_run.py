@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QApplication, QCheckBox, QComboBox, QDialog, QFileDialog,
-                               QGroupBox, QHBoxLayout, QLabel, QProgressBar, QPushButton,
+                               QGroupBox, QHBoxLayout, QLabel, QPushButton,
                                QScrollArea, QVBoxLayout, QWidget)
 
 from diffuse import DiffuseError, hub
@@ -23,6 +23,7 @@ from diffuse.convert.families import read_config
 from diffuse.convert.hf_to_gguf import convert_hf
 from diffuse.quantize import quantize_file
 from diffuse.studio import storage, theme
+from diffuse.studio.job_box import JobBox
 from diffuse.studio.model_panel import disk_problem, inspect_model
 from diffuse.studio.workers import Job
 
@@ -199,23 +200,10 @@ class FirstRunDialog(QDialog):
         self.message = QLabel()
         self.message.setWordWrap(True)
         self.message.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.job_label = QLabel()
-        self.job_label.setObjectName("Muted")
-        self.progress = QProgressBar()
+        self.job_box = JobBox(self.cancel)
+        self.job_label, self.progress, self.cancel_button = (
+            self.job_box.label, self.job_box.progress, self.job_box.cancel_button)
         self.progress.setRange(0, 1000)
-        self.progress.setTextVisible(False)
-        self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.setObjectName("Danger")
-        self.cancel_button.clicked.connect(self.cancel)
-        job_row = QHBoxLayout()
-        job_row.addWidget(self.progress, 1)
-        job_row.addWidget(self.cancel_button)
-        self.job_box = QWidget()
-        job_layout = QVBoxLayout(self.job_box)
-        job_layout.setContentsMargins(0, 0, 0, 0)
-        job_layout.addWidget(self.job_label)
-        job_layout.addLayout(job_row)
-        self.job_box.hide()
 
         self.show_at_start = QCheckBox("Show this window at start until a real model is set up")
         self.show_at_start.setChecked(show_at_start())

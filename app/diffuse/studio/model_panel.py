@@ -15,7 +15,7 @@ import psutil
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QHBoxLayout, QHeaderView,
-                               QInputDialog, QLabel, QProgressBar, QPushButton, QTableWidget,
+                               QInputDialog, QLabel, QPushButton, QTableWidget,
                                QTableWidgetItem, QTextBrowser, QVBoxLayout, QWidget)
 
 import diffuse
@@ -25,6 +25,7 @@ from diffuse.convert.families import read_config
 from diffuse.info import ftype_name
 from diffuse.quantize import QTYPES, quantize_file
 from diffuse.studio import storage
+from diffuse.studio.job_box import JobBox
 from diffuse.studio.workers import Job
 
 GiB = 2**30
@@ -211,22 +212,9 @@ class ModelPanel(QWidget):
         self.message.setWordWrap(True)
         self.message.setObjectName("Warning")
         self.message.hide()
-        self.job_label = QLabel()
-        self.job_label.setObjectName("Muted")
-        self.progress = QProgressBar()
-        self.progress.setTextVisible(False)       # the label beside it says how far
-        self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.setObjectName("Danger")
-        self.cancel_button.clicked.connect(self.cancel_job)
-        job_row = QHBoxLayout()
-        job_row.addWidget(self.progress, 1)
-        job_row.addWidget(self.cancel_button)
-        self.job_box = QWidget()
-        job_layout = QVBoxLayout(self.job_box)
-        job_layout.setContentsMargins(0, 0, 0, 0)
-        job_layout.addWidget(self.job_label)
-        job_layout.addLayout(job_row)
-        self.job_box.hide()
+        self.job_box = JobBox(self.cancel_job)
+        self.job_label, self.progress, self.cancel_button = (
+            self.job_box.label, self.job_box.progress, self.job_box.cancel_button)
         self.details = QTextBrowser()
         self.details.setMaximumHeight(150)
 
