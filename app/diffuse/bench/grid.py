@@ -21,6 +21,7 @@ from diffuse.bench.forward import time_forward
 from diffuse.bench.llama_ref import LlamaBins, ar_baseline
 from diffuse.bench.prompts import PAPER_PROMPTS
 from diffuse.bench.tables import md_table, on_off, text_table, write_csv, write_json
+from diffuse.quantize import QTYPES
 
 
 @dataclass
@@ -39,12 +40,10 @@ class Axes:
 
 
 def quant_label(path: str) -> str:
-    """The weight type that dominates the file's mat-muls, or general.file_type's name."""
-    ftypes = {0: "F32", 1: "F16", 7: "Q8_0", 15: "Q4_K_M", 17: "Q5_K_M", 18: "Q6_K", 32: "BF16", 2: "Q4_0"}
+    """general.file_type's name (Q4_K_M, ...), else the weight type with the most bytes."""
+    names = {q.ftype: name for name, q in QTYPES.items()}
     ft = gguf_file.read(path).kv.get("general.file_type")
-    if isinstance(ft, int) and ft in ftypes:
-        return ftypes[ft]
-    return cost.type_mix(cost.matmuls(path)).split()[0]
+    return names.get(ft) or cost.type_mix(cost.matmuls(path)).split()[0]
 
 
 def run(axes: Axes, reps: int = 3, fixed: dict | None = None, ar_model: str | None = None,
@@ -95,7 +94,7 @@ def run(axes: Axes, reps: int = 3, fixed: dict | None = None, ar_model: str | No
             r["buffer_vs_ar"] = r["buffer_tok_s"] / decode[r["threads"]]
             r["useful_vs_ar"] = r["useful_tok_s"] / decode[r["threads"]]
     return {"machine": mach, "reps": reps, "fixed": fixed,
-            "axes": {k: v for k, v in vars(axes).items()}, "runs": runs, "rows": rows, "ar": ar,
+            "axes": dict(vars(axes)), "runs": runs, "rows": rows, "ar": ar,
             "roofline": {"roofs": roofs, "points": roof_points}}
 
 

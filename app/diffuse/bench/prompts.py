@@ -8,6 +8,8 @@ token as the uncached one), the answers, and, given an AR model, the AR decode s
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 import diffuse
@@ -33,9 +35,7 @@ DEFAULTS = {"scheduler": "entropy_exit", "steps": 16, "gen_length": 64}
 def _timed(model, prompt: str, reps: int, options: dict):
     """The first run's result with total_ms replaced by the median over `reps` runs."""
     runs = [model.generate(prompt, **options) for _ in range(reps)]
-    first = runs[0]
-    first.total_ms = float(np.median([r.total_ms for r in runs]))
-    return first
+    return dataclasses.replace(runs[0], total_ms=float(np.median([r.total_ms for r in runs])))
 
 
 def run(path: str, threads: int | None = None, reps: int = 1, options: dict | None = None,
