@@ -114,17 +114,23 @@ class HParams:
         return self.n_embd // self.n_head
 
 
+def read_json_object(path: Path) -> dict:
+    """A JSON file that must hold an object (config.json, tokenizer_config.json)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise DiffuseError(f"{path}: unreadable ({err})") from err
+    if not isinstance(data, dict):
+        raise DiffuseError(f"{path}: not a JSON object")
+    return data
+
+
 def read_config(hf_dir: Path) -> tuple[Family, HParams, dict]:
     """The family, hyper-parameters and raw config of a checkpoint folder."""
     path = hf_dir / "config.json"
     if not path.is_file():
         raise DiffuseError(f"{hf_dir}: no config.json (not a Hugging Face model folder)")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise DiffuseError(f"{path}: unreadable ({err})") from err
-    if not isinstance(config, dict):
-        raise DiffuseError(f"{path}: not a JSON object")
+    config = read_json_object(path)
 
     archs = config.get("architectures") or [None]
     family = FAMILIES.get(archs[0]) if isinstance(archs, list) else None

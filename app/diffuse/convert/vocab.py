@@ -15,7 +15,7 @@ from gguf import TokenType
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from diffuse._core import DiffuseError
-from diffuse.convert.families import Family
+from diffuse.convert.families import Family, read_json_object
 
 # Pre-tokenizer split patterns -> llama.cpp's tokenizer.ggml.pre names.
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -162,12 +162,4 @@ def _special_id(vocab: Vocab, token, config_id, n_vocab: int) -> int | None:
 
 
 def _read_tokenizer_config(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise DiffuseError(f"{path}: unreadable ({err})") from err
-    if not isinstance(config, dict):
-        raise DiffuseError(f"{path}: not a JSON object")
-    return config
+    return read_json_object(path) if path.is_file() else {}
