@@ -46,12 +46,29 @@ def test_dream_matches_reference(dream, alg):
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
-def test_cache_with_everything_active_is_exact(family, llada, dream):
+def test_cache_refreshed_every_step_is_exact(family, llada, dream):
     m = llada if family == "llada" else dream
     kw = dict(gen_length=32, steps=16, block_length=8)
     plain = m.generate(PROMPT, cache=False, **kw)
-    wide = m.generate(PROMPT, cache=True, keep_active=kw["steps"] + 1, **kw)
-    assert wide.tokens.tolist() == plain.tokens.tolist()
+    refreshed = m.generate(PROMPT, cache=True, refresh_every=1, **kw)
+    assert refreshed.tokens.tolist() == plain.tokens.tolist()
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_positions_that_never_changed_stay_cached(family, llada, dream):
+    """With default options step 1 recomputes only the block's masks, what step 0 committed and
+    (Dream) the rows whose shifted logits are needed: the prompt and later blocks come from the cache."""
+    m = llada if family == "llada" else dream
+    events = []
+    m.generate(PROMPT, gen_length=32, steps=16, block_length=8, on_step=events.append)
+    n_total = len(PROMPT) + 32
+    first, second = events[0], events[1]
+    assert len(first.active) == n_total
+    want = set(range(second.block_start, second.block_end))   # masked or just committed, all in block 0
+    if family == "dream":
+        want |= {p - 1 for p in range(second.block_start, second.block_end) if first.mask[p]}
+    assert set(second.active.tolist()) == want
+    assert set(range(len(PROMPT) - 1)) <= set(second.cached.tolist())
 
 
 def test_cache_recomputes_only_active_positions(llada):
@@ -153,8 +170,8 @@ def test_callback_exception_propagates(llada):
 
 def test_all_eos_block_stops_early(llada):
     opts = {**diffuse.generation.default_options("llada"), "gen_length": 32, "steps": 16, "block_length": 8}
-    out = _core.generate(llada._core, np.array(PROMPT, np.int32), threads=0,
-                         eos_ids=list(range(llada.n_vocab)), on_step=None, **opts)
+    out = _core.generate(llada._core, np.array(PROMPT, np.int32), options=opts,
+                         eos_ids=list(range(llada.n_vocab)))
     assert out["stop_reason"] == "eos" and out["steps"] == 4
 
 
@@ -166,7 +183,10 @@ def test_all_eos_block_stops_early(llada):
     (dict(scheduler="nope"), "unknown scheduler"),
     (dict(keep_active=0), "keep_active"),
     (dict(top_p=0.0), "top_p"),
-    (dict(steps=0), "steps must be positive"),
+    (dict(steps=0), r"steps = 0 is out of range: expected an integer in \[1, "),
+    (dict(seed=-1), "seed = -1 is out of range"),
+    (dict(gen_length="64"), "gen_length must be an integer"),
+    (dict(cache=1), "cache must be true or false"),
     (dict(prompt=[10 ** 6]), "outside the vocabulary"),
     (dict(bogus=1), "unknown generation option"),
 ])

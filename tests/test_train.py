@@ -69,7 +69,7 @@ def test_engine_matches_the_trained_torch_model(trained):
                        config["mlp_hidden_size"], config["max_sequence_length"])
     model = LLaDA(shape)
     model.load_state_dict(load_file(run / "hf" / "model.safetensors"))
-    m = diffuse.load(gguf, threads=1)
+    m = diffuse.load(gguf, threads=1, kv_f16=False)   # F32 K/V cache: float32 rounding only
     assert (m.arch, m.n_vocab, m.n_ctx_train) == ("llada", 320, 48)
     assert m.mask_token_id == config["mask_token_id"] == m.tokenizer.token_to_id("<|mdm_mask|>")
     ids = np.random.default_rng(0).integers(0, 314, 40)

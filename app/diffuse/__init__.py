@@ -6,8 +6,8 @@ import os
 # another process ran); sleeping threads cost nothing measurable. Read once, when libgomp loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from diffuse._core import DiffuseError  # noqa: E402
+from diffuse._core import DiffuseError, physical_cores  # noqa: E402
 from diffuse.model import Model, load  # noqa: E402
 
-__all__ = ["DiffuseError", "Model", "load"]
+__all__ = ["DiffuseError", "Model", "load", "physical_cores"]
 __version__ = "0.1.0"

@@ -28,9 +28,10 @@ class StepEvent:
     confidence: np.ndarray    # float32 (n_total,), top-1 probability; NaN where not evaluated
     active: np.ndarray        # int32, positions recomputed through the network this step
     cached: np.ndarray        # int32, positions whose K/V came from the inter-step cache
-    forward_ms: float
+    forward_ms: float         # the forward pass (in a batch: the pass shared by every sequence)
     sample_ms: float
     total_ms: float
+    sequence: int = 0         # index of the prompt in generate_batch (0 for generate)
 
     @property
     def gen_tokens(self) -> np.ndarray:

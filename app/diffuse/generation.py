@@ -1,14 +1,23 @@
-"""Generation options: names, per-family defaults (from the engine), validation."""
+"""Generation options: the engine's option table, per-family defaults, validation.
+
+Every option's name, kind, range and help text come from the engine (`_core.OPTIONS`), which
+validates with the same table: the CLI flags and the Studio's settings panel are built from it.
+"""
 from __future__ import annotations
 
 from diffuse import _core
-from diffuse._core import DiffuseError
 
 SCHEDULERS: list[str] = list(_core.SCHEDULERS)
 
-# Options a caller may pass to Model.generate (besides prompt, chat, threads, on_step).
-OPTION_NAMES = ("gen_length", "steps", "block_length", "scheduler", "threshold", "cache", "keep_active",
-                "refresh_every", "temperature", "top_k", "top_p", "alg_temp", "cfg_scale", "eps", "seed")
+# [{name, kind ("int" | "float" | "bool" | "choice" | "seed"), min, max, min_open, max_open, help,
+#   range (the allowed values as text), choices}], in the engine's order.
+OPTIONS: list[dict] = [dict(o) for o in _core.OPTIONS]
+OPTION_NAMES: tuple[str, ...] = tuple(o["name"] for o in OPTIONS)
+
+
+def option(name: str) -> dict:
+    """The table entry of one option."""
+    return next(o for o in OPTIONS if o["name"] == name)
 
 
 def default_options(arch: str) -> dict:
@@ -17,12 +26,7 @@ def default_options(arch: str) -> dict:
 
 
 def resolve_options(arch: str, **given) -> dict:
-    """Defaults of the family, overridden by every option that is not None."""
-    unknown = set(given) - set(OPTION_NAMES)
-    if unknown:
-        raise DiffuseError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
-    opts = default_options(arch)
-    opts.update({k: v for k, v in given.items() if v is not None})
-    if opts["scheduler"] not in SCHEDULERS:
-        raise DiffuseError(f"unknown scheduler '{opts['scheduler']}' (choose one of: {', '.join(SCHEDULERS)})")
-    return opts
+    """Defaults of the family, overridden by every option that is not None, checked by the engine.
+
+    Raises DiffuseError naming the first unknown option, wrong type or out-of-range value."""
+    return dict(_core.check_options(arch, given))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -15,12 +15,20 @@ from diffuse.generation import resolve_options
 
 
 class Model:
-    """A GGUF model, memory-mapped. Use :func:`diffuse.load`."""
+    """A GGUF model, memory-mapped. Use :func:`diffuse.load`.
+
+    Thread-safe: forward, generate and generate_batch may run on one Model from several threads at
+    once (each call borrows its own engine context: compute buffers, K/V caches, thread count; the
+    engine releases the GIL while it computes). Setting `threads` changes the default of later calls.
+    A StepEvent's arrays are copies: they stay valid after the callback returns.
+    """
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None,
-                 tokenizer: str | os.PathLike | None = None, repack: bool = False):
+                 tokenizer: str | os.PathLike | None = None, repack: bool = False,
+                 flash_attn: bool = True, kv_f16: bool = True):
         self.path = str(path)
-        self._core = _core.Model(self.path, threads=threads or 0, repack=repack)
+        self._core = _core.Model(self.path, threads=threads or 0, repack=repack, flash_attn=flash_attn,
+                                 kv_f16=kv_f16)
         hp = self._core.hparams
         self.hparams: dict = hp
         self.arch: str = hp["arch"]
@@ -98,14 +106,38 @@ class Model:
                  on_step: Callable[[StepEvent], bool | None] | None = None, **options) -> GenerateResult:
         """Denoise `gen_length` masked positions after the prompt.
 
-        Options (None = the family default, see diffuse.generation.default_options): gen_length,
-        steps, block_length, scheduler, threshold, cache, keep_active, refresh_every, temperature,
-        top_k, top_p, alg_temp, cfg_scale, eps, seed. on_step(event) runs once per step on the
-        calling thread; returning False cancels; an exception ends the run and propagates here.
+        Options (None = the family default, see diffuse.generation.OPTIONS for kinds, ranges and
+        help): gen_length, steps, block_length, scheduler, threshold, cache, keep_active,
+        refresh_every, temperature, top_k, top_p, alg_temp, cfg_scale, eps, seed. on_step(event)
+        runs once per step on the calling thread; returning False cancels; an exception ends the
+        run and propagates here.
         """
-        opts = resolve_options(self.arch, **options)
-        ids = self.encode_prompt(prompt, chat)
-        tok = self.tokenizer if isinstance(prompt, str) else self._tokenizer_or_none()
+        return self.generate_batch([prompt], chat=chat, threads=threads, on_step=on_step, **options)[0]
+
+    def generate_batch(self, prompts: Sequence[str | list[int]], *, chat: bool = True, threads: int | None = None,
+                       on_step: Callable[[StepEvent], bool | None] | None = None,
+                       per_prompt: Sequence[dict] | None = None, **options) -> list[GenerateResult]:
+        """Denoise several prompts together: one forward pass per step over every unfinished one.
+
+        `options` apply to every prompt; `per_prompt[i]` (a dict) overrides them for prompt i, so
+        each sequence may have its own length, scheduler, seed... Every sequence keeps its own
+        schedule, cache and early stop. Events carry `sequence` (the prompt's index); on_step
+        returning False cancels that sequence only. Results in prompt order; with greedy decoding
+        each matches generate() of the same prompt up to float ties.
+        """
+        prompts = list(prompts)
+        if not prompts:
+            raise DiffuseError("generate_batch: no prompts")
+        if per_prompt is not None and len(per_prompt) != len(prompts):
+            raise DiffuseError(f"per_prompt has {len(per_prompt)} entries for {len(prompts)} prompts")
+        resolved, ids = [], []
+        for i, prompt in enumerate(prompts):
+            try:
+                resolved.append(resolve_options(self.arch, **{**options, **(per_prompt[i] if per_prompt else {})}))
+                ids.append(self.encode_prompt(prompt, chat))
+            except DiffuseError as e:
+                raise DiffuseError(f"prompt {i}: {e}" if len(prompts) > 1 else str(e)) from None
+        tok = self.tokenizer if any(isinstance(p, str) for p in prompts) else self._tokenizer_or_none()
         eos_ids = list(tok.eos_token_ids) if tok is not None else []
 
         callback = None
@@ -114,16 +146,20 @@ class Model:
                 return on_step(StepEvent(**d)) is not False
 
         t0 = time.perf_counter()
-        out = _core.generate(self._core, np.asarray(ids, dtype=np.int32), threads=threads or 0,
-                             eos_ids=eos_ids, on_step=callback, **opts)
+        outs = _core.generate_batch(self._core, [np.asarray(i, dtype=np.int32) for i in ids], options=resolved,
+                                    threads=threads or 0, eos_ids=eos_ids, on_step=callback)
         total_ms = (time.perf_counter() - t0) * 1000.0
+        return [self._result(out, prompt_ids, tok, eos_ids, total_ms) for out, prompt_ids in zip(outs, ids)]
 
+    @staticmethod
+    def _result(out: dict, prompt_ids: list[int], tok, eos_ids: list[int], total_ms: float) -> GenerateResult:
         tokens = out["tokens"]
-        eos_at = [i for i, t in enumerate(tokens) if t in set(eos_ids)]
+        eos = set(eos_ids)
+        eos_at = [i for i, t in enumerate(tokens) if t in eos]
         useful = eos_at[0] if eos_at else len(tokens)
         text = tok.decode(tokens[:useful].tolist(), skip_special_tokens=True) if tok is not None else ""
         return GenerateResult(
-            text=text, tokens=tokens, prompt_tokens=np.asarray(ids, dtype=np.int32), steps=out["steps"],
+            text=text, tokens=tokens, prompt_tokens=np.asarray(prompt_ids, dtype=np.int32), steps=out["steps"],
             steps_allowed=out["steps_allowed"], stop_reason=out["stop_reason"], step_ms=out["step_ms"],
             forward_ms=out["forward_ms"], sample_ms=out["sample_ms"], total_ms=total_ms,
             gen_length=len(tokens), useful_length=useful, decided_step=out["decided_step"])
@@ -139,12 +175,16 @@ class Model:
 
 
 def load(path: str | os.PathLike, threads: int | None = None,
-         tokenizer: str | os.PathLike | None = None, repack: bool = False) -> Model:
+         tokenizer: str | os.PathLike | None = None, repack: bool = False,
+         flash_attn: bool = True, kv_f16: bool = True) -> Model:
     """Load a GGUF model (ours, llama.cpp's or diffuse-cpp's dialect), memory-mapped.
 
-    threads: CPU threads for the forward pass (default: all). tokenizer: a tokenizer.json for
+    threads: CPU threads for the forward pass (default: the physical cores, diffuse.physical_cores();
+    hyper-threads cost more than they give). tokenizer: a tokenizer.json for
     files that carry none (diffuse-cpp's); by default one beside the model file is used.
     repack: copy quantised matrices into ggml's interleaved CPU layout (faster on AVX2-only and
     ARM CPUs, slower for Q4_K on AVX512-VNNI; compare with `diffuse bench forward --repack`).
+    flash_attn: tiled attention whose memory grows O(n) with the context (False: the materialised
+    score matrix, O(n^2)). kv_f16: keep the K/V cache in F16 (False: F32, twice the memory).
     """
-    return Model(path, threads=threads, tokenizer=tokenizer, repack=repack)
+    return Model(path, threads=threads, tokenizer=tokenizer, repack=repack, flash_attn=flash_attn, kv_f16=kv_f16)

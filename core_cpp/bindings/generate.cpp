@@ -1,14 +1,21 @@
-// _core.generate(model, prompt_ids, **options, on_step): the denoising loop with the GIL released;
-// the GIL is taken only to hand each step's plain-data event to Python.
+// _core.generate / _core.generate_batch: the denoising loop with the GIL released; the GIL is taken
+// only to hand each step's plain-data event to Python. _core.OPTIONS exposes the option table that
+// the engine validates with, so Python, the CLI and the Studio build their inputs from it.
 #include "bindings.h"
 
 #include "diffuse.h"
+#include "gguf_dialects.h"
+#include "options.h"
 #include "schedulers.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
+
 namespace py = pybind11;
+using diffuse::OptionInfo;
+using diffuse::OptionKind;
 
 template <typename T>
 static py::array_t<T> to_numpy(const std::vector<T> & v) {
@@ -19,6 +26,7 @@ static py::array_t<T> to_numpy(const std::vector<T> & v) {
 
 static py::dict event_dict(const diffuse::StepEvent & e) {
     py::dict d;
+    d["sequence"] = e.sequence;
     d["step"] = e.step;
     d["block"] = e.block;
     d["n_blocks"] = e.n_blocks;
@@ -39,87 +47,199 @@ static py::dict event_dict(const diffuse::StepEvent & e) {
     return d;
 }
 
+static py::dict output_dict(const diffuse::GenerateOutput & out) {
+    py::dict d;
+    d["tokens"] = to_numpy(out.tokens);
+    d["decided_step"] = to_numpy(out.decided_step);
+    d["step_ms"] = to_numpy(out.step_ms);
+    d["forward_ms"] = to_numpy(out.forward_ms);
+    d["sample_ms"] = to_numpy(out.sample_ms);
+    d["steps"] = out.steps;
+    d["steps_allowed"] = out.steps_allowed;
+    d["stop_reason"] = out.stop_reason;
+    return d;
+}
+
+static const char * kind_name(OptionKind k) {
+    switch (k) {
+        case OptionKind::Int: return "int";
+        case OptionKind::Float: return "float";
+        case OptionKind::Bool: return "bool";
+        case OptionKind::Choice: return "choice";
+        case OptionKind::Seed: return "seed";
+    }
+    return "?";
+}
+
+static diffuse::Arch arch_of(const std::string & arch) {
+    if (arch != "llada" && arch != "dream") throw diffuse::Error("unknown architecture '" + arch + "'");
+    return arch == "llada" ? diffuse::Arch::LLaDA : diffuse::Arch::Dream;
+}
+
+static py::object option_value(const OptionInfo & o, const diffuse::GenerateParams & p) {
+    switch (o.kind) {
+        case OptionKind::Choice: return py::str(o.get_choice(p));
+        case OptionKind::Bool: return py::bool_(o.get(p) != 0);
+        case OptionKind::Int: return py::int_((int64_t) o.get(p));
+        case OptionKind::Seed: return py::int_(p.seed);
+        case OptionKind::Float: {
+            // Shortest decimal that rounds to the float the engine holds (1e-3, not 0.0010000000474974513).
+            char buf[32];
+            std::snprintf(buf, sizeof buf, "%.7g", o.get(p));
+            return py::float_(std::strtod(buf, nullptr));
+        }
+    }
+    return py::none();
+}
+
+// A Python value for option `o` into p; a wrong type or range is a DiffuseError naming the option.
+static void set_option(const OptionInfo & o, diffuse::GenerateParams & p, py::handle v) {
+    auto type_error = [&](const char * want) {
+        throw diffuse::Error(std::string(o.name) + " must be " + want + " (got " +
+                             py::str(py::repr(v)).cast<std::string>() + ")");
+    };
+    const bool is_bool = py::isinstance<py::bool_>(v) || py::hasattr(v, "dtype") &&
+                         py::str(v.attr("dtype").attr("kind")).cast<std::string>() == "b";
+    const bool is_int = !is_bool && py::hasattr(v, "__index__");
+    const bool is_number = is_int || (!is_bool && py::isinstance<py::float_>(v)) ||
+                           (!is_bool && py::hasattr(v, "dtype") &&
+                            py::str(v.attr("dtype").attr("kind")).cast<std::string>() == "f");
+    switch (o.kind) {
+        case OptionKind::Choice:
+            if (!py::isinstance<py::str>(v)) type_error("a string");
+            o.set_choice(p, v.cast<std::string>());
+            return;
+        case OptionKind::Bool:
+            if (!is_bool) type_error("true or false");
+            o.set(p, v.cast<bool>() ? 1.0 : 0.0);
+            return;
+        case OptionKind::Seed: {
+            if (!is_int) type_error("an integer");
+            py::int_ i(v.attr("__index__")());
+            if (i < py::int_(0) || i > py::int_(UINT64_MAX))
+                throw diffuse::Error(std::string(o.name) + " = " + py::str(i).cast<std::string>() +
+                                     " is out of range: expected " + diffuse::option_range_text(o));
+            p.seed = i.cast<uint64_t>();
+            return;
+        }
+        case OptionKind::Int: {
+            if (!is_int) type_error("an integer");
+            const double d = py::float_(v.attr("__index__")()).cast<double>();
+            diffuse::check_option(o, d);
+            o.set(p, d);
+            return;
+        }
+        case OptionKind::Float: {
+            if (!is_number) type_error("a number");
+            const double d = v.cast<double>();
+            diffuse::check_option(o, d);
+            o.set(p, d);
+            return;
+        }
+    }
+}
+
+static diffuse::GenerateParams params_from(const std::string & arch, const py::dict & options, int threads,
+                                           const std::vector<int32_t> & eos_ids) {
+    diffuse::GenerateParams p = diffuse::default_generate_params(arch_of(arch));
+    for (auto item : options) {
+        const std::string name = py::str(item.first).cast<std::string>();
+        if (item.second.is_none()) continue;   // None: the family default
+        set_option(diffuse::generate_option(name), p, item.second);
+    }
+    p.n_threads = threads;
+    p.eos_ids = eos_ids;
+    return p;
+}
+
 using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+
+static std::vector<int32_t> prompt_ids(const I32Array & prompt) {
+    if (prompt.ndim() != 1) throw diffuse::Error("prompt must be a 1-D array of token ids");
+    return std::vector<int32_t>(prompt.data(), prompt.data() + prompt.size());
+}
+
+// Runs the batch with the GIL released; events are handed to on_step with the GIL held.
+static std::vector<diffuse::GenerateOutput> run(const diffuse::Model & model, const std::vector<diffuse::BatchItem> & items,
+                                                const py::object & on_step) {
+    diffuse::StepCallback cb;
+    if (!on_step.is_none()) {
+        cb = [&on_step](const diffuse::StepEvent & e) {
+            py::gil_scoped_acquire gil;
+            py::object r = on_step(event_dict(e));
+            return r.is_none() || r.cast<bool>();
+        };
+    }
+    py::gil_scoped_release release;
+    return diffuse::generate_batch(model, items, cb);
+}
 
 void diffuse_py::register_generate(py::module_ & m) {
     m.attr("SCHEDULERS") = diffuse::scheduler_names();
-    m.def("default_options", [](const std::string & arch) {
-        if (arch != "llada" && arch != "dream") throw diffuse::Error("unknown architecture '" + arch + "'");
-        const diffuse::GenerateParams p =
-            diffuse::default_generate_params(arch == "llada" ? diffuse::Arch::LLaDA : diffuse::Arch::Dream);
+
+    py::list options;
+    for (const OptionInfo & o : diffuse::generate_options()) {
         py::dict d;
-        d["gen_length"] = p.gen_length;
-        d["steps"] = p.steps;
-        d["block_length"] = p.block_length;
-        d["scheduler"] = diffuse::scheduler_info(p.scheduler).name;
-        d["threshold"] = p.threshold;
-        d["cache"] = p.cache;
-        d["keep_active"] = p.keep_active;
-        d["refresh_every"] = p.refresh_every;
-        d["temperature"] = p.temperature;
-        d["top_k"] = p.top_k;
-        d["top_p"] = p.top_p;
-        d["alg_temp"] = p.alg_temp;
-        d["cfg_scale"] = p.cfg_scale;
-        d["eps"] = p.eps;
-        d["seed"] = p.seed;
+        d["name"] = o.name;
+        d["kind"] = kind_name(o.kind);
+        d["min"] = o.lo;
+        d["max"] = o.hi;
+        d["min_open"] = o.lo_open;
+        d["max_open"] = o.hi_open;
+        d["help"] = o.help;
+        d["range"] = diffuse::option_range_text(o);
+        d["choices"] = o.kind == OptionKind::Choice ? py::cast(diffuse::scheduler_names()) : py::list();
+        options.append(d);
+    }
+    m.attr("OPTIONS") = options;
+
+    m.def("default_options", [](const std::string & arch) {
+        const diffuse::GenerateParams p = diffuse::default_generate_params(arch_of(arch));
+        py::dict d;
+        for (const OptionInfo & o : diffuse::generate_options()) d[o.name] = option_value(o, p);
         return d;
     }, py::arg("arch"), "Default generation options of a family ('llada' or 'dream').");
 
-    m.def("generate",
-          [](diffuse::Model & model, I32Array prompt, int gen_length, int steps, int block_length,
-             const std::string & scheduler, float threshold, bool cache, int keep_active, int refresh_every,
-             float temperature, int top_k, float top_p, float alg_temp, float cfg_scale, float eps, uint64_t seed,
-             int threads, std::vector<int32_t> eos_ids, py::object on_step) {
-              if (prompt.ndim() != 1) throw diffuse::Error("prompt must be a 1-D array of token ids");
-              diffuse::GenerateParams p;
-              p.gen_length = gen_length;
-              p.steps = steps;
-              p.block_length = block_length;
-              p.scheduler = diffuse::scheduler_by_name(scheduler).id;
-              p.threshold = threshold;
-              p.cache = cache;
-              p.keep_active = keep_active;
-              p.refresh_every = refresh_every;
-              p.temperature = temperature;
-              p.top_k = top_k;
-              p.top_p = top_p;
-              p.alg_temp = alg_temp;
-              p.cfg_scale = cfg_scale;
-              p.eps = eps;
-              p.seed = seed;
-              p.n_threads = threads;
-              p.eos_ids = std::move(eos_ids);
-              std::vector<int32_t> ids(prompt.data(), prompt.data() + prompt.size());
+    m.def("check_options", [](const std::string & arch, const py::dict & options) {
+        const diffuse::GenerateParams p = params_from(arch, options, 0, {});
+        py::dict d;
+        for (const OptionInfo & o : diffuse::generate_options()) d[o.name] = option_value(o, p);
+        return d;
+    }, py::arg("arch"), py::arg("options"),
+       "The family defaults overridden by `options` (None keeps a default), checked: every option "
+       "resolved, or a DiffuseError naming the first bad one and its allowed range.");
 
-              diffuse::StepCallback cb;
-              if (!on_step.is_none()) {
-                  cb = [&on_step](const diffuse::StepEvent & e) {
-                      py::gil_scoped_acquire gil;
-                      py::object r = on_step(event_dict(e));
-                      return r.is_none() || r.cast<bool>();
-                  };
-              }
-              diffuse::GenerateOutput out;
-              {
-                  py::gil_scoped_release release;
-                  out = diffuse::generate(model, ids, p, cb);
-              }
-              py::dict d;
-              d["tokens"] = to_numpy(out.tokens);
-              d["decided_step"] = to_numpy(out.decided_step);
-              d["step_ms"] = to_numpy(out.step_ms);
-              d["forward_ms"] = to_numpy(out.forward_ms);
-              d["sample_ms"] = to_numpy(out.sample_ms);
-              d["steps"] = out.steps;
-              d["steps_allowed"] = out.steps_allowed;
-              d["stop_reason"] = out.stop_reason;
-              return d;
+    m.def("generate",
+          [](const diffuse::Model & model, I32Array prompt, const py::dict & options, int threads,
+             const std::vector<int32_t> & eos_ids, py::object on_step) {
+              diffuse::BatchItem item{prompt_ids(prompt),
+                                      params_from(diffuse::arch_name(model.hparams().arch), options, threads, eos_ids)};
+              return output_dict(run(model, {item}, on_step).front());
           },
-          py::arg("model"), py::arg("prompt"), py::kw_only(), py::arg("gen_length"), py::arg("steps"),
-          py::arg("block_length"), py::arg("scheduler"), py::arg("threshold"), py::arg("cache"),
-          py::arg("keep_active"), py::arg("refresh_every"), py::arg("temperature"), py::arg("top_k"),
-          py::arg("top_p"), py::arg("alg_temp"), py::arg("cfg_scale"), py::arg("eps"), py::arg("seed"),
-          py::arg("threads"), py::arg("eos_ids"), py::arg("on_step"),
+          py::arg("model"), py::arg("prompt"), py::kw_only(), py::arg("options"), py::arg("threads") = 0,
+          py::arg("eos_ids") = std::vector<int32_t>{}, py::arg("on_step") = py::none(),
           "Run the denoising loop. on_step(dict) -> False cancels; its exceptions propagate.");
+
+    m.def("generate_batch",
+          [](const diffuse::Model & model, const std::vector<I32Array> & prompts, const std::vector<py::dict> & options,
+             int threads, const std::vector<int32_t> & eos_ids, py::object on_step) {
+              if (options.size() != prompts.size())
+                  throw diffuse::Error("generate_batch: one options dict per prompt");
+              std::vector<diffuse::BatchItem> items;
+              for (size_t i = 0; i < prompts.size(); ++i) {
+                  try {
+                      items.push_back({prompt_ids(prompts[i]),
+                                       params_from(diffuse::arch_name(model.hparams().arch), options[i], threads, eos_ids)});
+                  } catch (const diffuse::Error & e) {
+                      throw diffuse::Error("prompt " + std::to_string(i) + ": " + e.what());
+                  }
+              }
+              py::list outs;
+              for (const diffuse::GenerateOutput & o : run(model, items, on_step)) outs.append(output_dict(o));
+              return outs;
+          },
+          py::arg("model"), py::arg("prompts"), py::kw_only(), py::arg("options"), py::arg("threads") = 0,
+          py::arg("eos_ids") = std::vector<int32_t>{}, py::arg("on_step") = py::none(),
+          "Denoise several prompts together, one forward pass per step. Events carry 'sequence'; "
+          "on_step returning False cancels that sequence only.");
 }

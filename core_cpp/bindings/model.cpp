@@ -33,22 +33,29 @@ static py::dict hparams_dict(const diffuse::HParams & hp) {
 }
 
 void diffuse_py::register_model(py::module_ & m) {
+    m.def("physical_cores", &diffuse::physical_cores,
+          "Physical cores this process may run on: the default thread count.");
     py::class_<Model>(m, "Model")
-        .def(py::init([](const std::string & path, int threads, bool repack) {
+        .def(py::init([](const std::string & path, int threads, bool repack, bool flash_attn, bool kv_f16) {
                  diffuse::LoadParams p;
                  p.n_threads = threads;
                  p.repack = repack;
+                 p.flash_attn = flash_attn;
+                 p.kv_f16 = kv_f16;
                  py::gil_scoped_release release;
                  return Model::load(path, p);
              }),
-             py::arg("path"), py::kw_only(), py::arg("threads") = 0, py::arg("repack") = false)
+             py::arg("path"), py::kw_only(), py::arg("threads") = 0, py::arg("repack") = false,
+             py::arg("flash_attn") = true, py::arg("kv_f16") = true)
         .def_property_readonly("hparams", [](const Model & self) { return hparams_dict(self.hparams()); })
         .def_property_readonly("path", &Model::path)
         .def_property_readonly("weights_bytes", &Model::weights_bytes)
         .def_property_readonly("repacked_bytes", &Model::repacked_bytes)
+        .def_property_readonly("flash_attn", &Model::flash_attn)
+        .def_property_readonly("kv_f16", &Model::kv_f16)
         .def_property("threads", &Model::n_threads, &Model::set_n_threads)
         .def("forward",
-             [](Model & self, I32Array tokens, std::vector<int32_t> rows) {
+             [](const Model & self, I32Array tokens, std::vector<int32_t> rows) {
                  if (tokens.ndim() != 1) throw diffuse::Error("forward: expected a 1-D array of token ids");
                  std::vector<int32_t> ids(tokens.data(), tokens.data() + tokens.size());
                  // The engine writes straight into the array: one allocation, one copy.

@@ -11,6 +11,13 @@
 //
 // Every failure (bad file, bad input, cancelled run) is a diffuse::Error with a message that names
 // the file and the problem; nothing aborts the process.
+//
+// Threads: a Model is immutable after load and safe to share. forward_into, generate and
+// generate_batch may run on one Model from any number of threads at once: each call borrows a
+// context of its own (compute buffers, KV caches, CPU backend) from the model's pool and returns it
+// when done, so repeated calls reuse memory instead of reallocating. set_n_threads only changes
+// the default of later calls. A StepEvent and every vector it points to live only during the
+// callback: copy what you keep.
 #pragma once
 
 #include <cstdint>
@@ -100,6 +107,7 @@ GenerateParams default_generate_params(Arch arch);
 
 // One denoising step, as seen by listeners. Positions are absolute (prompt included).
 struct StepEvent {
+    int sequence;                             // index of the prompt in a batch (0 for generate)
     int step, block, n_blocks, steps_allowed;
     int prompt_length, block_start, block_end;
     const std::vector<int32_t> * tokens;      // (n_total,)
@@ -109,10 +117,11 @@ struct StepEvent {
     const std::vector<float>   * confidence;  // (n_total,), top-1 probability, NaN where not evaluated
     const std::vector<int32_t> * active;      // recomputed positions
     const std::vector<int32_t> * cached;      // positions served from the cache
-    double forward_ms, sample_ms, total_ms;
+    double forward_ms, sample_ms, total_ms;   // forward_ms: the pass shared by the whole batch
 };
 
-// Return false to cancel; an exception thrown here ends the run and propagates to the caller.
+// Return false to cancel (that sequence only, in a batch); an exception thrown here ends the whole
+// run and propagates to the caller. Called on the thread that called generate.
 using StepCallback = std::function<bool(const StepEvent &)>;
 
 struct GenerateOutput {
@@ -124,19 +133,34 @@ struct GenerateOutput {
     std::string          stop_reason;    // "done", "eos", "cancelled"
 };
 
-GenerateOutput generate(Model & model, const std::vector<int32_t> & prompt,
+GenerateOutput generate(const Model & model, const std::vector<int32_t> & prompt,
                         const GenerateParams & params, const StepCallback & on_step);
+
+// Several prompts denoised together: each step is one forward pass over the active rows of every
+// unfinished sequence (attention stays within a sequence). Each sequence keeps its own options,
+// schedule, cache and early stop; the thread count is the first one's. Outputs in prompt order.
+struct BatchItem {
+    std::vector<int32_t> prompt;
+    GenerateParams params;
+};
+std::vector<GenerateOutput> generate_batch(const Model & model, const std::vector<BatchItem> & items,
+                                           const StepCallback & on_step);
 
 // ---------------------------------------------------------------------------------------------
 // Model
 // ---------------------------------------------------------------------------------------------
 
 struct LoadParams {
-    int  n_threads = 0;   // 0: all hardware threads
+    int  n_threads = 0;   // 0: the physical cores this process may use (hyper-threads cost ~12%)
     // Copy quantised matrices into ggml's interleaved CPU layout instead of using them from the
     // mapping. A large gain on AVX2-only and ARM CPUs; slower for Q4_K on AVX512-VNNI (measured:
     // 122 vs 267 GFLOP/s single-thread), so off by default: weights stay memory-mapped.
     bool repack = false;
+    // Attention through ggml_flash_attn_ext: scores in tiles, never an (n_q, n_kv, n_head) matrix,
+    // so compute memory grows O(n) with the context. false: the materialised softmax(QK^T) path.
+    bool flash_attn = true;
+    // K/V cache in F16 (half the memory of F32; logits differ from F32 by ~1e-3 relative).
+    bool kv_f16 = true;
 };
 
 class Model {
@@ -153,8 +177,9 @@ public:
     // the positions in `rows` (every position when empty). A diffusion step needs only the masked
     // positions of its block, so the head runs over those rows only.
     // forward_into writes them to `out`, which holds rows.size() (or tokens.size()) * n_vocab floats.
-    virtual void forward_into(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows, float * out) = 0;
-    std::vector<float> forward(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows = {}) {
+    virtual void forward_into(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows,
+                              float * out) const = 0;
+    std::vector<float> forward(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows = {}) const {
         std::vector<float> out((rows.empty() ? tokens.size() : rows.size()) * hparams().n_vocab);
         forward_into(tokens, rows, out.data());
         return out;
@@ -163,7 +188,14 @@ public:
     // Size of the weights in the file, and of those copied into the repack layout, bytes.
     virtual size_t weights_bytes() const = 0;
     virtual size_t repacked_bytes() const = 0;
+    virtual bool flash_attn() const = 0;
+    virtual bool kv_f16() const = 0;
 };
+
+// Physical cores this process may run on, the default thread count (hyper-threads cost more than
+// they give: the paper measured 12% slower with them); the logical CPU count when the topology
+// cannot be read.
+int physical_cores();
 
 // Quantise rows of float32 data (n_rows, n_cols) to a ggml type; returns the raw blocks.
 std::vector<uint8_t> quantize_rows(const float * data, int64_t n_rows, int64_t n_cols, int ggml_type);

@@ -5,26 +5,32 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+#include <atomic>
 #include <cmath>
+#include <numeric>
 
 namespace diffuse {
 
-static constexpr int MAX_GRAPH_NODES = 8192;
+// Nodes per layer and sequence are about a dozen; this bounds n_layer * batch.
+static constexpr int MAX_GRAPH_NODES = 65536;
 
 // ---- KVCache ----
 
-KVCache::KVCache(const ModelImpl & model, int n_ctx) : n_ctx_(n_ctx) {
+static std::atomic<uint64_t> next_cache_id{1};
+
+KVCache::KVCache(const ModelImpl & model, int n_ctx) : n_ctx_(n_ctx), id_(next_cache_id.fetch_add(1)) {
     const HParams & hp = model.hparams();
     const size_t n_tensors = 2 * hp.n_layer;
     ggml_init_params ip = {ggml_tensor_overhead() * n_tensors, nullptr, /*no_alloc*/ true};
     ctx_ = ggml_init(ip);
     if (!ctx_) throw Error("cannot create the KV cache context");
+    const ggml_type type = model.kv_f16() ? GGML_TYPE_F16 : GGML_TYPE_F32;
     const int64_t row = hp.head_dim * hp.n_head_kv;
     for (int il = 0; il < hp.n_layer; ++il) {
-        k.push_back(ggml_new_tensor_2d(ctx_, GGML_TYPE_F32, row, n_ctx));
-        v.push_back(ggml_new_tensor_2d(ctx_, GGML_TYPE_F32, row, n_ctx));
+        k.push_back(ggml_new_tensor_2d(ctx_, type, row, n_ctx));
+        v.push_back(ggml_new_tensor_2d(ctx_, type, row, n_ctx));
     }
-    buf_ = ggml_backend_alloc_ctx_tensors(ctx_, model.backend());
+    buf_ = ggml_backend_alloc_ctx_tensors_from_buft(ctx_, ggml_backend_cpu_buffer_type());
     if (!buf_) {
         ggml_free(ctx_);
         throw Error("out of memory allocating the KV cache (" + std::to_string(n_ctx) + " positions)");
@@ -36,16 +42,11 @@ KVCache::~KVCache() {
     if (ctx_) ggml_free(ctx_);
 }
 
+size_t KVCache::bytes() const { return ggml_backend_buffer_get_size(buf_); }
+
 // ---- graph ----
 
 namespace {
-
-struct GraphInputs {
-    ggml_tensor * tokens;      // I32 (n_q)
-    ggml_tensor * positions;   // I32 (n_q)
-    ggml_tensor * rows;        // I64 (n_q), cache rows to write (= positions)
-    ggml_tensor * out_rows;    // I32 (n_out)
-};
 
 ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * weight, float eps) {
     return ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), weight);
@@ -56,22 +57,71 @@ ggml_tensor * linear(ggml_context * ctx, ggml_tensor * w, ggml_tensor * b, ggml_
     return b ? ggml_add(ctx, y, b) : y;
 }
 
-// Builds logits (n_vocab, n_out) for the batch. The two families differ only in the q/k/v biases
-// (present in Dream), the head counts (Dream is GQA) and the rope mode, all read from the file.
-ggml_tensor * build_graph(ggml_context * ctx, ggml_cgraph * gf, const ModelImpl & model,
-                          KVCache & cache, int n_q, int n_kv, int n_out, GraphInputs & in) {
-    const HParams & hp = model.hparams();
-    const Weights & w = model.weights();
-    const int64_t hd = hp.head_dim;
+// Bidirectional attention of one sequence's queries over its cache rows [0, n_kv).
+// Q: (hd, n_q, n_head); K, V: cache views (hd, n_kv, n_head_kv). Returns (hd * n_head, n_q).
+ggml_tensor * attention(ggml_context * ctx, const HParams & hp, bool flash, ggml_tensor * Q, ggml_tensor * K,
+                        ggml_tensor * V) {
+    const int64_t hd = hp.head_dim, n_q = Q->ne[1];
+    const float scale = 1.0f / std::sqrt((float) hd);
+    ggml_tensor * o;
+    if (flash) {
+        // Scores are computed in tiles and never stored: memory O(n_q + n_kv), not O(n_q * n_kv).
+        o = ggml_flash_attn_ext(ctx, Q, K, V, nullptr, scale, 0.0f, 0.0f);   // (hd, n_head, n_q)
+    } else {
+        ggml_tensor * kq = ggml_mul_mat(ctx, K, Q);                          // (n_kv, n_q, n_head); GQA by broadcast
+        kq = ggml_soft_max_ext(ctx, kq, nullptr, scale, 0.0f);
+        ggml_tensor * Vt = ggml_cont(ctx, ggml_permute(ctx, V, 1, 0, 2, 3)); // (n_kv, hd, n_head_kv)
+        o = ggml_mul_mat(ctx, Vt, kq);                                       // (hd, n_q, n_head)
+        o = ggml_cont(ctx, ggml_permute(ctx, o, 0, 2, 1, 3));                // (hd, n_head, n_q)
+    }
+    return ggml_reshape_2d(ctx, o, hd * hp.n_head, n_q);
+}
 
-    in.tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_q);
-    in.positions = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_q);
-    in.rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n_q);
-    in.out_rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_out);
-    for (ggml_tensor * t : {in.tokens, in.positions, in.rows, in.out_rows}) ggml_set_input(t);
+}  // namespace
 
-    const float kq_scale = 1.0f / std::sqrt((float) hd);
-    ggml_tensor * x = ggml_get_rows(ctx, w.tok_embd, in.tokens);   // (n_embd, n_q)
+// ---- ForwardRunner ----
+
+ForwardRunner::ForwardRunner(const ModelImpl & model) : model_(model) {
+    backend_ = ggml_backend_cpu_init();
+    if (!backend_) throw Error("cannot initialise the ggml CPU backend");
+    galloc_ = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_));
+    graph_meta_.resize(ggml_tensor_overhead() * MAX_GRAPH_NODES + ggml_graph_overhead_custom(MAX_GRAPH_NODES, false));
+}
+
+ForwardRunner::~ForwardRunner() {
+    if (ctx_) ggml_free(ctx_);
+    ggml_gallocr_free(galloc_);
+    ggml_backend_free(backend_);
+}
+
+// Builds logits (n_vocab, n_out_total) for the batch. The two families differ only in the q/k/v
+// biases (present in Dream), the head counts (Dream is GQA) and the rope mode, all read from the file.
+void ForwardRunner::build(const std::vector<SequenceRows> & seqs) {
+    const HParams & hp = model_.hparams();
+    const Weights & w = model_.weights();
+    const int64_t hd = hp.head_dim, kv_row = hd * hp.n_head_kv;
+    const int n_seq = (int) seqs.size();
+    const int n_q = std::accumulate(shape_.n_q.begin(), shape_.n_q.end(), 0);
+    const int n_out = std::accumulate(shape_.n_out.begin(), shape_.n_out.end(), 0);
+
+    if (ctx_) ggml_free(ctx_);
+    ggml_init_params ip = {graph_meta_.size(), graph_meta_.data(), /*no_alloc*/ true};
+    ggml_context * ctx = ctx_ = ggml_init(ip);
+    graph_ = ggml_new_graph_custom(ctx, MAX_GRAPH_NODES, false);
+
+    in_ = Inputs{};
+    in_.tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_q);
+    in_.positions = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_q);
+    in_.out_rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_out);
+    for (int s = 0; s < n_seq; ++s) {
+        in_.cache_rows.push_back(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, shape_.n_q[s]));
+        if (n_seq > 1) in_.gather_rows.push_back(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, shape_.n_q[s]));
+    }
+    for (ggml_tensor * t : {in_.tokens, in_.positions, in_.out_rows}) ggml_set_input(t);
+    for (ggml_tensor * t : in_.cache_rows) ggml_set_input(t);
+    for (ggml_tensor * t : in_.gather_rows) ggml_set_input(t);
+
+    ggml_tensor * x = ggml_get_rows(ctx, w.tok_embd, in_.tokens);   // (n_embd, n_q)
 
     for (int il = 0; il < hp.n_layer; ++il) {
         const LayerWeights & L = w.layers[il];
@@ -79,31 +129,39 @@ ggml_tensor * build_graph(ggml_context * ctx, ggml_cgraph * gf, const ModelImpl 
 
         ggml_tensor * q = ggml_reshape_3d(ctx, linear(ctx, L.wq, L.bq, cur), hd, hp.n_head, n_q);
         ggml_tensor * k = ggml_reshape_3d(ctx, linear(ctx, L.wk, L.bk, cur), hd, hp.n_head_kv, n_q);
-        ggml_tensor * v = linear(ctx, L.wv, L.bv, cur);                 // (hd * n_head_kv, n_q)
-        q = ggml_rope_ext(ctx, q, in.positions, nullptr, hd, hp.rope_mode, 0, hp.rope_theta,
+        ggml_tensor * v = linear(ctx, L.wv, L.bv, cur);                 // (kv_row, n_q)
+        q = ggml_rope_ext(ctx, q, in_.positions, nullptr, hd, hp.rope_mode, 0, hp.rope_theta,
                           1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
-        k = ggml_rope_ext(ctx, k, in.positions, nullptr, hd, hp.rope_mode, 0, hp.rope_theta,
-                          1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+        k = ggml_reshape_2d(ctx, ggml_rope_ext(ctx, k, in_.positions, nullptr, hd, hp.rope_mode, 0, hp.rope_theta,
+                                               1.0f, 0.0f, 1.0f, 0.0f, 0.0f), kv_row, n_q);
 
-        // Store this batch's K/V at their positions; attend over the first n_kv cache rows.
-        ggml_tensor * kc = ggml_set_rows(ctx, cache.k[il], ggml_reshape_2d(ctx, k, hd * hp.n_head_kv, n_q), in.rows);
-        ggml_tensor * vc = ggml_set_rows(ctx, cache.v[il], v, in.rows);
-        ggml_tensor * K = ggml_view_3d(ctx, kc, hd, hp.n_head_kv, n_kv, kc->nb[0] * hd, kc->nb[1], 0);
-        ggml_tensor * V = ggml_view_3d(ctx, vc, hd, hp.n_head_kv, n_kv, vc->nb[0] * hd, vc->nb[1], 0);
-
-        K = ggml_permute(ctx, K, 0, 2, 1, 3);                          // (hd, n_kv, n_head_kv)
-        ggml_tensor * Q = ggml_permute(ctx, q, 0, 2, 1, 3);            // (hd, n_q, n_head)
-        ggml_tensor * kq = ggml_mul_mat(ctx, K, Q);                    // (n_kv, n_q, n_head); GQA by broadcast
-        kq = ggml_soft_max_ext(ctx, kq, nullptr, kq_scale, 0.0f);      // bidirectional: no mask
-        ggml_tensor * Vt = ggml_cont(ctx, ggml_permute(ctx, V, 1, 2, 0, 3));  // (n_kv, hd, n_head_kv)
-        ggml_tensor * o = ggml_mul_mat(ctx, Vt, kq);                   // (hd, n_q, n_head)
-        o = ggml_cont(ctx, ggml_permute(ctx, o, 0, 2, 1, 3));          // (hd, n_head, n_q)
-        o = ggml_mul_mat(ctx, L.wo, ggml_reshape_2d(ctx, o, hd * hp.n_head, n_q));
+        // Per sequence: store its rows' K/V in its cache, attend over its first n_kv cache rows.
+        ggml_tensor * attn = nullptr;   // (hd * n_head, n_q)
+        for (int s = 0, off = 0; s < n_seq; off += shape_.n_q[s], ++s) {
+            const int n = shape_.n_q[s], n_kv = shape_.n_kv[s];
+            KVCache & cache = *seqs[s].cache;
+            ggml_tensor * ks = ggml_view_2d(ctx, k, kv_row, n, k->nb[1], off * k->nb[1]);
+            ggml_tensor * vs = ggml_view_2d(ctx, v, kv_row, n, v->nb[1], off * v->nb[1]);
+            ggml_tensor * kc = ggml_set_rows(ctx, cache.k[il], ks, in_.cache_rows[s]);
+            ggml_tensor * vc = ggml_set_rows(ctx, cache.v[il], vs, in_.cache_rows[s]);
+            const size_t el = ggml_element_size(kc);
+            // (hd, n_kv, n_head_kv) views of the cache; (hd, n, n_head) of this sequence's queries.
+            ggml_tensor * K = ggml_view_3d(ctx, kc, hd, n_kv, hp.n_head_kv, kc->nb[1], el * hd, 0);
+            ggml_tensor * V = ggml_view_3d(ctx, vc, hd, n_kv, hp.n_head_kv, vc->nb[1], el * hd, 0);
+            ggml_tensor * Q = ggml_view_3d(ctx, q, hd, n, hp.n_head, q->nb[2], q->nb[1], off * q->nb[2]);
+            ggml_tensor * o = attention(ctx, hp, model_.flash_attn(), Q, K, V);
+            if (n_seq == 1) attn = o;
+            else {
+                if (!attn) attn = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hd * hp.n_head, n_q);
+                attn = ggml_set_rows(ctx, attn, o, in_.gather_rows[s]);   // back to its rows of the batch
+            }
+        }
+        ggml_tensor * o = ggml_mul_mat(ctx, L.wo, attn);
 
         if (il == hp.n_layer - 1) {
             // Only rows whose logits are wanted go through the last FFN and the head.
-            o = ggml_get_rows(ctx, o, in.out_rows);
-            x = ggml_get_rows(ctx, x, in.out_rows);
+            o = ggml_get_rows(ctx, o, in_.out_rows);
+            x = ggml_get_rows(ctx, x, in_.out_rows);
         }
         x = ggml_add(ctx, x, o);
 
@@ -114,60 +172,67 @@ ggml_tensor * build_graph(ggml_context * ctx, ggml_cgraph * gf, const ModelImpl 
     }
 
     x = rms_norm(ctx, x, w.output_norm, hp.rms_eps);
-    ggml_tensor * logits = ggml_mul_mat(ctx, w.output, x);            // (n_vocab, n_out)
-    ggml_set_output(logits);
-    ggml_build_forward_expand(gf, logits);
-    return logits;
+    in_.logits = ggml_mul_mat(ctx, w.output, x);                       // (n_vocab, n_out)
+    ggml_set_output(in_.logits);
+    ggml_build_forward_expand(graph_, in_.logits);
 }
 
-}  // namespace
-
-// ---- ForwardRunner ----
-
-ForwardRunner::ForwardRunner(ModelImpl & model) : model_(model) {
-    galloc_ = ggml_gallocr_new(ggml_backend_get_default_buffer_type(model.backend()));
-    graph_meta_.resize(ggml_tensor_overhead() * MAX_GRAPH_NODES + ggml_graph_overhead_custom(MAX_GRAPH_NODES, false));
-}
-
-ForwardRunner::~ForwardRunner() { ggml_gallocr_free(galloc_); }
-
-void ForwardRunner::run(KVCache & cache, const ForwardBatch & b, int n_threads, float * logits) {
+void ForwardRunner::run(const std::vector<SequenceRows> & seqs, int n_threads, float * logits) {
     const HParams & hp = model_.hparams();
-    const int n_q = (int) b.tokens.size();
-    const int n_out = (int) b.out_rows.size();
-    if (n_q == 0 || n_out == 0) throw Error("empty forward batch");
-    if (b.positions.size() != b.tokens.size()) throw Error("forward batch: positions and tokens differ in length");
-    if (b.n_kv <= 0 || b.n_kv > cache.n_ctx()) throw Error("forward batch: n_kv out of range");
-    model_.check_tokens(b.tokens.data(), b.tokens.size());
-    for (int32_t p : b.positions)
-        if (p < 0 || p >= b.n_kv) throw Error("forward batch: position " + std::to_string(p) + " outside the context");
-    for (int32_t r : b.out_rows)
-        if (r < 0 || r >= n_q) throw Error("forward batch: output row out of range");
-
-    ggml_init_params ip = {graph_meta_.size(), graph_meta_.data(), /*no_alloc*/ true};
-    ggml_context * ctx = ggml_init(ip);
-    ggml_cgraph * gf = ggml_new_graph_custom(ctx, MAX_GRAPH_NODES, false);
-    GraphInputs in{};
-    ggml_tensor * out = build_graph(ctx, gf, model_, cache, n_q, b.n_kv, n_out, in);
-
-    if (!ggml_gallocr_alloc_graph(galloc_, gf)) {
-        ggml_free(ctx);
-        throw Error("out of memory allocating the compute graph (" + std::to_string(n_q) + " positions)");
+    if (seqs.empty()) throw Error("empty forward batch");
+    Shape shape;
+    for (const SequenceRows & s : seqs) {
+        if (!s.cache) throw Error("forward batch: a sequence has no KV cache");
+        if (s.tokens.empty() || s.out_rows.empty()) throw Error("empty forward batch");
+        if (s.positions.size() != s.tokens.size()) throw Error("forward batch: positions and tokens differ in length");
+        if (s.n_kv <= 0 || s.n_kv > s.cache->n_ctx()) throw Error("forward batch: n_kv out of range");
+        model_.check_tokens(s.tokens.data(), s.tokens.size());
+        for (int32_t p : s.positions)
+            if (p < 0 || p >= s.n_kv) throw Error("forward batch: position " + std::to_string(p) + " outside the context");
+        for (int32_t r : s.out_rows)
+            if (r < 0 || r >= (int) s.tokens.size()) throw Error("forward batch: output row out of range");
+        for (uint64_t id : shape.caches)
+            if (id == s.cache->id()) throw Error("forward batch: two sequences share a KV cache");
+        shape.caches.push_back(s.cache->id());
+        shape.n_q.push_back((int) s.tokens.size());
+        shape.n_kv.push_back(s.n_kv);
+        shape.n_out.push_back((int) s.out_rows.size());
     }
-    std::vector<int64_t> rows(b.positions.begin(), b.positions.end());
-    ggml_backend_tensor_set(in.tokens, b.tokens.data(), 0, sizeof(int32_t) * n_q);
-    ggml_backend_tensor_set(in.positions, b.positions.data(), 0, sizeof(int32_t) * n_q);
-    ggml_backend_tensor_set(in.rows, rows.data(), 0, sizeof(int64_t) * n_q);
-    ggml_backend_tensor_set(in.out_rows, b.out_rows.data(), 0, sizeof(int32_t) * n_out);
 
-    ggml_backend_cpu_set_n_threads(model_.backend(), n_threads);
-    const ggml_status st = ggml_backend_graph_compute(model_.backend(), gf);
-    if (st != GGML_STATUS_SUCCESS) {
-        ggml_free(ctx);
-        throw Error("forward pass failed (ggml status " + std::to_string((int) st) + ")");
+    if (!ctx_ || !(shape == shape_)) {
+        shape_ = std::move(shape);
+        build(seqs);
+        if (!ggml_gallocr_alloc_graph(galloc_, graph_)) {
+            ggml_free(ctx_);
+            ctx_ = nullptr;
+            throw Error("out of memory allocating the compute graph (" +
+                        std::to_string(std::accumulate(shape_.n_q.begin(), shape_.n_q.end(), 0)) + " positions)");
+        }
     }
-    ggml_backend_tensor_get(out, logits, 0, (size_t) n_out * hp.n_vocab * sizeof(float));
-    ggml_free(ctx);
+
+    // Inputs: the sequences' rows one after another.
+    std::vector<int32_t> tokens, positions, out_rows;
+    std::vector<int64_t> rows;
+    for (size_t s = 0, off = 0; s < seqs.size(); off += seqs[s].tokens.size(), ++s) {
+        const SequenceRows & q = seqs[s];
+        tokens.insert(tokens.end(), q.tokens.begin(), q.tokens.end());
+        positions.insert(positions.end(), q.positions.begin(), q.positions.end());
+        for (int32_t r : q.out_rows) out_rows.push_back((int32_t) off + r);
+        rows.assign(q.positions.begin(), q.positions.end());
+        ggml_backend_tensor_set(in_.cache_rows[s], rows.data(), 0, sizeof(int64_t) * rows.size());
+        if (!in_.gather_rows.empty()) {
+            std::iota(rows.begin(), rows.end(), (int64_t) off);
+            ggml_backend_tensor_set(in_.gather_rows[s], rows.data(), 0, sizeof(int64_t) * rows.size());
+        }
+    }
+    ggml_backend_tensor_set(in_.tokens, tokens.data(), 0, sizeof(int32_t) * tokens.size());
+    ggml_backend_tensor_set(in_.positions, positions.data(), 0, sizeof(int32_t) * positions.size());
+    ggml_backend_tensor_set(in_.out_rows, out_rows.data(), 0, sizeof(int32_t) * out_rows.size());
+
+    ggml_backend_cpu_set_n_threads(backend_, n_threads);
+    const ggml_status st = ggml_backend_graph_compute(backend_, graph_);
+    if (st != GGML_STATUS_SUCCESS) throw Error("forward pass failed (ggml status " + std::to_string((int) st) + ")");
+    ggml_backend_tensor_get(in_.logits, logits, 0, out_rows.size() * (size_t) hp.n_vocab * sizeof(float));
 }
 
 }  // namespace diffuse

@@ -1,4 +1,5 @@
-// The denoising loop: forward -> sample -> unmask -> event, block by block.
+// The denoising loop: forward -> sample -> unmask -> event, block by block, for one sequence or a
+// batch of them advancing together (one forward pass per step over every unfinished sequence).
 //
 // Inter-step cache (the paper's): K/V of every layer stay in a KVCache between steps. A step
 // recomputes only its active positions (masked in the current block, changed within the last
@@ -7,14 +8,16 @@
 // everything; cache=false recomputes everything every step (exact).
 #include "diffuse.h"
 
-#include "forward.h"
+#include "context.h"
 #include "model_impl.h"
+#include "options.h"
 #include "rng.h"
 #include "sampling.h"
 #include "schedulers.h"
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <limits>
 
@@ -38,222 +41,290 @@ double ms_since(Clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-struct Run {
-    ModelImpl & model;
-    const GenerateParams & p;
-    int n_prompt, n_total, n_threads;
+// last_change of a position no step has changed (the prompt, masks not yet committed): never
+// "recently changed", so the cache keeps serving it.
+constexpr int NEVER = INT_MIN / 2;
 
-    std::vector<int32_t> x;            // (n_total,) current sequence
-    std::vector<uint8_t> mask;         // (n_total,) 1 = masked
-    std::vector<int>     last_change;  // (n_total,) step that last changed the token; -1 = before the run
-    std::vector<int32_t> decided;      // (n_total,) step that committed the position, -1 = prompt/masked
-};
-
-// Positions to recompute this step; the source row of every needed logit is always among them.
-std::vector<int32_t> plan_active(const Run & r, int step, int bs, int be, const std::vector<int32_t> & sources) {
-    const GenerateParams & p = r.p;
-    const bool full = !p.cache || step == 0 || (p.refresh_every > 0 && step % p.refresh_every == 0);
-    std::vector<uint8_t> on(r.n_total, full ? 1 : 0);
-    if (!full) {
-        for (int i = 0; i < r.n_total; ++i)
-            on[i] = (r.mask[i] && i >= bs && i < be) || step - r.last_change[i] <= p.keep_active;
-        for (int32_t s : sources) on[s] = 1;
-    }
-    std::vector<int32_t> active;
-    for (int i = 0; i < r.n_total; ++i)
-        if (on[i]) active.push_back(i);
-    return active;
-}
-
-// Logits (n_out, n_vocab) of the `sources` rows, computing only `active` positions of `seq`.
-void run_forward(Run & r, KVCache & cache, const std::vector<int32_t> & seq, const std::vector<int32_t> & active,
-                 const std::vector<int32_t> & sources, std::vector<float> & logits) {
-    ForwardBatch b;
-    b.n_kv = r.n_total;
-    std::vector<int32_t> row_of(r.n_total, -1);
-    for (int32_t pos : active) {
-        row_of[pos] = (int32_t) b.tokens.size();
-        b.tokens.push_back(seq[pos]);
-        b.positions.push_back(pos);
-    }
-    for (int32_t s : sources) b.out_rows.push_back(row_of[s]);
-    logits.resize(sources.size() * (size_t) r.model.hparams().n_vocab);
-    r.model.runner().run(cache, b, r.n_threads, logits.data());
-}
-
-}  // namespace
-
-GenerateOutput generate(Model & base, const std::vector<int32_t> & prompt, const GenerateParams & p,
-                        const StepCallback & on_step) {
-    ModelImpl & model = static_cast<ModelImpl &>(base);
+// Checks a request against the model; returns the effective block length.
+int validate(const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p) {
     const HParams & hp = model.hparams();
-    const SchedulerInfo & sched = scheduler_info(p.scheduler);
-
-    // ---- validate ----
     if (prompt.empty()) throw Error("the prompt is empty");
     model.check_tokens(prompt.data(), prompt.size());
-    if (p.gen_length <= 0) throw Error("gen_length must be positive");
+    check_options(p);
     const int block = p.block_length <= 0 ? p.gen_length : std::min(p.block_length, p.gen_length);
     if (p.gen_length % block != 0)
         throw Error("gen_length (" + std::to_string(p.gen_length) + ") must be a multiple of block_length (" +
                     std::to_string(block) + ")");
-    if (p.steps <= 0) throw Error("steps must be positive");
-    if (p.keep_active < 1) throw Error("keep_active must be at least 1 (a committed position is recomputed once)");
-    if (p.refresh_every < 0) throw Error("refresh_every must be >= 0");
-    if (!(p.temperature >= 0) || !(p.top_p > 0 && p.top_p <= 1) || p.top_k < 0 || !(p.alg_temp >= 0) ||
-        !(p.cfg_scale >= 0) || !(p.eps > 0 && p.eps < 1) || !(p.threshold >= 0))
-        throw Error("sampling options out of range (temperature >= 0, 0 < top_p <= 1, top_k >= 0, alg_temp >= 0, "
-                    "cfg_scale >= 0, 0 < eps < 1, threshold >= 0)");
-    const int64_t n_total64 = (int64_t) prompt.size() + p.gen_length;
-    if (n_total64 > hp.n_ctx_train)
+    if ((int64_t) prompt.size() + p.gen_length > hp.n_ctx_train)
         throw Error("prompt (" + std::to_string(prompt.size()) + " tokens) + gen_length (" +
                     std::to_string(p.gen_length) + ") exceeds the model's context of " +
                     std::to_string(hp.n_ctx_train) + " positions");
-    const int n_blocks = p.gen_length / block;
-    // Each block gets the same number of steps; the budget is rounded down to a multiple of the
-    // block count (at least one step per block).
-    const int steps_per_block = std::max(1, p.steps / n_blocks);
+    return block;
+}
 
-    Run r{model, p, (int) prompt.size(), (int) n_total64, p.n_threads > 0 ? p.n_threads : model.n_threads(),
-          {}, {}, {}, {}};
-    r.x = prompt;
-    r.x.resize(r.n_total, hp.mask_token_id);
-    r.mask.assign(r.n_total, 0);
-    std::fill(r.mask.begin() + r.n_prompt, r.mask.end(), 1);
-    r.last_change.assign(r.n_total, -1);
-    r.decided.assign(r.n_total, -1);
+// One sequence's state through the run.
+struct Sequence {
+    int index;
+    const GenerateParams & p;
+    const SchedulerInfo & sched;
+    int n_prompt, n_total, block, n_blocks, steps_per_block;
 
-    KVCache cache(model, r.n_total);
-    std::unique_ptr<KVCache> uncond_cache;
-    std::vector<int32_t> x_uncond;   // classifier-free guidance: the prompt masked out
-    if (p.cfg_scale > 0) {
-        uncond_cache = std::make_unique<KVCache>(model, r.n_total);
-        x_uncond = r.x;
-        std::fill(x_uncond.begin(), x_uncond.begin() + r.n_prompt, hp.mask_token_id);
+    std::vector<int32_t> x;            // (n_total,) current sequence
+    std::vector<uint8_t> mask;         // (n_total,) 1 = masked
+    std::vector<int>     last_change;  // (n_total,) step that last changed the token, NEVER if none
+    std::vector<int32_t> decided;      // (n_total,) step that committed the position, -1 = prompt/masked
+    std::vector<int32_t> x_uncond;     // classifier-free guidance: x with the prompt masked out
+    KVCache * cache = nullptr;
+    KVCache * uncond_cache = nullptr;
+
+    int b = 0, i = 0, step = 0;        // current block, step within it, steps run
+    bool done = false;
+    GenerateOutput out;
+
+    // This step: masked positions of the block, the rows whose logits they take, rows to recompute.
+    std::vector<int32_t> cand, sources, active;
+
+    Sequence(int index_, const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p_)
+        : index(index_), p(p_), sched(scheduler_info(p_.scheduler)) {
+        block = validate(model, prompt, p);
+        n_prompt = (int) prompt.size();
+        n_total = n_prompt + p.gen_length;
+        n_blocks = p.gen_length / block;
+        // Each block gets the same number of steps; the budget is rounded down to a multiple of the
+        // block count (at least one step per block).
+        steps_per_block = std::max(1, p.steps / n_blocks);
+        const int32_t mask_id = model.hparams().mask_token_id;
+        x = prompt;
+        x.resize(n_total, mask_id);
+        mask.assign(n_total, 0);
+        std::fill(mask.begin() + n_prompt, mask.end(), 1);
+        last_change.assign(n_total, NEVER);
+        decided.assign(n_total, -1);
+        if (p.cfg_scale > 0) {
+            x_uncond = x;
+            std::fill(x_uncond.begin(), x_uncond.begin() + n_prompt, mask_id);
+        }
+        out.steps_allowed = steps_per_block * n_blocks;
+        out.stop_reason = "done";
     }
 
-    GenerateOutput out;
-    out.steps_allowed = steps_per_block * n_blocks;
-    out.stop_reason = "done";
+    int block_start() const { return n_prompt + b * block; }
+    int block_end() const { return block_start() + block; }
+    bool is_eos(int32_t t) const { return std::find(p.eos_ids.begin(), p.eos_ids.end(), t) != p.eos_ids.end(); }
 
-    std::vector<float> logits, logits_un, entropy(r.n_total), confidence(r.n_total);
+    // Moves to the next step that has work (finishing blocks on the way); false when the run is over.
+    bool next_step(bool shift_logits) {
+        while (!done && b < n_blocks) {
+            const int bs = block_start(), be = block_end();
+            if (i < steps_per_block) {
+                cand.clear();
+                for (int pos = bs; pos < be; ++pos)
+                    if (mask[pos]) cand.push_back(pos);
+                if (!cand.empty()) {
+                    // Dream predicts position p from the output row of p - 1.
+                    sources = cand;
+                    if (shift_logits)
+                        for (int32_t & s : sources) s = std::max(0, s - 1);
+                    plan_active();
+                    return true;
+                }
+            }
+            // A finished block that is all end-of-text ends the answer: pad the rest and stop.
+            bool all_eos = !p.eos_ids.empty();
+            for (int pos = bs; pos < be && all_eos; ++pos) all_eos = !mask[pos] && is_eos(x[pos]);
+            if (all_eos && be < n_total) {
+                for (int pos = be; pos < n_total; ++pos) {
+                    x[pos] = p.eos_ids.front();
+                    mask[pos] = 0;
+                }
+                out.stop_reason = "eos";
+                done = true;
+            }
+            ++b;
+            i = 0;
+        }
+        done = true;
+        return false;
+    }
+
+    // Positions to recompute this step; the source row of every needed logit is always among them.
+    void plan_active() {
+        const bool full = !p.cache || step == 0 || (p.refresh_every > 0 && step % p.refresh_every == 0);
+        const int bs = block_start(), be = block_end();
+        std::vector<uint8_t> on(n_total, 1);
+        if (!full) {
+            for (int pos = 0; pos < n_total; ++pos)
+                on[pos] = (mask[pos] && pos >= bs && pos < be) || step - last_change[pos] <= p.keep_active;
+            for (int32_t s : sources) on[s] = 1;
+        }
+        active.clear();
+        for (int pos = 0; pos < n_total; ++pos)
+            if (on[pos]) active.push_back(pos);
+    }
+
+    // This step's rows of `cache` computed from `seq`.
+    SequenceRows rows(KVCache * kv, const std::vector<int32_t> & seq) const {
+        SequenceRows r;
+        r.cache = kv;
+        r.n_kv = n_total;
+        std::vector<int32_t> row_of(n_total, -1);
+        for (int32_t pos : active) {
+            row_of[pos] = (int32_t) r.tokens.size();
+            r.tokens.push_back(seq[pos]);
+            r.positions.push_back(pos);
+        }
+        for (int32_t s : sources) r.out_rows.push_back(row_of[s]);
+        return r;
+    }
+};
+
+}  // namespace
+
+std::vector<GenerateOutput> generate_batch(const Model & base, const std::vector<BatchItem> & items,
+                                           const StepCallback & on_step) {
+    const ModelImpl & model = static_cast<const ModelImpl &>(base);
+    const HParams & hp = model.hparams();
+    if (items.empty()) throw Error("generate_batch: no prompts");
+
+    std::vector<Sequence> seqs;
+    seqs.reserve(items.size());
+    for (size_t s = 0; s < items.size(); ++s) {
+        try {
+            seqs.emplace_back((int) s, model, items[s].prompt, items[s].params);
+        } catch (const Error & e) {
+            throw Error(items.size() == 1 ? e.what() : "prompt " + std::to_string(s) + ": " + e.what());
+        }
+    }
+    const int n_threads = items[0].params.n_threads > 0 ? items[0].params.n_threads : model.n_threads();
+
+    ContextLease ctx = model.lease();
+    size_t slot = 0;
+    for (Sequence & q : seqs) {
+        q.cache = &ctx->cache(slot++, q.n_total);
+        if (q.p.cfg_scale > 0) q.uncond_cache = &ctx->cache(slot++, q.n_total);
+    }
+
+    const int64_t V = hp.n_vocab;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> logits, entropy, confidence;
     std::vector<RowStats> stats;
     std::vector<int32_t> unmasked, cached;
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    auto is_eos = [&](int32_t t) { return std::find(p.eos_ids.begin(), p.eos_ids.end(), t) != p.eos_ids.end(); };
+    std::vector<SequenceRows> batch;
+    std::vector<Sequence *> work;
 
-    int step = 0;
-    bool stop = false;
-    for (int b = 0; b < n_blocks && !stop; ++b) {
-        const int bs = r.n_prompt + b * block, be = bs + block;
-        const std::vector<int> counts = llada_transfer_counts(block, steps_per_block);
+    for (;;) {
+        work.clear();
+        for (Sequence & q : seqs)
+            if (q.next_step(hp.shift_logits)) work.push_back(&q);
+        if (work.empty()) break;
 
-        for (int i = 0; i < steps_per_block; ++i) {
-            const Clock::time_point t0 = Clock::now();
-            std::vector<int32_t> cand;   // masked positions of this block
-            for (int pos = bs; pos < be; ++pos)
-                if (r.mask[pos]) cand.push_back(pos);
-            if (cand.empty()) break;
-
-            // Dream predicts position p from the output row of p - 1.
-            std::vector<int32_t> sources(cand);
-            if (hp.shift_logits)
-                for (int32_t & s : sources) s = std::max(0, s - 1);
-
-            const std::vector<int32_t> active = plan_active(r, step, bs, be, sources);
-            run_forward(r, cache, r.x, active, sources, logits);
-            if (uncond_cache) {
-                for (int pos = r.n_prompt; pos < r.n_total; ++pos) x_uncond[pos] = r.x[pos];
-                run_forward(r, *uncond_cache, x_uncond, active, sources, logits_un);
-                const float w = p.cfg_scale + 1.0f;
-                for (size_t j = 0; j < logits.size(); ++j) logits[j] = logits_un[j] + w * (logits[j] - logits_un[j]);
+        // ---- one forward pass for every sequence with a step to do ----
+        const Clock::time_point t0 = Clock::now();
+        batch.clear();
+        size_t n_out = 0;
+        for (Sequence * q : work) {
+            batch.push_back(q->rows(q->cache, q->x));
+            n_out += q->sources.size();
+            if (q->uncond_cache) {
+                for (int pos = q->n_prompt; pos < q->n_total; ++pos) q->x_uncond[pos] = q->x[pos];
+                batch.push_back(q->rows(q->uncond_cache, q->x_uncond));
+                n_out += q->sources.size();
             }
-            const double forward_ms = ms_since(t0);
+        }
+        logits.resize(n_out * (size_t) V);
+        ctx->runner.run(batch, n_threads, logits.data());
+        const double forward_ms = ms_since(t0);
 
+        // ---- per sequence: sample, commit, report ----
+        float * row = logits.data();
+        for (Sequence * qp : work) {
+            Sequence & q = *qp;
             const Clock::time_point t1 = Clock::now();
+            const int n_cand = (int) q.cand.size();
+            float * lg = row;
+            row += (size_t) n_cand * V;
+            if (q.uncond_cache) {
+                const float * un = row;
+                row += (size_t) n_cand * V;
+                const float w = q.p.cfg_scale + 1.0f;
+                for (size_t j = 0; j < (size_t) n_cand * V; ++j) lg[j] = un[j] + w * (lg[j] - un[j]);
+            }
             SampleConfig sc;
-            sc.temperature = p.temperature;
-            sc.top_k = p.top_k;
-            sc.top_p = p.top_p;
-            sc.gumbel = sched.gumbel;
-            sc.seed = p.seed;
-            sc.step = (uint64_t) step;
+            sc.temperature = q.p.temperature;
+            sc.top_k = q.p.top_k;
+            sc.top_p = q.p.top_p;
+            sc.gumbel = q.sched.gumbel;
+            sc.seed = q.p.seed;
+            sc.step = (uint64_t) q.step;
             sc.mask_token_id = hp.mask_token_id;
-            sample_rows(logits.data(), (int) cand.size(), hp.n_vocab, cand, sc, r.n_threads, stats);
+            sample_rows(lg, n_cand, V, q.cand, sc, n_threads, stats);
             for (const RowStats & s : stats)
                 if (!std::isfinite(s.entropy))
                     throw Error(model.path() + ": the forward pass produced NaN/Inf logits (corrupt weights?)");
 
-            const int n_cand = (int) cand.size();
-            int k = sched.schedule == Schedule::LLaDABlocks
-                        ? (i == steps_per_block - 1 ? n_cand : std::min(counts[i], n_cand))
-                        : dream_transfer_count(n_cand, i, steps_per_block, p.eps);
-            SelectInput in{stats, k, p.threshold, p.alg_temp, dream_transfer_prob(i, steps_per_block, p.eps),
-                           rng_key(p.seed ^ 0x5ced5ced5cedULL, (uint64_t) step, 1)};
-            const std::vector<int> chosen = sched.select(in);
+            const std::vector<int> counts = llada_transfer_counts(q.block, q.steps_per_block);
+            const int k = q.sched.schedule == Schedule::LLaDABlocks
+                              ? (q.i == q.steps_per_block - 1 ? n_cand : std::min(counts[q.i], n_cand))
+                              : dream_transfer_count(n_cand, q.i, q.steps_per_block, q.p.eps);
+            SelectInput in{stats, k, q.p.threshold, q.p.alg_temp, dream_transfer_prob(q.i, q.steps_per_block, q.p.eps),
+                           rng_key(q.p.seed ^ 0x5ced5ced5cedULL, (uint64_t) q.step, 1)};
+            const std::vector<int> chosen = q.sched.select(in);
 
-            std::fill(entropy.begin(), entropy.end(), nan);
-            std::fill(confidence.begin(), confidence.end(), nan);
+            entropy.assign(q.n_total, nan);
+            confidence.assign(q.n_total, nan);
             for (int j = 0; j < n_cand; ++j) {
-                entropy[cand[j]] = stats[j].entropy;
-                confidence[cand[j]] = stats[j].top1;
+                entropy[q.cand[j]] = stats[j].entropy;
+                confidence[q.cand[j]] = stats[j].top1;
             }
             unmasked.clear();
             for (int j : chosen) {
-                const int32_t pos = cand[j];
-                r.x[pos] = stats[j].x0;
-                r.mask[pos] = 0;
-                r.last_change[pos] = step;
-                r.decided[pos] = step;
+                const int32_t pos = q.cand[j];
+                q.x[pos] = stats[j].x0;
+                q.mask[pos] = 0;
+                q.last_change[pos] = q.step;
+                q.decided[pos] = q.step;
                 unmasked.push_back(pos);
             }
             std::sort(unmasked.begin(), unmasked.end());
             const double sample_ms = ms_since(t1);
-            const double total_ms = ms_since(t0);
+            const double total_ms = forward_ms + sample_ms;
 
             cached.clear();
-            {
-                size_t a = 0;
-                for (int pos = 0; pos < r.n_total; ++pos) {
-                    if (a < active.size() && active[a] == pos) ++a;
-                    else cached.push_back(pos);
-                }
+            for (int pos = 0, a = 0; pos < q.n_total; ++pos) {
+                if (a < (int) q.active.size() && q.active[a] == pos) ++a;
+                else cached.push_back(pos);
             }
-            out.step_ms.push_back(total_ms);
-            out.forward_ms.push_back(forward_ms);
-            out.sample_ms.push_back(sample_ms);
-            out.steps = step + 1;
+            q.out.step_ms.push_back(total_ms);
+            q.out.forward_ms.push_back(forward_ms);
+            q.out.sample_ms.push_back(sample_ms);
+            q.out.steps = q.step + 1;
 
             if (on_step) {
-                StepEvent ev{step, b, n_blocks, out.steps_allowed, r.n_prompt, bs, be,
-                             &r.x, &r.mask, &unmasked, &entropy, &confidence, &active, &cached,
-                             forward_ms, sample_ms, total_ms};
+                StepEvent ev{q.index, q.step, q.b, q.n_blocks, q.out.steps_allowed, q.n_prompt,
+                             q.block_start(), q.block_end(), &q.x, &q.mask, &unmasked, &entropy, &confidence,
+                             &q.active, &cached, forward_ms, sample_ms, total_ms};
                 if (!on_step(ev)) {
-                    out.stop_reason = "cancelled";
-                    stop = true;
-                    break;
+                    q.out.stop_reason = "cancelled";
+                    q.done = true;
                 }
             }
-            ++step;
-        }
-        if (stop) break;
-
-        // A finished block that is all end-of-text ends the answer: pad the rest and stop.
-        bool all_eos = !p.eos_ids.empty();
-        for (int pos = bs; pos < be && all_eos; ++pos) all_eos = !r.mask[pos] && is_eos(r.x[pos]);
-        if (all_eos && be < r.n_total) {
-            for (int pos = be; pos < r.n_total; ++pos) {
-                r.x[pos] = p.eos_ids.front();
-                r.mask[pos] = 0;
-            }
-            out.stop_reason = "eos";
-            break;
+            ++q.step;
+            ++q.i;
         }
     }
 
-    out.tokens.assign(r.x.begin() + r.n_prompt, r.x.end());
-    out.decided_step.assign(r.decided.begin() + r.n_prompt, r.decided.end());
-    return out;
+    std::vector<GenerateOutput> outs;
+    for (Sequence & q : seqs) {
+        q.out.tokens.assign(q.x.begin() + q.n_prompt, q.x.end());
+        q.out.decided_step.assign(q.decided.begin() + q.n_prompt, q.decided.end());
+        outs.push_back(std::move(q.out));
+    }
+    return outs;
+}
+
+GenerateOutput generate(const Model & model, const std::vector<int32_t> & prompt, const GenerateParams & params,
+                        const StepCallback & on_step) {
+    return std::move(generate_batch(model, {BatchItem{prompt, params}}, on_step).front());
 }
 
 }  // namespace diffuse

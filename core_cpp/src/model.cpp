@@ -1,6 +1,6 @@
 #include "model_impl.h"
 
-#include "forward.h"
+#include "context.h"
 #include "gguf_dialects.h"
 #include "repack.h"
 
@@ -13,13 +13,16 @@
 #include <algorithm>
 #include <cmath>
 #include <atomic>
+#include <fstream>
 #include <map>
+#include <set>
 #include <thread>
 
 #ifdef _WIN32
 #include <windows.h>
 #else
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #endif
@@ -79,25 +82,42 @@ ModelImpl::ModelImpl(const std::string & path, const LoadParams & params) {
     file_ = std::make_unique<GGUFFile>(path, /*with_tensors*/ true);
     read_hparams();
     bind_weights(params.repack);
-    backend_ = ggml_backend_cpu_init();
-    if (!backend_) file_->fail("cannot initialise the ggml CPU backend");
+    flash_attn_ = params.flash_attn;
+    kv_f16_ = params.kv_f16;
     set_n_threads(params.n_threads);
-    runner_ = std::make_unique<ForwardRunner>(*this);
 }
 
 ModelImpl::~ModelImpl() {
-    scratch_.reset();
-    runner_.reset();
-    if (backend_) ggml_backend_free(backend_);
+    pool_.clear();
     if (repack_buf_) ggml_backend_buffer_free(repack_buf_);
     if (widened_buf_) ggml_backend_buffer_free(widened_buf_);
     if (widened_ctx_) ggml_free(widened_ctx_);
     if (weight_buf_) ggml_backend_buffer_free(weight_buf_);
 }
 
+int physical_cores() {
+    const int logical = (int) std::max(1u, std::thread::hardware_concurrency());
+#ifdef __linux__
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return logical;
+    std::set<std::pair<std::string, std::string>> cores;   // (package, core) of each allowed CPU
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (!CPU_ISSET(cpu, &allowed)) continue;
+        const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+        std::ifstream pkg(dir + "physical_package_id"), core(dir + "core_id");
+        std::string p, c;
+        if (!(pkg >> p) || !(core >> c)) return std::min(logical, CPU_COUNT(&allowed));
+        cores.insert({p, c});
+    }
+    return cores.empty() ? logical : (int) cores.size();
+#else
+    return logical;
+#endif
+}
+
 void ModelImpl::set_n_threads(int n) {
-    const int hw = (int) std::max(1u, std::thread::hardware_concurrency());
-    n_threads_ = n > 0 ? std::min(n, 1024) : hw;
+    static const int default_threads = physical_cores();
+    n_threads_ = n > 0 ? std::min(n, 1024) : default_threads;
 }
 
 static int64_t bounded(const GGUFFile & f, const std::string & key, std::optional<int64_t> v,
@@ -333,24 +353,23 @@ void ModelImpl::check_tokens(const int32_t * ids, size_t n) const {
                         " is outside the vocabulary [0, " + std::to_string(hp_.n_vocab) + ")");
 }
 
-void ModelImpl::forward_into(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows, float * out) {
+void ModelImpl::forward_into(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows,
+                             float * out) const {
     const int n = (int) tokens.size();
     if (n == 0) throw Error("forward: no tokens");
     if (n > hp_.n_ctx_train)
         throw Error("forward: " + std::to_string(n) + " tokens exceed the model's context of " +
                     std::to_string(hp_.n_ctx_train));
-    if (!scratch_ || scratch_->n_ctx() < n) {
-        scratch_.reset();
-        scratch_ = std::make_unique<KVCache>(*this, n);
-    }
-    ForwardBatch b;
+    ContextLease ctx = lease();
+    SequenceRows b;
+    b.cache = &ctx->cache(0, n);
     b.tokens = tokens;
     b.n_kv = n;
     for (int i = 0; i < n; ++i) b.positions.push_back(i);
     b.out_rows = rows;
     if (rows.empty())
         for (int i = 0; i < n; ++i) b.out_rows.push_back(i);
-    runner_->run(*scratch_, b, n_threads_, out);
+    ctx->runner.run({b}, n_threads(), out);
     const size_t n_values = b.out_rows.size() * (size_t) hp_.n_vocab;
     for (size_t i = 0; i < n_values; ++i)
         if (!std::isfinite(out[i])) throw Error(path() + ": the forward pass produced NaN/Inf logits (corrupt weights?)");

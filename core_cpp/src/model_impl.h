@@ -4,8 +4,10 @@
 #include "diffuse.h"
 #include "gguf_file.h"
 
+#include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 struct ggml_tensor;
@@ -54,9 +56,11 @@ private:
 #endif
 };
 
-class ForwardRunner;
-class KVCache;
+class Context;
+class ContextLease;
 
+// Immutable after load (weights, hyper-parameters, options), but for the default thread count
+// (atomic) and the pool of contexts (locked): every const method is safe from any thread.
 class ModelImpl final : public Model {
 public:
     ModelImpl(const std::string & path, const LoadParams & params);
@@ -64,16 +68,21 @@ public:
 
     const HParams & hparams() const override { return hp_; }
     const std::string & path() const override { return file_->path(); }
-    int n_threads() const override { return n_threads_; }
+    int n_threads() const override { return n_threads_.load(); }
     void set_n_threads(int n) override;
-    void forward_into(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows, float * out) override;
+    void forward_into(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows,
+                      float * out) const override;
     size_t weights_bytes() const override { return weights_bytes_; }
     size_t repacked_bytes() const override { return repacked_bytes_; }
+    bool flash_attn() const override { return flash_attn_; }
+    bool kv_f16() const override { return kv_f16_; }
 
     const Weights & weights() const { return w_; }
-    ggml_backend * backend() const { return backend_; }
     const GGUFFile & file() const { return *file_; }
-    ForwardRunner & runner() { return *runner_; }
+
+    // A context of its own for the caller (from the pool, or new); it goes back when the lease ends.
+    ContextLease lease() const;
+    void give_back(std::unique_ptr<Context> ctx) const;
 
     // Checks ids are in [0, n_vocab); throws diffuse::Error naming the culprit.
     void check_tokens(const int32_t * ids, size_t n) const;
@@ -89,14 +98,16 @@ private:
     ggml_backend_buffer * repack_buf_ = nullptr;   // repacked copies of quantised matrices
     ggml_context * widened_ctx_ = nullptr;         // F32 copies of F16/BF16 norms and biases
     ggml_backend_buffer * widened_buf_ = nullptr;
-    ggml_backend * backend_ = nullptr;
     HParams hp_{};
     Weights w_{};
     size_t weights_bytes_ = 0;
     size_t repacked_bytes_ = 0;
-    int n_threads_ = 1;
-    std::unique_ptr<ForwardRunner> runner_;   // graph memory reused by forward()
-    std::unique_ptr<KVCache> scratch_;        // forward()'s K/V rows, grown as needed
+    bool flash_attn_ = true;
+    bool kv_f16_ = true;
+    std::atomic<int> n_threads_{1};
+    mutable std::mutex pool_mutex_;
+    mutable std::vector<std::unique_ptr<Context>> pool_;   // idle contexts
 };
+
 
 }  // namespace diffuse

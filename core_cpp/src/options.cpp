@@ -1,0 +1,111 @@
+#include "options.h"
+
+#include "schedulers.h"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+namespace diffuse {
+
+namespace {
+
+constexpr double BIG = 1 << 20;   // bounds counts that only memory and time limit
+constexpr double SEED_MAX = 18446744073709551615.0;
+
+#define NUM_FIELD(field, type)                                                         \
+    [](const GenerateParams & p) { return (double) p.field; },                         \
+    [](GenerateParams & p, double v) { p.field = (type) v; }, nullptr, nullptr
+
+}  // namespace
+
+const std::vector<OptionInfo> & generate_options() {
+    static const std::vector<OptionInfo> table = {
+        {"gen_length", OptionKind::Int, 1, BIG, false, false,
+         "positions to generate after the prompt", NUM_FIELD(gen_length, int)},
+        {"steps", OptionKind::Int, 1, BIG, false, false,
+         "denoising step budget of the whole run (rounded down to a multiple of the block count)",
+         NUM_FIELD(steps, int)},
+        {"block_length", OptionKind::Int, 0, BIG, false, false,
+         "semi-autoregressive block size; 0 = one block over the whole answer", NUM_FIELD(block_length, int)},
+        {"scheduler", OptionKind::Choice, 0, 0, false, false, "which masked positions each step commits",
+         nullptr, nullptr,
+         [](const GenerateParams & p) { return std::string(scheduler_info(p.scheduler).name); },
+         [](GenerateParams & p, const std::string & v) { p.scheduler = scheduler_by_name(v).id; }},
+        {"threshold", OptionKind::Float, 0, 1e6, false, false,
+         "entropy_exit tau, nats: commit every masked position whose entropy is below it",
+         NUM_FIELD(threshold, float)},
+        {"cache", OptionKind::Bool, 0, 1, false, false,
+         "inter-step K/V cache: recompute only active positions", NUM_FIELD(cache, bool)},
+        {"keep_active", OptionKind::Int, 1, BIG, false, false,
+         "steps a changed position stays recomputed (>= steps + 1: exact, no reuse)",
+         NUM_FIELD(keep_active, int)},
+        {"refresh_every", OptionKind::Int, 0, BIG, false, false,
+         "full recompute every N steps; 0 = only at step 0", NUM_FIELD(refresh_every, int)},
+        {"temperature", OptionKind::Float, 0, 100, false, false, "sampling temperature; 0 = greedy",
+         NUM_FIELD(temperature, float)},
+        {"top_k", OptionKind::Int, 0, 1 << 24, false, false, "keep the k most likely tokens; 0 = off",
+         NUM_FIELD(top_k, int)},
+        {"top_p", OptionKind::Float, 0, 1, true, false, "nucleus sampling mass; 1 = off", NUM_FIELD(top_p, float)},
+        {"alg_temp", OptionKind::Float, 0, 100, false, false,
+         "Dream: > 0 samples which positions to commit instead of taking the most confident",
+         NUM_FIELD(alg_temp, float)},
+        {"cfg_scale", OptionKind::Float, 0, 100, false, false,
+         "classifier-free guidance scale (LLaDA); 0 = off, > 0 doubles the work per step",
+         NUM_FIELD(cfg_scale, float)},
+        {"eps", OptionKind::Float, 0, 1, true, true, "Dream timestep floor of the eps schedule",
+         NUM_FIELD(eps, float)},
+        {"seed", OptionKind::Seed, 0, SEED_MAX, false, false, "random seed (same tokens at any thread count)",
+         NUM_FIELD(seed, uint64_t)},
+    };
+    return table;
+}
+
+#undef NUM_FIELD
+
+const OptionInfo & generate_option(const std::string & name) {
+    for (const OptionInfo & o : generate_options())
+        if (name == o.name) return o;
+    std::string names;
+    for (const OptionInfo & o : generate_options()) names += (names.empty() ? "" : ", ") + std::string(o.name);
+    throw Error("unknown generation option '" + name + "' (options: " + names + ")");
+}
+
+std::string option_range_text(const OptionInfo & o) {
+    std::ostringstream s;
+    s.precision(10);
+    switch (o.kind) {
+        case OptionKind::Bool: return "true or false";
+        case OptionKind::Choice: {
+            std::string names;
+            for (const std::string & n : scheduler_names()) names += (names.empty() ? "" : ", ") + n;
+            return "one of: " + names;
+        }
+        case OptionKind::Seed: return "an integer in [0, 2^64 - 1]";
+        case OptionKind::Int: s << "an integer in [" << (int64_t) o.lo << ", " << (int64_t) o.hi << "]"; break;
+        case OptionKind::Float:
+            s << "a number in " << (o.lo_open ? "(" : "[") << o.lo << ", " << o.hi << (o.hi_open ? ")" : "]");
+            break;
+    }
+    return s.str();
+}
+
+void check_option(const OptionInfo & o, double v) {
+    if (o.kind == OptionKind::Choice || o.kind == OptionKind::Bool) return;
+    const bool integral = o.kind != OptionKind::Float;
+    const bool ok = std::isfinite(v) && (integral ? v == std::floor(v) : true) &&
+                    (o.lo_open ? v > o.lo : v >= o.lo) && (o.hi_open ? v < o.hi : v <= o.hi);
+    if (!ok) {
+        std::ostringstream s;
+        s.precision(10);
+        s << v;
+        throw Error(std::string(o.name) + " = " + s.str() + " is out of range: expected " + option_range_text(o));
+    }
+}
+
+void check_options(const GenerateParams & p) {
+    for (const OptionInfo & o : generate_options())
+        if (o.get) check_option(o, o.get(p));
+}
+
+}  // namespace diffuse
