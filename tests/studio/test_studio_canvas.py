@@ -29,8 +29,8 @@ def qrgb(c: QColor):
 
 
 @pytest.fixture
-def run(make_recording):
-    return RunState.from_recording(make_recording(gen_length=48, steps=24, block_length=16))
+def run(recorded_run):
+    return RunState.from_recording(recorded_run("blocks_cache"))
 
 
 def test_cells_show_masked_decided_and_fresh(run):

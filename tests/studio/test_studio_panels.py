@@ -91,12 +91,11 @@ def test_store_round_trip_and_listing(tmp_path):
                                  {"role": "assistant", "content": "answer"}]
 
 
-def finished_run(make_recording, prompt="Hello"):
-    return RunState.from_recording(make_recording(prompt, gen_length=32, steps=16,
-                                                  block_length=16))
+def finished_run(recorded_run):
+    return RunState.from_recording(recorded_run("no_cache"))
 
 
-def test_chat_flow_saves_every_message(qtbot, make_recording):
+def test_chat_flow_saves_every_message(qtbot, recorded_run):
     chat = ChatPanel()
     qtbot.addWidget(chat)
     chat.set_model_ready(True, "fake.gguf")
@@ -111,7 +110,7 @@ def test_chat_flow_saves_every_message(qtbot, make_recording):
     assert saved["messages"][0]["text"] == "What is diffusion?"
     chat.set_busy(True)
     assert not chat.generate_button.isEnabled() and chat.stop_button.isEnabled()
-    run = finished_run(make_recording)
+    run = finished_run(recorded_run)
     chat.show_progress(run)
     assert "Denoising" in chat.view.toPlainText()
     chat.set_busy(False)
@@ -125,19 +124,19 @@ def test_chat_flow_saves_every_message(qtbot, make_recording):
     assert msgs[1].meta["steps"] == 16 and msgs[1].meta["recording"] == "/tmp/run.npz"
 
 
-def test_multi_turn_regenerate_copy_clear(qtbot, make_recording):
+def test_multi_turn_regenerate_copy_clear(qtbot, recorded_run):
     chat = ChatPanel()
     qtbot.addWidget(chat)
     chat.set_model_ready(True)
     for q in ("one", "two"):
         chat.prompt.setPlainText(q)
         chat.submit()
-        chat.add_answer(finished_run(make_recording, q), None)
+        chat.add_answer(finished_run(recorded_run), None)
     with qtbot.waitSignal(chat.generate_requested) as req:
         chat.regenerate()
     assert req.args[0] == "two"
     assert [m["role"] for m in req.args[1]] == ["user", "assistant", "user"]
-    chat.add_answer(finished_run(make_recording, "two"), "/tmp/r.npz")
+    chat.add_answer(finished_run(recorded_run), "/tmp/r.npz")
     chat.copy_answer()
     assert QGuiApplication.clipboard().text() == chat.conversation.messages[-1].text
     with qtbot.waitSignal(chat.replay_requested) as replay:
@@ -148,7 +147,7 @@ def test_multi_turn_regenerate_copy_clear(qtbot, make_recording):
     assert ChatPanel().conversation.messages == []
 
 
-def test_conversations_switch_and_errors_show(qtbot, make_recording):
+def test_conversations_switch_and_errors_show(qtbot):
     chat = ChatPanel()
     qtbot.addWidget(chat)
     chat.set_model_ready(True)

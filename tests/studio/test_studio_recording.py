@@ -1,4 +1,5 @@
-"""diffuse.recording: a run's events and result survive a file round trip; bad files are refused."""
+"""diffuse.recording: a run's events and result survive a file round trip; bad files are refused;
+recorded and synthetic runs follow the engine's inter-step cache rule."""
 from __future__ import annotations
 
 import json
@@ -24,8 +25,8 @@ def assert_events_equal(a: list[StepEvent], b: list[StepEvent]) -> None:
                 assert u == v and type(v) is type(u), name
 
 
-def test_round_trip_keeps_every_field(make_recording, tmp_path):
-    rec = make_recording("Why is the sky blue?", gen_length=64, steps=32, block_length=16)
+def test_round_trip_keeps_every_field(each_recorded_run, tmp_path):
+    rec = each_recorded_run
     path = tmp_path / "run.npz"
     rec.save(path)
     back = Recording.load(path)
@@ -41,16 +42,16 @@ def test_round_trip_keeps_every_field(make_recording, tmp_path):
     assert s.buffer_tokens_per_s == pytest.approx(r.buffer_tokens_per_s)
 
 
-def test_file_is_compact(make_recording, tmp_path):
-    rec = make_recording(gen_length=256, steps=128, block_length=32)
+def test_file_is_compact(synthetic_recording, tmp_path):
+    rec = synthetic_recording(gen_length=256, steps=128, block_length=32)
     rec.save(tmp_path / "run.npz")
     raw = sum(e.tokens.nbytes + e.entropy.nbytes + e.confidence.nbytes + e.mask.nbytes
               for e in rec.events)
     assert (tmp_path / "run.npz").stat().st_size < raw / 4
 
 
-def test_replay_feeds_events_and_honours_cancel(make_recording):
-    rec = make_recording(gen_length=32, steps=16, block_length=16)
+def test_replay_feeds_events_and_honours_cancel(recorded_run):
+    rec = recorded_run("no_cache")
     seen = []
     assert rec.replay(seen.append) is rec.result          # None from the callback: go on
     assert [e.step for e in seen] == list(range(16))
@@ -61,6 +62,45 @@ def test_replay_feeds_events_and_honours_cancel(make_recording):
     assert set(decided[decided >= 0].tolist()) <= set(range(5))
     with pytest.raises(ZeroDivisionError):                # a failing listener ends the replay
         rec.replay(lambda e: 1 / 0)
+
+
+def cache_rule_active(rec: Recording) -> list[np.ndarray]:
+    """Per step, the positions the engine's inter-step cache recomputes: all of them at step 0,
+    every refresh_every-th step and with the cache off; otherwise the masked positions of the
+    current block and those changed within the last keep_active steps."""
+    opts, first = rec.options, rec.events[0]
+    pos = np.arange(first.tokens.shape[0])
+    mask = pos >= first.prompt_length           # before step 0 the whole buffer is masked
+    changed = np.full(pos.shape, -1)            # step that last changed it; -1: never
+    active = []
+    for e in rec.events:
+        full = (not opts["cache"] or e.step == 0
+                or (opts["refresh_every"] > 0 and e.step % opts["refresh_every"] == 0))
+        in_block = (pos >= e.block_start) & (pos < e.block_end)
+        recent = (changed >= 0) & (e.step - changed <= opts["keep_active"])
+        active.append(pos if full else pos[(mask & in_block) | recent])
+        changed[e.unmasked] = e.step
+        mask = e.mask
+    return active
+
+
+def assert_follows_cache_rule(rec: Recording) -> None:
+    for e, want in zip(rec.events, cache_rule_active(rec), strict=True):
+        assert np.array_equal(e.active, want), e.step
+        assert np.array_equal(np.sort(np.concatenate([e.active, e.cached])),
+                              np.arange(e.tokens.shape[0])), e.step
+
+
+def test_recorded_runs_follow_the_cache_rule(each_recorded_run):
+    """The real engine's rule; when it changes, cache_rule_active and synthetic_run follow."""
+    assert_follows_cache_rule(each_recorded_run)
+
+
+@pytest.mark.parametrize("cache,refresh_every", [(True, 0), (True, 5), (False, 0)])
+def test_synthetic_runs_follow_the_cache_rule(synthetic_recording, cache, refresh_every):
+    assert_follows_cache_rule(synthetic_recording(
+        gen_length=64, steps=32, block_length=16, cache=cache, keep_active=2,
+        refresh_every=refresh_every))
 
 
 def test_empty_recording_round_trips(tmp_path):
@@ -77,14 +117,14 @@ def test_garbage_files_are_refused(tmp_path, content):
         Recording.load(path)
 
 
-def test_other_npz_and_wrong_version_are_refused(make_recording, tmp_path):
+def test_other_npz_and_wrong_version_are_refused(recorded_run, tmp_path):
     np.savez(tmp_path / "other.npz", x=np.zeros(3))
     with pytest.raises(DiffuseError, match="other.npz"):
         Recording.load(tmp_path / "other.npz")
     with pytest.raises(DiffuseError, match="no such recording"):
         Recording.load(tmp_path / "missing.npz")
     path = tmp_path / "run.npz"
-    make_recording(gen_length=16, steps=8, block_length=16).save(path)
+    recorded_run("no_cache").save(path)
     with np.load(path) as z:
         arrays = {k: z[k] for k in z.files}
     meta = json.loads(bytes(arrays["meta"]))

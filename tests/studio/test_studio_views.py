@@ -20,8 +20,8 @@ def live_run(rec):
     yield run
 
 
-def test_heatmap_fills_row_by_row_and_reuses_items(qtbot, make_recording):
-    rec = make_recording(gen_length=48, steps=24, block_length=16)
+def test_heatmap_fills_row_by_row_and_reuses_items(qtbot, recorded_run):
+    rec = recorded_run("blocks_cache")
     view = EntropyHeatmap()
     qtbot.addWidget(view)
     items = None
@@ -42,25 +42,24 @@ def test_heatmap_fills_row_by_row_and_reuses_items(qtbot, make_recording):
     assert not view.tau_line.isVisible()              # not entropy-exit
 
 
-def test_heatmap_tau_line_for_entropy_exit(qtbot, make_recording):
-    rec = make_recording(gen_length=32, steps=32, block_length=32, scheduler="entropy_exit",
-                         threshold=1.2)
-    rec.options = {"scheduler": "entropy_exit", "threshold": 1.2}
+def test_heatmap_tau_line_for_entropy_exit(qtbot, recorded_run):
+    rec = recorded_run("entropy_exit")
+    tau = rec.options["threshold"]
     run = RunState.from_recording(rec)
     view = EntropyHeatmap()
     qtbot.addWidget(view)
     view.set_run(run)
-    assert view.tau_line.isVisible() and view.tau_line.value() == pytest.approx(1.2)
-    assert view.bar_tau.value() == pytest.approx(256 * 1.2 / run.entropy_max)
-    assert run.n_steps < 32                           # entropy-exit finished early
+    assert view.tau_line.isVisible() and view.tau_line.value() == pytest.approx(tau)
+    assert view.bar_tau.value() == pytest.approx(256 * tau / run.entropy_max)
+    assert run.n_steps < run.steps_allowed            # entropy-exit finished early
 
 
-def test_heatmap_click_selects_a_step(qtbot, make_recording):
+def test_heatmap_click_selects_a_step(qtbot, recorded_run):
     view = EntropyHeatmap()
     qtbot.addWidget(view)
     view.resize(800, 400)
     view.show()
-    view.set_run(RunState.from_recording(make_recording(gen_length=32, steps=16, block_length=16)))
+    view.set_run(RunState.from_recording(recorded_run("no_cache")))
     qtbot.wait(20)
 
     class Click:
@@ -75,8 +74,9 @@ def test_heatmap_click_selects_a_step(qtbot, make_recording):
     assert 0 <= clicked.args[0] < 16
 
 
-def test_cache_view(qtbot, make_recording):
-    rec = make_recording(gen_length=48, steps=24, block_length=16, cache=True, refresh_every=8)
+def test_cache_view(qtbot, recorded_run):
+    rec = recorded_run("blocks_cache")
+    assert rec.options["cache"] and rec.options["refresh_every"] == 8
     run = RunState.from_recording(rec)
     view = CacheView()
     qtbot.addWidget(view)
@@ -92,17 +92,16 @@ def test_cache_view(qtbot, make_recording):
     assert "step 6" in view.summary.text and "cache on" in view.summary.text
 
 
-def test_cache_view_without_cache(qtbot, make_recording):
-    rec = make_recording(gen_length=16, steps=8, block_length=16, cache=False)
-    rec.options = {"cache": False}
+def test_cache_view_without_cache(qtbot, recorded_run):
+    rec = recorded_run("no_cache")
     view = CacheView()
     qtbot.addWidget(view)
     view.set_run(RunState.from_recording(rec))
     assert np.allclose(view.curve.getData()[1], 1.0) and "cache off" in view.summary.text
 
 
-def test_throughput(qtbot, make_recording):
-    rec = make_recording(gen_length=48, steps=24, block_length=16)
+def test_throughput(qtbot, recorded_run):
+    rec = recorded_run("blocks_cache")
     view = ThroughputView(sample_ms=20)
     qtbot.addWidget(view)
     runs = live_run(rec)

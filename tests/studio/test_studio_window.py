@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -63,8 +64,8 @@ def test_generate_streams_steps_into_every_view(qtbot, window, fake_model):
     assert "done" in window.statusBar().currentMessage()
 
 
-def test_gui_stays_responsive_during_a_run(qtbot, window, fake_model, gap_meter):
-    window.set_model(fake_model(step_delay=0.015))
+def test_gui_stays_responsive_during_a_run(qtbot, window, synthetic_model, gap_meter):
+    window.set_model(synthetic_model(step_delay=0.015))     # larger than the demo model's runs
     window.settings_panel.set_options({"gen_length": 256, "steps": 96, "block_length": 64,
                                        "threads": 1})
     window.chat.prompt.setPlainText("a long answer please")
@@ -80,6 +81,19 @@ def test_gui_stays_responsive_during_a_run(qtbot, window, fake_model, gap_meter)
             window.views.setCurrentIndex(tab)
     gap_meter.stop()
     gap_meter.assert_responsive()
+
+
+def test_gap_meter_fails_a_wedged_gui(qtbot, gap_meter):
+    gap_meter.start()
+    qtbot.wait(300)
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < 0.3:      # the GUI thread busy for 300 ms, no event loop
+        pass
+    qtbot.wait(200)
+    gap_meter.stop()
+    assert len(gap_meter.gaps()) > 30
+    with pytest.raises(AssertionError):
+        gap_meter.assert_responsive()
 
 
 def test_stop_cancels_within_a_step(qtbot, window, fake_model):
@@ -131,8 +145,8 @@ def test_multi_turn_prompts_go_in_as_the_templated_conversation(qtbot, window, f
     assert model.calls[1]["prompt"] == expected
 
 
-def test_replay_scrub_and_play(qtbot, window, make_recording, tmp_path):
-    rec = make_recording("replayed prompt", gen_length=48, steps=24, block_length=16)
+def test_replay_scrub_and_play(qtbot, window, recorded_run, tmp_path):
+    rec = recorded_run("blocks_cache")
     rec.save(tmp_path / "run.npz")
     assert window.open_recording(tmp_path / "run.npz")
     run = window.run
@@ -162,8 +176,8 @@ def test_bad_recording_is_refused_politely(window, tmp_path):
     assert window.run is None
 
 
-def test_export_png_strip_and_gif(qtbot, window, make_recording, tmp_path):
-    rec = make_recording(gen_length=48, steps=24, block_length=16)
+def test_export_png_strip_and_gif(qtbot, window, recorded_run, tmp_path):
+    rec = recorded_run("blocks_cache")
     rec.save(tmp_path / "run.npz")
     window.open_recording(tmp_path / "run.npz")
     done = []
@@ -206,7 +220,7 @@ def test_compare_mode(qtbot, window, fake_model):
     cmp.close()
 
 
-def test_entry_point_replays_a_file_and_quits_cleanly(qapp, make_recording, tmp_path,
+def test_entry_point_replays_a_file_and_quits_cleanly(qapp, recorded_run, tmp_path,
                                                       monkeypatch):
     import signal
 
@@ -214,7 +228,7 @@ def test_entry_point_replays_a_file_and_quits_cleanly(qapp, make_recording, tmp_
 
     from diffuse.studio.__main__ import main
     monkeypatch.setattr(signal, "signal", lambda *a: None)    # keep pytest's Ctrl+C handler
-    make_recording(gen_length=32, steps=16, block_length=16).save(tmp_path / "run.npz")
+    recorded_run("no_cache").save(tmp_path / "run.npz")
     QTimer.singleShot(1500, qapp.quit)
     assert main([str(tmp_path / "run.npz")]) == 0
     window = next(w for w in qapp.topLevelWidgets() if isinstance(w, MainWindow)

@@ -54,8 +54,8 @@ def screen_rgb(env, path) -> np.ndarray | None:
         .reshape(image.height(), image.width(), 3)
 
 
-def test_real_window_shows_the_replayed_run(xserver, make_recording, tmp_path):
-    rec = make_recording("Why is the sky blue?", gen_length=64, steps=32, block_length=16)
+def test_real_window_shows_the_replayed_run(xserver, recorded_run, tmp_path):
+    rec = recorded_run("eos")
     rec.save(tmp_path / "run.npz")
     run = RunState.from_recording(rec)
     colors = value_colors(run.cell_values(run.n_steps - 1, "entropy"), "entropy",
