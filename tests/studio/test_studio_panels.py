@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtCore import QUrl
+from PySide6.QtWidgets import QDoubleSpinBox
 
+import diffuse
 from diffuse import DiffuseError
-from diffuse.generation import SCHEDULERS, default_options
+from diffuse.generation import OPTIONS, SCHEDULERS, default_options, resolve_options
 from diffuse.studio import storage
 from diffuse.studio.chat import ChatPanel
 from diffuse.studio.conversations import Conversation, ConversationStore, Message
@@ -22,9 +25,11 @@ def test_auto_values_leave_options_to_the_model(qtbot):
     panel = SettingsPanel()
     qtbot.addWidget(panel)
     opts = panel.options()
-    assert opts["scheduler"] is None and opts["steps"] is None and opts["gen_length"] is None
-    assert opts["cache"] is True and opts["chat"] is True and opts["threshold"] == 1.5
-    assert [panel.scheduler.itemText(i) for i in range(1, panel.scheduler.count())] == SCHEDULERS
+    assert set(opts) == {o["name"] for o in OPTIONS} | {"threads", "chat"}
+    assert opts["scheduler"] is None and opts["steps"] is None and opts["threshold"] is None
+    assert opts["cache"] is default_options("llada")["cache"] and opts["chat"] is True
+    scheduler = panel.fields["scheduler"]
+    assert [scheduler.itemText(i) for i in range(1, scheduler.count())] == SCHEDULERS
 
 
 def test_options_are_remembered(qtbot):
@@ -32,13 +37,14 @@ def test_options_are_remembered(qtbot):
     qtbot.addWidget(panel)
     wanted = {"scheduler": "entropy_exit", "steps": 64, "gen_length": 96, "block_length": 32,
               "threshold": 0.8, "cache": False, "keep_active": 2, "refresh_every": 16,
-              "temperature": 0.7, "seed": 42, "threads": 1, "chat": False}
+              "temperature": 0.7, "top_k": 40, "top_p": 0.9, "alg_temp": 0.5, "cfg_scale": 1.5,
+              "eps": 0.0001, "seed": 42, "threads": 1, "chat": False}
     panel.set_options(wanted)
     panel.save()
     again = SettingsPanel()
     qtbot.addWidget(again)
     assert again.options() == wanted
-    assert not again.keep_active.isEnabled()          # cache off: its knobs are greyed out
+    assert not again.fields["keep_active"].isEnabled()          # cache off: its knobs are greyed out
     again.reset()
     assert again.options()["steps"] is None
 
@@ -46,7 +52,7 @@ def test_options_are_remembered(qtbot):
 def test_edits_save_immediately_and_damaged_entries_are_ignored(qtbot):
     panel = SettingsPanel()
     qtbot.addWidget(panel)
-    panel.steps.setValue(48)
+    panel.fields["steps"].setValue(48)
     s = storage.settings()
     assert s.value("generation/steps") in (48, "48")
     s.setValue("generation/gen_length", "lots")
@@ -68,6 +74,68 @@ def test_model_defaults_are_shown(qtbot):
     assert panel.defaults_note["block_length"].isVisible()
     panel.show_defaults(None)
     assert not panel.defaults_note["steps"].isVisible()
+
+
+def _engine_options(panel) -> dict:
+    return {k: v for k, v in panel.options().items() if k not in ("threads", "chat")}
+
+
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+def test_every_value_the_panel_allows_is_accepted_by_the_engine(qtbot, arch):
+    """Each number field at its least and greatest value passes resolve_options, and its "auto"
+    slot just below (None: the family default) lies outside the engine's range."""
+    panel = SettingsPanel()
+    qtbot.addWidget(panel)
+    assert set(panel.fields) == {o["name"] for o in OPTIONS}
+    resolve_options(arch, **_engine_options(panel))
+    for o in OPTIONS:
+        box = panel.fields[o["name"]]
+        assert o["help"] in box.toolTip() and o["range"] in box.toolTip()
+        if o["kind"] in ("bool", "choice"):
+            continue
+        unit = 10.0 ** -box.decimals() if isinstance(box, QDoubleSpinBox) else 1
+        auto = box.minimum()
+        assert auto < o["min"] or (o["min_open"] and auto == o["min"])
+        for value in (round(auto + unit, 10), box.maximum()):
+            box.setValue(value)
+            assert panel.options()[o["name"]] == value
+            resolve_options(arch, **_engine_options(panel))
+        box.setValue(auto)
+        assert panel.options()[o["name"]] is None
+    for name in SCHEDULERS:
+        panel.set_options({"scheduler": name})
+        assert resolve_options(arch, **_engine_options(panel))["scheduler"] == name
+
+
+def test_keep_active_cannot_be_zero(qtbot):
+    panel = SettingsPanel()
+    qtbot.addWidget(panel)
+    box = panel.fields["keep_active"]
+    box.setValue(0)
+    assert box.value() == box.minimum() and panel.options()["keep_active"] is None
+    box.setValue(1)
+    assert panel.options()["keep_active"] == 1
+    storage.settings().setValue("generation/keep_active", "0")      # saved by an older panel
+    again = SettingsPanel()
+    qtbot.addWidget(again)
+    assert again.options()["keep_active"] is None
+
+
+def test_first_step_up_from_auto_lands_on_the_step_grid(qtbot):
+    panel = SettingsPanel()
+    qtbot.addWidget(panel)
+    for name, first in (("threshold", 0.0), ("top_p", 0.05), ("eps", 0.001), ("keep_active", 1)):
+        panel.fields[name].stepBy(1)
+        assert panel.options()[name] == pytest.approx(first)
+
+
+def test_threads_auto_means_the_physical_cores(qtbot):
+    panel = SettingsPanel()
+    qtbot.addWidget(panel)
+    assert panel.options()["threads"] is None
+    assert f"{diffuse.physical_cores()} physical cores" in panel.threads.specialValueText()
+    assert "physical cores" in panel.threads.toolTip()
+    assert panel.threads.maximum() == (os.cpu_count() or 1)
 
 
 # -- conversations ----------------------------------------------------------------------------

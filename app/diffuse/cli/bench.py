@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from diffuse._core import DiffuseError
-from diffuse.cli.generate import add_generation_options, generation_options
+from diffuse import DiffuseError, physical_cores
+from diffuse.cli.generate import add_generation_options, add_threads_option, generation_options
+
+# The grid's axes: lists of values, not the single-valued generation flags.
+GRID_AXES = ("steps", "scheduler", "cache", "gen_length")
 
 
 def int_list(text: str) -> list[int]:
@@ -33,8 +35,8 @@ def on_off_list(text: str) -> list[bool]:
 
 
 def default_threads() -> list[int]:
-    """1, 2, 4, ... up to the core count, and the core count itself."""
-    cores = os.cpu_count() or 1
+    """1, 2, 4, ... up to the physical cores, and their count itself (hyper-threads only slow a pass)."""
+    cores = physical_cores()
     return sorted({1 << i for i in range(cores.bit_length()) if 1 << i <= cores} | {cores})
 
 
@@ -52,7 +54,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                       description="Cost of one full forward pass (a denoising step without cache).")
     f.add_argument("model", help="GGUF model file")
     f.add_argument("--tokens", type=int_list, default=[64, 256], help="token counts (default 64,256)")
-    f.add_argument("--threads", type=int_list, default=None, help="thread counts (default 1,2,4.. up to the cores)")
+    f.add_argument("--threads", type=int_list, default=None,
+                   help=f"thread counts (default 1,2,4.. up to the physical cores, {physical_cores()} here)")
     f.add_argument("--reps", type=int, default=3, help="timed runs per configuration, after a warm-up")
     f.add_argument("--no-ceiling", dest="ceiling", action="store_false", help="skip ggml's mat-mul ceiling")
     f.add_argument("--llama", action="store_true",
@@ -67,7 +70,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                   "generation length x prompt; medians and spread over repetitions.")
     g.add_argument("models", nargs="+", help="GGUF files (e.g. the same model in F16, Q8_0, Q4_K_M)")
     g.add_argument("-o", "--out", type=Path, default=Path("bench-grid"), help="output folder (default bench-grid)")
-    g.add_argument("--threads", type=int_list, default=None, help="default 1,2,4.. up to the cores")
+    g.add_argument("--threads", type=int_list, default=None,
+                   help=f"default 1,2,4.. up to the physical cores, {physical_cores()} here")
     g.add_argument("--steps", type=int_list, default=[16], help="step budgets (default 16)")
     g.add_argument("--schedulers", type=str_list, default=["low_confidence", "entropy_exit"])
     g.add_argument("--cache", type=on_off_list, default=[False, True], help="on,off (default both)")
@@ -75,14 +79,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--prompts", type=int_list, default=[1, 7],
                    help="1-based indices of the paper's 8 prompts (default 1,7: capital, sky)")
     g.add_argument("--reps", type=int, default=2, help="runs per configuration (default 2)")
-    g.add_argument("--seed", type=int)
-    g.add_argument("--threshold", type=float, help="entropy_exit tau in nats")
-    g.add_argument("--keep-active", type=int)
-    g.add_argument("--block-length", type=int)
     g.add_argument("--ar-model", help="an autoregressive GGUF for the baseline (decode and prompt tok/s)")
     g.add_argument("--ar-backend", choices=["auto", "llama-cpp-python", "llama-bench"], default="auto")
     g.add_argument("--no-plots", dest="plots", action="store_false")
     _llama_options(g)
+    add_generation_options(g, skip=GRID_AXES)
 
     pr = bs.add_parser("prompts", help="the paper's 8 prompts: steps, tok/s, cache speedup, fidelity, answers",
                        description="Each prompt with and without the inter-step cache (defaults: entropy_exit, "
@@ -96,6 +97,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     pr.add_argument("--json", type=Path, help="write the result as JSON")
     pr.add_argument("--markdown", type=Path, help="write the table and answers as markdown")
     add_generation_options(pr)
+    add_threads_option(pr)
     return p
 
 
@@ -155,8 +157,7 @@ def _grid(args) -> int:
     axes = grid.Axes(models=args.models, threads=args.threads or default_threads(), steps=args.steps,
                      schedulers=args.schedulers, cache=args.cache, gen_lengths=args.gen_lengths,
                      prompts=[i - 1 for i in args.prompts])
-    fixed = {"seed": args.seed, "threshold": args.threshold, "keep_active": args.keep_active,
-             "block_length": args.block_length}
+    fixed = generation_options(args, skip=GRID_AXES)
     bins = llama_ref.find_bins(args.llama_bin) if args.ar_model and args.ar_backend != "llama-cpp-python" else None
     result = grid.run(axes, args.reps, fixed, ar_model=args.ar_model, ar_backend=args.ar_backend, llama=bins,
                       log=lambda line: print(line, file=sys.stderr))
@@ -171,7 +172,7 @@ def _prompts(args) -> int:
     from diffuse.bench.tables import text_table, write_json
     _check_reps(args.reps)
     options = generation_options(args)
-    threads = args.threads or os.cpu_count()
+    threads = args.threads or physical_cores()
     gen = options.get("gen_length") or prompts.DEFAULTS["gen_length"]
     ar = _ar(args, threads, n_prompt=32, n_gen=gen, reps=max(args.reps, 2))
     result = prompts.run(args.model, threads=threads, reps=args.reps, options=options, ar=ar,

@@ -9,37 +9,72 @@ from pathlib import Path
 
 import numpy as np
 
+from diffuse import DiffuseError, load, physical_cores
 from diffuse.events import GenerateResult, StepEvent
-from diffuse.generation import SCHEDULERS
+from diffuse.generation import OPTIONS, default_options, resolve_options
+from diffuse.gguf_file import FAMILIES
 from diffuse.recording import Recording
 
 MASK_GLYPH = "\u2591"   # light shade: a position still masked
+PARSE = {"int": int, "seed": int, "float": float}
 
 
-def add_generation_options(p: argparse.ArgumentParser) -> None:
-    """The generation options shared by `generate` and the benchmarks (None = family default)."""
+def _checked(o: dict):
+    """argparse type of a numeric option: the engine's own check, so a bad value is refused with
+    its range before a model is loaded (ranges do not depend on the family)."""
+    def parse(text: str):
+        try:
+            value = PARSE[o["kind"]](text)
+            resolve_options(FAMILIES[0], **{o["name"]: value})
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{o['name']} must be {o['range']} (got {text!r})") from None
+        except DiffuseError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return value
+    return parse
+
+
+def _shown(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _defaults_text(name: str) -> str:
+    """'default 1.5', or per family where they differ: 'default llada 32, dream 0'."""
+    text = {f: _shown(default_options(f)[name]) for f in FAMILIES}
+    if len(set(text.values())) == 1:
+        return f"default {text[FAMILIES[0]]}"
+    return "default " + ", ".join(f"{f} {t}" for f, t in text.items())
+
+
+def add_generation_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """One flag per engine option (diffuse.generation.OPTIONS) not in `skip`, None = family default."""
     g = p.add_argument_group("generation (defaults depend on the model family)")
-    g.add_argument("--gen-length", type=int, help="positions to generate")
-    g.add_argument("--steps", type=int, help="denoising step budget")
-    g.add_argument("--block-length", type=int, help="semi-autoregressive block size (0: one block)")
-    g.add_argument("--scheduler", choices=SCHEDULERS)
-    g.add_argument("--threshold", type=float, help="entropy_exit tau in nats (default 1.5)")
-    g.add_argument("--cache", action=argparse.BooleanOptionalAction, default=None, help="inter-step KV cache")
-    g.add_argument("--keep-active", type=int, help="steps a changed position stays recomputed")
-    g.add_argument("--refresh-every", type=int, help="full recompute every N steps (0: never after step 0)")
-    g.add_argument("--temperature", type=float)
-    g.add_argument("--top-k", type=int)
-    g.add_argument("--top-p", type=float)
-    g.add_argument("--alg-temp", type=float)
-    g.add_argument("--cfg-scale", type=float)
-    g.add_argument("--seed", type=int)
-    g.add_argument("--threads", type=int, help="CPU threads (default: all)")
+    for o in OPTIONS:
+        if o["name"] in skip:
+            continue
+        flag = "--" + o["name"].replace("_", "-")
+        # bools and choices show their values in the usage already
+        about = "; ".join(([o["range"]] if o["kind"] in PARSE else []) + [_defaults_text(o["name"])])
+        help_text = f"{o['help']}. {about[0].upper()}{about[1:]}.".replace("%", "%%")
+        if o["kind"] == "bool":
+            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif o["kind"] == "choice":
+            g.add_argument(flag, choices=o["choices"], help=help_text)
+        else:
+            g.add_argument(flag, type=_checked(o), metavar=o["kind"].upper(), help=help_text)
 
 
-def generation_options(args: argparse.Namespace) -> dict:
-    names = ("gen_length", "steps", "block_length", "scheduler", "threshold", "cache", "keep_active",
-             "refresh_every", "temperature", "top_k", "top_p", "alg_temp", "cfg_scale", "seed")
-    return {n: getattr(args, n) for n in names}
+def add_threads_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int,
+                   help=f"CPU threads (default: the physical cores, {physical_cores()} here; "
+                        "hyper-threads cost more than they give)")
+
+
+def generation_options(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict:
+    """The options as given on the command line; None leaves one to the family default."""
+    return {o["name"]: getattr(args, o["name"]) for o in OPTIONS if o["name"] not in skip}
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -52,6 +87,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no live view, only the answer and the summary")
     p.add_argument("--record", metavar="RUN.npz", help="save every step, to replay in Diffuse Studio")
     add_generation_options(p)
+    add_threads_option(p)
     return p
 
 
@@ -108,12 +144,11 @@ def summary(r: GenerateResult) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import diffuse
-
-    model = diffuse.load(args.model, threads=args.threads, tokenizer=args.tokenizer)
+    model = load(args.model, threads=args.threads, tokenizer=args.tokenizer)
     view = None if args.quiet else LiveView(model.tokenizer)
     options = generation_options(args)
-    recording = Recording(prompt=args.prompt, options=options,
+    # The recording keeps the values that ran, the family defaults included.
+    recording = Recording(prompt=args.prompt, options=resolve_options(model.arch, **options),
                           model={"name": Path(args.model).name, "arch": model.arch, "path": args.model,
                                  "n_vocab": model.n_vocab}) if args.record else None
 

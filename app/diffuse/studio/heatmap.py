@@ -11,6 +11,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 
+from diffuse.generation import default_options
 from diffuse.studio import theme
 from diffuse.studio.run_state import RunState
 
@@ -20,7 +21,8 @@ def tau_of(run: RunState) -> float | None:
     if run.options.get("scheduler") != "entropy_exit":
         return None
     tau = run.options.get("threshold")
-    return 1.5 if tau is None else float(tau)
+    # None: the run took its family's default ("auto" in the settings panel).
+    return default_options(run.recording.model["arch"])["threshold"] if tau is None else float(tau)
 
 
 class EntropyHeatmap(pg.GraphicsLayoutWidget):

@@ -1,21 +1,28 @@
 """Settings panel: the generation options, remembered between sessions.
 
-Every number has an "auto" value (its minimum) that leaves the choice to the model family's
-default (`diffuse.generation.default_options`); the panel shows that default beside the field
-once a model is loaded.
+The fields are built from the engine's option table (`diffuse.generation.OPTIONS`): kind, range
+and help text come from there, so the panel offers no value the engine refuses. Every number and
+the scheduler have an "auto" value (just below the allowed range) that leaves the choice to the
+model family's default (`diffuse.generation.default_options`); the panel shows that default
+beside the field once a model is loaded.
 """
 from __future__ import annotations
 
+import math
 import os
+from typing import NamedTuple
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox,
                                QLabel, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from diffuse.generation import SCHEDULERS, default_options
+from diffuse import physical_cores
+from diffuse.generation import OPTIONS, default_options, option
+from diffuse.gguf_file import FAMILIES
 from diffuse.studio import storage
 
 AUTO = "auto"
+INT_MAX = 2**31 - 1     # a QSpinBox holds a 32-bit int (the engine's seed goes to 2^64 - 1)
 SCHEDULER_HELP = {
     "low_confidence": "LLaDA: commit the most confident positions of the block",
     "random": "LLaDA: commit random positions (a baseline)",
@@ -27,26 +34,114 @@ SCHEDULER_HELP = {
 }
 
 
-def _int_box(lo: int, hi: int, tip: str, step: int = 1) -> QSpinBox:
-    box = QSpinBox()
-    box.setRange(lo - 1, hi)       # lo - 1 is "auto"
-    box.setSingleStep(step)
-    box.setSpecialValueText(AUTO)
+class Place(NamedTuple):
+    """Where an engine option sits in the panel, and how a number field steps and shows."""
+    group: str
+    label: str
+    step: float = 1
+    decimals: int = 2
+    suffix: str = ""
+
+
+SCHEDULE, CACHE, SAMPLING = "Schedule", "Inter-step cache", "Sampling and compute"
+# In panel order; an option the engine adds later shows at the end of the sampling group.
+PLACES = {
+    "scheduler": Place(SCHEDULE, "Scheduler"),
+    "steps": Place(SCHEDULE, "Steps"),
+    "gen_length": Place(SCHEDULE, "Gen length", 16),
+    "block_length": Place(SCHEDULE, "Block length", 8),
+    "threshold": Place(SCHEDULE, "Tau", 0.1, suffix=" nats"),
+    "eps": Place(SCHEDULE, "Eps", 0.001, decimals=5),
+    "cache": Place(CACHE, "reuse K/V of settled positions between steps"),
+    "keep_active": Place(CACHE, "Keep active"),
+    "refresh_every": Place(CACHE, "Refresh every"),
+    "temperature": Place(SAMPLING, "Temperature", 0.1),
+    "top_k": Place(SAMPLING, "Top-k"),
+    "top_p": Place(SAMPLING, "Top-p", 0.05),
+    "alg_temp": Place(SAMPLING, "Alg temp", 0.1),
+    "cfg_scale": Place(SAMPLING, "CFG scale", 0.5),
+    "seed": Place(SAMPLING, "Seed"),
+}
+KINDS = {o["name"]: o["kind"] for o in OPTIONS} | {"threads": "int", "chat": "bool"}
+
+
+class _FloatBox(QDoubleSpinBox):
+    def stepBy(self, steps: int) -> None:
+        # Up from "auto": onto the first multiple of the step the engine allows (tau 0, top_p
+        # 0.05), not auto + step (-0.01 + 0.1).
+        if self.value() == self.minimum() and steps > 0:
+            least = self.minimum() + 10.0 ** -self.decimals()
+            first = math.ceil(least / self.singleStep() - 1e-9) * self.singleStep()
+            self.setValue(first + (steps - 1) * self.singleStep())
+        else:
+            super().stepBy(steps)
+
+
+def _field(o: dict, place: Place) -> QWidget:
+    """The widget of one engine option, limited to the values the engine accepts (and auto)."""
+    tip = f"{o['help']}\nallowed: {o['range']}"
+    if o["kind"] == "bool":
+        box = QCheckBox(place.label)
+    elif o["kind"] == "choice":
+        box = QComboBox()
+        box.addItem(AUTO, None)
+        for name in o["choices"]:
+            box.addItem(name, name)
+            box.setItemData(box.count() - 1, SCHEDULER_HELP.get(name, ""), Qt.ItemDataRole.ToolTipRole)
+    else:
+        if o["kind"] == "float":
+            box, unit = _FloatBox(), 10.0 ** -place.decimals
+            box.setDecimals(place.decimals)
+        else:
+            box, unit = QSpinBox(), 1
+        # An open end moves in by the smallest step the field shows.
+        lo = o["min"] + unit if o["min_open"] else o["min"]
+        hi = o["max"] - unit if o["max_open"] else o["max"]
+        if isinstance(box, QSpinBox):
+            lo, hi = int(lo), min(int(hi), INT_MAX)
+        box.setRange(lo - unit, hi)      # lo - unit is "auto"
+        box.setSingleStep(place.step)
+        box.setSuffix(place.suffix)
+        box.setSpecialValueText(AUTO)
+        tip += "; auto: the model's default"
     box.setToolTip(tip)
     return box
+
+
+def _value(box: QWidget):
+    """What a field holds; None for "auto"."""
+    if isinstance(box, QCheckBox):
+        return box.isChecked()
+    if isinstance(box, QComboBox):
+        return box.currentData()
+    return None if box.value() == box.minimum() else box.value()
+
+
+def _show(box: QWidget, value) -> None:
+    if isinstance(box, QCheckBox):
+        box.setChecked(bool(value))
+    elif isinstance(box, QComboBox):
+        box.setCurrentIndex(max(box.findData(value), 0))
+    else:
+        box.setValue(box.minimum() if value is None else value)
+
+
+def _changed_signal(box: QWidget):
+    if isinstance(box, QCheckBox):
+        return box.toggled
+    return box.currentIndexChanged if isinstance(box, QComboBox) else box.valueChanged
 
 
 def _parse(key: str, raw):
     """A value read back from the INI file (which stores everything as text)."""
     if raw == "":
         return None
-    if key in ("cache", "chat"):
+    kind = KINDS[key]
+    if kind == "bool":
         return raw in (True, "true", "1", 1)
-    if key == "scheduler":
-        return raw if raw in SCHEDULERS else None
-    if key in ("threshold", "temperature"):
-        return float(raw)
-    return int(raw)
+    if kind == "choice":
+        return raw if raw in option(key)["choices"] else None
+    return float(raw) if kind == "float" else int(raw)
 
 
 class SettingsPanel(QWidget):
@@ -54,73 +149,39 @@ class SettingsPanel(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.scheduler = QComboBox()
-        self.scheduler.addItem(AUTO, None)
-        for name in SCHEDULERS:
-            self.scheduler.addItem(name, name)
-            self.scheduler.setItemData(self.scheduler.count() - 1, SCHEDULER_HELP.get(name, ""),
-                                       Qt.ItemDataRole.ToolTipRole)
-        self.steps = _int_box(1, 4096, "denoising steps in all (the step budget)")
-        self.gen_length = _int_box(1, 4096, "generated positions (answer buffer length)", 16)
-        self.block_length = _int_box(0, 4096, "semi-autoregressive block length (0: one block)", 8)
-        self.tau = QDoubleSpinBox()
-        self.tau.setRange(0.0, 12.0)
-        self.tau.setSingleStep(0.1)
-        self.tau.setDecimals(2)
-        self.tau.setSuffix(" nats")
-        self.tau.setToolTip("entropy-exit threshold: masked positions under it are committed")
-        self.cache = QCheckBox("reuse K/V of settled positions between steps")
-        self.keep_active = _int_box(0, 64, "steps a position stays recomputed after it changed")
-        self.refresh_every = _int_box(0, 1024, "full recompute every N steps (0: never)")
-        self.temperature = QDoubleSpinBox()
-        self.temperature.setRange(0.0, 5.0)
-        self.temperature.setSingleStep(0.1)
-        self.temperature.setDecimals(2)
-        self.temperature.setToolTip("0 is greedy (deterministic)")
-        self.seed = QSpinBox()
-        self.seed.setRange(0, 2**31 - 1)
-        self.threads = _int_box(1, os.cpu_count() or 1, "CPU threads (auto: all cores)")
-        self.chat = QCheckBox("wrap the prompt in the model's chat template")
+        self.arch: str | None = None        # the loaded model's family
+        self.fields: dict[str, QWidget] = {}
         self.defaults_note: dict[str, QLabel] = {}
-
-        schedule = QGroupBox("Schedule")
-        form = QFormLayout(schedule)
-        self._row(form, "Scheduler", self.scheduler, "scheduler")
-        self._row(form, "Steps", self.steps, "steps")
-        self._row(form, "Gen length", self.gen_length, "gen_length")
-        self._row(form, "Block length", self.block_length, "block_length")
-        self._row(form, "Tau", self.tau, "threshold")
-        cache = QGroupBox("Inter-step cache")
-        form = QFormLayout(cache)
-        form.addRow(self.cache)
-        self._row(form, "Keep active", self.keep_active, "keep_active")
-        self._row(form, "Refresh every", self.refresh_every, "refresh_every")
-        sampling = QGroupBox("Sampling and compute")
-        form = QFormLayout(sampling)
-        self._row(form, "Temperature", self.temperature, "temperature")
-        form.addRow("Seed", self.seed)
-        form.addRow("Threads", self.threads)
-        form.addRow(self.chat)
-        reset = QPushButton("Reset to model defaults")
-        reset.clicked.connect(self.reset)
-
+        forms: dict[str, QFormLayout] = {}
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        for w in (schedule, cache, sampling):
-            layout.addWidget(w)
+        for name in [*PLACES, *(o["name"] for o in OPTIONS if o["name"] not in PLACES)]:
+            place = PLACES.get(name) or Place(SAMPLING, name.replace("_", " ").capitalize())
+            if place.group not in forms:
+                group = QGroupBox(place.group)
+                forms[place.group] = QFormLayout(group)
+                layout.addWidget(group)
+            box = self.fields[name] = _field(option(name), place)
+            if isinstance(box, QCheckBox):
+                forms[place.group].addRow(box)
+            else:
+                self._row(forms[place.group], place.label, box, name)
+        self.threads = QSpinBox()
+        self.threads.setRange(0, os.cpu_count() or 1)      # up to the logical CPUs; 0 is "auto"
+        self.threads.setSpecialValueText(f"{AUTO} ({physical_cores()} physical cores)")
+        self.threads.setToolTip("CPU threads; auto: the physical cores (hyper-threads cost more than they give)")
+        self.chat = QCheckBox("wrap the prompt in the model's chat template")
+        forms[SAMPLING].addRow("Threads", self.threads)
+        forms[SAMPLING].addRow(self.chat)
+        reset = QPushButton("Reset to model defaults")
+        reset.clicked.connect(self.reset)
         layout.addWidget(reset)
         layout.addStretch(1)
 
         self.reset()
         self.restore()
-        for w in (self.steps, self.gen_length, self.block_length, self.keep_active,
-                  self.refresh_every, self.seed, self.threads):
-            w.valueChanged.connect(self._changed)
-        for w in (self.tau, self.temperature):
-            w.valueChanged.connect(self._changed)
-        self.scheduler.currentIndexChanged.connect(self._changed)
-        self.cache.toggled.connect(self._changed)
-        self.chat.toggled.connect(self._changed)
+        for box in [*self.fields.values(), self.threads, self.chat]:
+            _changed_signal(box).connect(self._changed)
         self._update_enabled()
 
     def _row(self, form: QFormLayout, label: str, widget: QWidget, key: str) -> None:
@@ -140,54 +201,25 @@ class SettingsPanel(QWidget):
 
     def options(self) -> dict:
         """Keyword arguments for Model.generate; None leaves an option to the model's default."""
-        def num(box):
-            return None if box.value() == box.minimum() else box.value()
-        return {
-            "scheduler": self.scheduler.currentData(),
-            "steps": num(self.steps),
-            "gen_length": num(self.gen_length),
-            "block_length": num(self.block_length),
-            "threshold": self.tau.value(),
-            "cache": self.cache.isChecked(),
-            "keep_active": num(self.keep_active),
-            "refresh_every": num(self.refresh_every),
-            "temperature": self.temperature.value(),
-            "seed": self.seed.value(),
-            "threads": num(self.threads),
-            "chat": self.chat.isChecked(),
-        }
+        opts = {name: _value(box) for name, box in self.fields.items()}
+        return opts | {"threads": _value(self.threads), "chat": self.chat.isChecked()}
 
     def set_options(self, opts: dict) -> None:
         """Show `opts` (as returned by `options`); keys not given keep their value."""
-        def put(box, value):
-            box.setValue(box.minimum() if value is None else value)
-        if "scheduler" in opts:
-            i = self.scheduler.findData(opts["scheduler"])
-            self.scheduler.setCurrentIndex(max(i, 0))
-        for key, box in (("steps", self.steps), ("gen_length", self.gen_length),
-                         ("block_length", self.block_length), ("keep_active", self.keep_active),
-                         ("refresh_every", self.refresh_every), ("threads", self.threads)):
-            if key in opts:
-                put(box, opts[key])
-        if "threshold" in opts:
-            self.tau.setValue(opts["threshold"])
-        if "temperature" in opts:
-            self.temperature.setValue(opts["temperature"])
-        if "seed" in opts:
-            self.seed.setValue(opts["seed"])
-        if "cache" in opts:
-            self.cache.setChecked(bool(opts["cache"]))
-        if "chat" in opts:
-            self.chat.setChecked(bool(opts["chat"]))
+        for name, box in [*self.fields.items(), ("threads", self.threads), ("chat", self.chat)]:
+            if name in opts:
+                _show(box, opts[name])
 
     def reset(self) -> None:
-        self.set_options({"scheduler": None, "steps": None, "gen_length": None,
-                          "block_length": None, "threshold": 1.5, "cache": True,
-                          "keep_active": None, "refresh_every": None, "temperature": 0.0,
-                          "seed": 0, "threads": None, "chat": True})
+        """Numbers and the scheduler to auto; a checkbox to the loaded family's default (before
+        any model is loaded, the first family's)."""
+        defaults = default_options(self.arch or FAMILIES[0])
+        opts = {name: defaults[name] if isinstance(box, QCheckBox) else None for name, box in self.fields.items()}
+        self.set_options(opts | {"threads": None, "chat": True})
 
     def show_defaults(self, arch: str | None) -> None:
         """Show, under each field, what "auto" means for the loaded model's family."""
+        self.arch = arch
         defaults = default_options(arch) if arch else {}
         for key, note in self.defaults_note.items():
             if key in defaults:
@@ -229,6 +261,7 @@ class SettingsPanel(QWidget):
         self.changed.emit()
 
     def _update_enabled(self) -> None:
-        self.tau.setEnabled(self.scheduler.currentData() in (None, "entropy_exit"))
-        self.keep_active.setEnabled(self.cache.isChecked())
-        self.refresh_every.setEnabled(self.cache.isChecked())
+        f = self.fields
+        f["threshold"].setEnabled(f["scheduler"].currentData() in (None, "entropy_exit"))
+        f["keep_active"].setEnabled(f["cache"].isChecked())
+        f["refresh_every"].setEnabled(f["cache"].isChecked())
