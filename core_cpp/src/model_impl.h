@@ -1,4 +1,4 @@
-// Internal model state: hyper-parameters, memory-mapped weights and the CPU backend.
+// Internal model state: hyper-parameters, memory-mapped weights, load options and the pool of contexts.
 #pragma once
 
 #include "diffuse.h"
