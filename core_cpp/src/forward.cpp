@@ -11,8 +11,9 @@
 
 namespace diffuse {
 
-// Nodes per layer and sequence are about a dozen; this bounds n_layer * batch.
-static constexpr int MAX_GRAPH_NODES = 65536;
+// Graph size: about 26 nodes per layer plus 16 per layer and sequence (attention, cache writes,
+// views); sized per shape, since a larger graph costs a larger hash set to clear on every plan.
+static size_t graph_nodes(int64_t n_layer, size_t n_seq) { return 64 + 8 * n_seq + n_layer * (40 + 24 * n_seq); }
 
 // ---- KVCache ----
 
@@ -85,7 +86,6 @@ ForwardRunner::ForwardRunner(const ModelImpl & model) : model_(model) {
     backend_ = ggml_backend_cpu_init();
     if (!backend_) throw Error("cannot initialise the ggml CPU backend");
     galloc_ = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_));
-    graph_meta_.resize(ggml_tensor_overhead() * MAX_GRAPH_NODES + ggml_graph_overhead_custom(MAX_GRAPH_NODES, false));
 }
 
 ForwardRunner::~ForwardRunner() {
@@ -105,9 +105,11 @@ void ForwardRunner::build(const std::vector<SequenceRows> & seqs) {
     const int n_out = std::accumulate(shape_.n_out.begin(), shape_.n_out.end(), 0);
 
     if (ctx_) ggml_free(ctx_);
+    const size_t n_nodes = graph_nodes(hp.n_layer, seqs.size());
+    graph_meta_.resize(ggml_tensor_overhead() * n_nodes + ggml_graph_overhead_custom(n_nodes, false));
     ggml_init_params ip = {graph_meta_.size(), graph_meta_.data(), /*no_alloc*/ true};
     ggml_context * ctx = ctx_ = ggml_init(ip);
-    graph_ = ggml_new_graph_custom(ctx, MAX_GRAPH_NODES, false);
+    graph_ = ggml_new_graph_custom(ctx, n_nodes, false);
 
     in_ = Inputs{};
     in_.tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_q);
