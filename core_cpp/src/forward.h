@@ -55,6 +55,7 @@ public:
     ForwardRunner & operator=(const ForwardRunner &) = delete;
 
     // logits: (sum of n_out, n_vocab) row-major, the sequences' out_rows in order, written in place.
+    // n_threads is an upper bound: a pass too small to pay for waking the threads uses fewer.
     // A pass of the same shape as the previous one (rows per sequence, n_kv, caches) reuses its
     // graph and allocation: only the inputs are written.
     void run(const std::vector<SequenceRows> & seqs, int n_threads, float * logits);
@@ -76,6 +77,7 @@ private:
         ggml_tensor * logits = nullptr;     // (n_vocab, n_out_total)
     };
     void build(const std::vector<SequenceRows> & seqs);
+    int threads_for_pass(int n_threads) const;   // at most n_threads, fewer for a small pass
 
     const ModelImpl & model_;
     ggml_backend * backend_ = nullptr;  // the CPU backend: thread count and its work buffer

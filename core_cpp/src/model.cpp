@@ -272,6 +272,8 @@ void ModelImpl::bind_weights(bool repack) {
         L.ffn_up = get(n("ffn_up.weight"), {n_embd, hp.n_ff}, true);
         L.ffn_down = get(n("ffn_down.weight"), {hp.n_ff, n_embd}, true);
         w_.layers.push_back(L);
+        for (ggml_tensor * t : {L.wq, L.wk, L.wv, L.wo, L.ffn_gate, L.ffn_up, L.ffn_down})
+            layer_matmul_params_ += t->ne[0] * t->ne[1];
     }
 
     // Norms and biases take part in element-wise ops with F32 activations: diffuse-cpp's F16 files

@@ -78,6 +78,7 @@ public:
     bool kv_f16() const override { return kv_f16_; }
 
     const Weights & weights() const { return w_; }
+    int64_t layer_matmul_params() const { return layer_matmul_params_; }   // all layers' q/k/v/o/ffn matrices
     const GGUFFile & file() const { return *file_; }
 
     // A context of its own for the caller (from the pool, or new); it goes back when the lease ends.
@@ -102,6 +103,7 @@ private:
     Weights w_{};
     size_t weights_bytes_ = 0;
     size_t repacked_bytes_ = 0;
+    int64_t layer_matmul_params_ = 0;
     bool flash_attn_ = true;
     bool kv_f16_ = true;
     std::atomic<int> n_threads_{1};
