@@ -170,8 +170,8 @@ def test_callback_exception_propagates(llada):
 
 def test_all_eos_block_stops_early(llada):
     opts = {**diffuse.generation.default_options("llada"), "gen_length": 32, "steps": 16, "block_length": 8}
-    out = _core.generate(llada._core, np.array(PROMPT, np.int32), options=opts,
-                         eos_ids=list(range(llada.n_vocab)))
+    [out] = _core.generate_batch(llada._core, [np.array(PROMPT, np.int32)], options=[opts],
+                                 eos_ids=list(range(llada.n_vocab)))
     assert out["stop_reason"] == "eos" and out["steps"] == 4
 
 

@@ -183,7 +183,7 @@ def load(path: str | os.PathLike, threads: int | None = None,
     hyper-threads cost more than they give). tokenizer: a tokenizer.json for
     files that carry none (diffuse-cpp's); by default one beside the model file is used.
     repack: copy quantised matrices into ggml's interleaved CPU layout (faster on AVX2-only and
-    ARM CPUs, slower for Q4_K on AVX512-VNNI; compare with `diffuse bench forward --repack`).
+    ARM CPUs, slower for Q4_K on AVX512-VNNI: time both with `model.forward` on your CPU).
     flash_attn: tiled attention whose memory grows O(n) with the context (False: the materialised
     score matrix, O(n^2)). kv_f16: keep the K/V cache in F16 (False: F32, twice the memory).
     """

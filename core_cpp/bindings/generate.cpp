@@ -1,4 +1,4 @@
-// _core.generate / _core.generate_batch: the denoising loop with the GIL released; the GIL is taken
+// _core.generate_batch: the denoising loop (Model.generate is a batch of one) with the GIL released; the GIL is taken
 // only to hand each step's plain-data event to Python. _core.OPTIONS exposes the option table that
 // the engine validates with, so Python, the CLI and the Studio build their inputs from it.
 #include "bindings.h"
@@ -208,17 +208,6 @@ void diffuse_py::register_generate(py::module_ & m) {
     }, py::arg("arch"), py::arg("options"),
        "The family defaults overridden by `options` (None keeps a default), checked: every option "
        "resolved, or a DiffuseError naming the first bad one and its allowed range.");
-
-    m.def("generate",
-          [](const diffuse::Model & model, I32Array prompt, const py::dict & options, int threads,
-             const std::vector<int32_t> & eos_ids, py::object on_step) {
-              diffuse::BatchItem item{prompt_ids(prompt),
-                                      params_from(diffuse::arch_name(model.hparams().arch), options, threads, eos_ids)};
-              return output_dict(run(model, {item}, on_step).front());
-          },
-          py::arg("model"), py::arg("prompt"), py::kw_only(), py::arg("options"), py::arg("threads") = 0,
-          py::arg("eos_ids") = std::vector<int32_t>{}, py::arg("on_step") = py::none(),
-          "Run the denoising loop. on_step(dict) -> False cancels; its exceptions propagate.");
 
     m.def("generate_batch",
           [](const diffuse::Model & model, const std::vector<I32Array> & prompts, const std::vector<py::dict> & options,

@@ -68,6 +68,7 @@ struct Sequence {
     const GenerateParams & p;
     const SchedulerInfo & sched;
     int n_prompt, n_total, block, n_blocks, steps_per_block;
+    std::vector<int> counts;           // LLaDA schedule: positions to commit at each step of a block
 
     std::vector<int32_t> x;            // (n_total,) current sequence
     std::vector<uint8_t> mask;         // (n_total,) 1 = masked
@@ -93,6 +94,7 @@ struct Sequence {
         // Each block gets the same number of steps; the budget is rounded down to a multiple of the
         // block count (at least one step per block).
         steps_per_block = std::max(1, p.steps / n_blocks);
+        counts = llada_transfer_counts(block, steps_per_block);
         const int32_t mask_id = model.hparams().mask_token_id;
         x = prompt;
         x.resize(n_total, mask_id);
@@ -262,9 +264,8 @@ std::vector<GenerateOutput> generate_batch(const Model & base, const std::vector
                 if (!std::isfinite(s.entropy))
                     throw Error(model.path() + ": the forward pass produced NaN/Inf logits (corrupt weights?)");
 
-            const std::vector<int> counts = llada_transfer_counts(q.block, q.steps_per_block);
             const int k = q.sched.schedule == Schedule::LLaDABlocks
-                              ? (q.i == q.steps_per_block - 1 ? n_cand : std::min(counts[q.i], n_cand))
+                              ? (q.i == q.steps_per_block - 1 ? n_cand : std::min(q.counts[q.i], n_cand))
                               : dream_transfer_count(n_cand, q.i, q.steps_per_block, q.p.eps);
             SelectInput in{stats, k, q.p.threshold, q.p.alg_temp, dream_transfer_prob(q.i, q.steps_per_block, q.p.eps),
                            rng_key(q.p.seed ^ 0x5ced5ced5cedULL, (uint64_t) q.step, 1)};
