@@ -1,6 +1,7 @@
 """The Python face of a loaded model: hyper-parameters, tokenizer, forward pass."""
 from __future__ import annotations
 
+import numbers
 import os
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ class Model:
                  tokenizer: str | os.PathLike | None = None, repack: bool = False,
                  flash_attn: bool = True, kv_f16: bool = True):
         self.path = str(path)
-        self._core = _core.Model(self.path, threads=threads or 0, repack=repack, flash_attn=flash_attn,
+        self._core = _core.Model(self.path, threads=_threads(threads), repack=repack, flash_attn=flash_attn,
                                  kv_f16=kv_f16)
         hp = self._core.hparams
         self.hparams: dict = hp
@@ -54,7 +55,7 @@ class Model:
 
     @threads.setter
     def threads(self, n: int) -> None:
-        self._core.threads = n
+        self._core.threads = _threads(n)
 
     @property
     def weights_bytes(self) -> int:
@@ -147,7 +148,7 @@ class Model:
 
         t0 = time.perf_counter()
         outs = _core.generate_batch(self._core, [np.asarray(i, dtype=np.int32) for i in ids], options=resolved,
-                                    threads=threads or 0, eos_ids=eos_ids, on_step=callback)
+                                    threads=_threads(threads), eos_ids=eos_ids, on_step=callback)
         total_ms = (time.perf_counter() - t0) * 1000.0
         return [self._result(out, prompt_ids, tok, eos_ids, total_ms) for out, prompt_ids in zip(outs, ids)]
 
@@ -172,6 +173,16 @@ class Model:
 
     def __repr__(self) -> str:
         return f"<diffuse.Model {self.arch} ({self.dialect}) {Path(self.path).name}>"
+
+
+def _threads(n) -> int:
+    """A thread count for the engine: None or 0 means the default; the engine caps it at the
+    logical CPU count."""
+    if n is None:
+        return 0
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+        raise DiffuseError(f"threads must be a non-negative integer (got {n!r})")
+    return min(int(n), 2**31 - 1)
 
 
 def load(path: str | os.PathLike, threads: int | None = None,

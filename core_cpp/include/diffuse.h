@@ -97,7 +97,7 @@ struct GenerateParams {
     float     cfg_scale      = 0.0f;  // LLaDA classifier-free guidance (0: off)
     float     eps            = 1e-3f; // Dream timestep floor
     uint64_t  seed           = 0;
-    int       n_threads      = 0;     // 0: the model's thread count
+    int       n_threads      = 0;     // 0: the model's thread count; capped at the logical CPU count
     std::vector<int32_t> eos_ids;     // end-of-text ids (early stop, useful length)
 };
 
@@ -150,7 +150,8 @@ std::vector<GenerateOutput> generate_batch(const Model & model, const std::vecto
 // ---------------------------------------------------------------------------------------------
 
 struct LoadParams {
-    int  n_threads = 0;   // 0: the physical cores this process may use (hyper-threads cost ~12%)
+    int  n_threads = 0;   // 0: the physical cores this process may use (hyper-threads cost ~12%);
+                          // capped at the logical CPU count
     // Copy quantised matrices into ggml's interleaved CPU layout instead of using them from the
     // mapping. A large gain on AVX2-only and ARM CPUs; slower for Q4_K on AVX512-VNNI (measured:
     // 122 vs 267 GFLOP/s single-thread), so off by default: weights stay memory-mapped.

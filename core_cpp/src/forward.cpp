@@ -28,6 +28,12 @@ KVCache::KVCache(const ModelImpl & model, int n_ctx) : n_ctx_(n_ctx), id_(next_c
     if (!ctx_) throw Error("cannot create the KV cache context");
     const ggml_type type = model.kv_f16() ? GGML_TYPE_F16 : GGML_TYPE_F32;
     const int64_t row = hp.head_dim * hp.n_head_kv;
+    // Refused up front rather than allocated: with overcommit a too-large buffer "succeeds" and
+    // the kernel's OOM killer ends the process when the pages are touched.
+    const double need = 2.0 * hp.n_layer * (double) row * n_ctx * ggml_type_size(type);
+    if (need > (double) physical_memory_bytes())
+        throw Error("the K/V cache for " + std::to_string(n_ctx) + " positions needs " +
+                    std::to_string((int64_t) (need / (1 << 20))) + " MiB, more than this machine's memory");
     for (int il = 0; il < hp.n_layer; ++il) {
         k.push_back(ggml_new_tensor_2d(ctx_, type, row, n_ctx));
         v.push_back(ggml_new_tensor_2d(ctx_, type, row, n_ctx));

@@ -197,7 +197,7 @@ std::vector<GenerateOutput> generate_batch(const Model & base, const std::vector
             throw Error(items.size() == 1 ? e.what() : "prompt " + std::to_string(s) + ": " + e.what());
         }
     }
-    const int n_threads = items[0].params.n_threads > 0 ? items[0].params.n_threads : model.n_threads();
+    const int n_threads = items[0].params.n_threads > 0 ? thread_count(items[0].params.n_threads) : model.n_threads();
 
     ContextLease ctx = model.lease();
     size_t slot = 0;

@@ -115,10 +115,23 @@ int physical_cores() {
 #endif
 }
 
-void ModelImpl::set_n_threads(int n) {
-    static const int default_threads = physical_cores();
-    n_threads_ = n > 0 ? std::min(n, 1024) : default_threads;
+size_t physical_memory_bytes() {
+#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGESIZE)
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) return (size_t) pages * (size_t) page;
+#endif
+    return SIZE_MAX;
 }
+
+int thread_count(int requested) {
+    // More threads than logical CPUs only adds synchronisation (10000 threads made a 0.09 s step
+    // take 13.8 s): the count is capped there.
+    static const int logical = (int) std::max(1u, std::thread::hardware_concurrency());
+    static const int default_threads = physical_cores();
+    return requested > 0 ? std::min(requested, logical) : default_threads;
+}
+
+void ModelImpl::set_n_threads(int n) { n_threads_ = thread_count(n); }
 
 static int64_t bounded(const GGUFFile & f, const std::string & key, std::optional<int64_t> v,
                        int64_t lo, int64_t hi) {

@@ -59,6 +59,12 @@ private:
 class Context;
 class ContextLease;
 
+// RAM of this machine, bytes (a large number when it cannot be read).
+size_t physical_memory_bytes();
+
+// Threads a call uses: `requested` capped at the logical CPU count, or the default (physical cores) when <= 0.
+int thread_count(int requested);
+
 // Immutable after load (weights, hyper-parameters, options), but for the default thread count
 // (atomic) and the pool of contexts (locked): every const method is safe from any thread.
 class ModelImpl final : public Model {

@@ -27,24 +27,25 @@ CONFIGS = {
 WIDE = dict(n_embd=4096, n_head=32, n_ff=12288, n_vocab=32000, n_ctx=4096)
 
 
-def write_wide_layer(path: Path) -> Path:
-    """The one-layer LLaDA-8B-wide F16 model (llama.cpp dialect keys, no tokenizer)."""
+def write_random_llada(path: Path, n_layer: int, n_embd: int, n_head: int, n_ff: int, n_vocab: int,
+                       n_ctx: int) -> Path:
+    """A LLaDA GGUF of the given shape with random F16 matrices (llama.cpp dialect keys, no
+    tokenizer): for measurements, and for tests of shapes no checkpoint fixture has."""
     from diffuse.gguf_file import OutTensor, write
 
-    if path.exists():
-        return path
-    d, f, v = WIDE["n_embd"], WIDE["n_ff"], WIDE["n_vocab"]
+    d, f, v = n_embd, n_ff, n_vocab
     F16, F32 = 1, 0
-    kv = {"general.architecture": "llada", "general.file_type": 1, "llada.context_length": WIDE["n_ctx"],
-          "llada.embedding_length": d, "llada.block_count": 1, "llada.feed_forward_length": f,
-          "llada.attention.head_count": WIDE["n_head"], "llada.attention.head_count_kv": WIDE["n_head"],
+    kv = {"general.architecture": "llada", "general.file_type": 1, "llada.context_length": n_ctx,
+          "llada.embedding_length": d, "llada.block_count": n_layer, "llada.feed_forward_length": f,
+          "llada.attention.head_count": n_head, "llada.attention.head_count_kv": n_head,
           "llada.rope.freq_base": 500000.0, "llada.attention.layer_norm_rms_epsilon": 1e-5,
           "tokenizer.ggml.mask_token_id": v - 1}
     types = {k: "str" if isinstance(val, str) else "f32" if isinstance(val, float) else "u32" for k, val in kv.items()}
-    shapes = {"token_embd.weight": (d, v), "output_norm.weight": (d,), "output.weight": (d, v),
-              "blk.0.attn_norm.weight": (d,), "blk.0.attn_q.weight": (d, d), "blk.0.attn_k.weight": (d, d),
-              "blk.0.attn_v.weight": (d, d), "blk.0.attn_output.weight": (d, d), "blk.0.ffn_norm.weight": (d,),
-              "blk.0.ffn_gate.weight": (d, f), "blk.0.ffn_up.weight": (d, f), "blk.0.ffn_down.weight": (f, d)}
+    layer = {"attn_norm.weight": (d,), "attn_q.weight": (d, d), "attn_k.weight": (d, d), "attn_v.weight": (d, d),
+             "attn_output.weight": (d, d), "ffn_norm.weight": (d,), "ffn_gate.weight": (d, f),
+             "ffn_up.weight": (d, f), "ffn_down.weight": (f, d)}
+    shapes = {"token_embd.weight": (d, v), "output_norm.weight": (d,), "output.weight": (d, v)}
+    shapes.update({f"blk.{i}.{name}": shape for i in range(n_layer) for name, shape in layer.items()})
     tensors = [OutTensor(n, F32 if len(s) == 1 else F16, s) for n, s in shapes.items()]
     rng = np.random.default_rng(0)
 
@@ -57,6 +58,13 @@ def write_wide_layer(path: Path) -> Path:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write(path, kv, types, tensors, data())
+    return path
+
+
+def write_wide_layer(path: Path) -> Path:
+    """The one-layer LLaDA-8B-wide F16 model (written once, then reused)."""
+    if not path.exists():
+        write_random_llada(path, n_layer=1, **WIDE)
     return path
 
 
