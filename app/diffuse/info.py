@@ -1,8 +1,8 @@
 """A summary of any GGUF file: family, dialect, hyper-parameters, weight types, tokenizer."""
 from __future__ import annotations
 
+import json
 import os
-from collections import Counter
 
 from gguf import LlamaFileType
 
@@ -10,6 +10,8 @@ from diffuse import gguf_file
 from diffuse._core import DiffuseError
 from diffuse.model import load
 from diffuse.tokenizer import Tokenizer
+
+MAX_SHOWN = 500   # characters of any one string from the file (a name may be megabytes long)
 
 
 def describe(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None) -> dict:
@@ -34,7 +36,7 @@ def describe(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None
         "architecture": info.architecture,
         "family": info.family,
         "dialect": info.dialect,
-        "name": kv.get("general.name"),
+        "name": name if isinstance(name := kv.get("general.name"), str) else None,
         "file_type": file_type,
         "file_type_name": ftype_name(file_type),
         "tensor_count": len(info.tensors),
@@ -92,8 +94,42 @@ def _size(n: int) -> str:
     return ""
 
 
+def escaped(text: str, limit: int | None = MAX_SHOWN) -> str:
+    """`text` with every character a terminal could act on (C0 and C1 controls, DEL, bidi
+    overrides, other format characters) written as \\xNN / \\uNNNN, and cut to `limit` characters."""
+    if limit is not None and len(text) > limit:
+        text = f"{text[:limit]}... ({len(text)} characters)"
+    return "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    n = ord(c)
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
+def _cleaned(value, clean):
+    """`value` (describe's plain data) with `clean` applied to every string, keys included."""
+    if isinstance(value, str):
+        return clean(value)
+    if isinstance(value, dict):
+        return {_cleaned(k, clean): _cleaned(v, clean) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cleaned(v, clean) for v in value]
+    return value
+
+
+def format_json(d: dict) -> str:
+    """describe's result as JSON, long strings cut and non-printable characters as \\u escapes
+    (json.dumps leaves C1 controls and bidi overrides raw)."""
+    text = json.dumps(_cleaned(d, lambda s: s if len(s) <= MAX_SHOWN else s[:MAX_SHOWN] + "..."),
+                      indent=2, ensure_ascii=False)
+    return "".join(c if c.isprintable() or c == "\n" else json.dumps(c)[1:-1] for c in text)
+
+
 def format_info(d: dict, tensors: bool = False) -> str:
-    """The human-readable text of :func:`describe`'s result; `tensors` adds the per-tensor table."""
+    """The human-readable text of :func:`describe`'s result; `tensors` adds the per-tensor table.
+    Every string from the file is escaped, so a hostile file cannot drive the terminal."""
+    d = _cleaned(d, escaped)
     lines = [
         f"file          {d['path']} ({_size(d['file_size'])}, GGUF v{d['gguf_version']})",
         f"architecture  {d['architecture']} (family {d['family'] or '-'}, dialect {d['dialect']})",
@@ -118,7 +154,7 @@ def format_info(d: dict, tensors: bool = False) -> str:
     tok = d.get("tokenizer")
     if tok:
         def show(t):
-            return "-" if t is None else f"{t['id']} {t['text']!r}"
+            return "-" if t is None else f"{t['id']} '{t['text']}'"
         lines.append(f"tokenizer     {tok['vocab_size']} tokens from {tok['source']}, {tok['special_count']} special")
         lines.append(f"  bos {show(tok['bos'])}; eos {', '.join(show(t) for t in tok['eos']) or '-'}; "
                      f"mask {show(tok['mask'])}")

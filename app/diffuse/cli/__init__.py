@@ -6,6 +6,7 @@ import importlib
 import sys
 
 from diffuse import DiffuseError
+from diffuse.info import escaped
 
 COMMANDS = ["convert", "quantize", "info", "generate", "bench", "train"]
 
@@ -25,7 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args._run(args)
     except DiffuseError as e:
-        print(f"diffuse: error: {e}", file=sys.stderr)
+        # Messages quote file names, keys and values from files a stranger may have made: escaped,
+        # so they cannot drive the terminal.
+        message = "\n".join(escaped(line, limit=None) for line in str(e).split("\n"))
+        print(f"diffuse: error: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("diffuse: interrupted", file=sys.stderr)

@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from diffuse.info import describe, format_info
+from diffuse.info import describe, format_info, format_json
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -20,5 +19,5 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     d = describe(args.file, tokenizer=args.tokenizer)
-    print(json.dumps(d, indent=2, ensure_ascii=False) if args.json else format_info(d, tensors=args.tensors))
+    print(format_json(d) if args.json else format_info(d, tensors=args.tensors))
     return 0

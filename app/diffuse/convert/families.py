@@ -6,6 +6,8 @@ GGUF names are llama.cpp's, so llama.cpp's diffusion tool can run our files.
 from __future__ import annotations
 
 import json
+import math
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +96,23 @@ DREAM = Family(
 
 FAMILIES = {f.hf_architecture: f for f in (LLADA, DREAM)}
 
+MAX_JSON_BYTES = 64 << 20   # real config files are KBs, tokenizer.json tens of MBs at most
+MAX_INT = 2**31 - 1         # the engine holds sizes and ids in 32-bit ints
+MAX_F32 = 3.4e38            # rope_theta and rms_eps are stored as float32
+# HParams field -> (kind, lowest, highest) allowed.
+RANGES = {field: ("int", 1, MAX_INT) for field in ("n_embd", "n_head", "n_head_kv", "n_layer", "n_ff", "n_ctx",
+                                                   "vocab_size")}
+RANGES.update(rope_theta=("float", 0.0, MAX_F32), rms_eps=("float", 0.0, 1.0), mask_token_id=("int", 0, MAX_INT),
+              tied=("bool", False, True))
+
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 80
+
+
+def shown(value) -> str:
+    """A value from a file as it may appear in a message: a short repr, control characters escaped."""
+    return _repr.repr(value)
+
 
 @dataclass(frozen=True)
 class HParams:
@@ -114,12 +133,30 @@ class HParams:
         return self.n_embd // self.n_head
 
 
+def read_text(path: Path, limit: int = MAX_JSON_BYTES) -> str:
+    """A UTF-8 text file of at most `limit` bytes (a hostile file could be any size)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise DiffuseError(f"{path}: larger than {limit >> 20} MB; not a real model file")
+        return data.decode("utf-8")
+    except OSError as err:
+        raise DiffuseError(f"{path}: unreadable ({err.strerror or err})") from err
+    except UnicodeDecodeError as err:
+        raise DiffuseError(f"{path}: not UTF-8 text ({err})") from err
+
+
+def read_json(path: Path):
+    try:
+        return json.loads(read_text(path))
+    except (ValueError, RecursionError) as err:   # RecursionError: nesting too deep
+        raise DiffuseError(f"{path}: not valid JSON ({shown(str(err))})") from err
+
+
 def read_json_object(path: Path) -> dict:
     """A JSON file that must hold an object (config.json, tokenizer_config.json)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise DiffuseError(f"{path}: unreadable ({err})") from err
+    data = read_json(path)
     if not isinstance(data, dict):
         raise DiffuseError(f"{path}: not a JSON object")
     return data
@@ -133,13 +170,13 @@ def read_config(hf_dir: Path) -> tuple[Family, HParams, dict]:
     config = read_json_object(path)
 
     archs = config.get("architectures") or [None]
-    family = FAMILIES.get(archs[0]) if isinstance(archs, list) else None
+    family = FAMILIES.get(archs[0]) if isinstance(archs, list) and isinstance(archs[0], str) else None
     if family is None:
-        raise DiffuseError(f"{path}: unsupported architecture {archs!r}; diffuse converts "
+        raise DiffuseError(f"{path}: unsupported architecture {shown(archs)}; diffuse converts "
                            f"{' and '.join(FAMILIES)} checkpoints")
     for key, want in family.fixed.items():
         if key in config and config[key] != want:
-            raise DiffuseError(f"{path}: {key} = {config[key]!r} is a {family.arch} variant diffuse "
+            raise DiffuseError(f"{path}: {key} = {shown(config[key])} is a {family.arch} variant diffuse "
                                f"does not run (expected {want!r})")
 
     values = {}
@@ -149,31 +186,45 @@ def read_config(hf_dir: Path) -> tuple[Family, HParams, dict]:
             if field not in family.defaults:
                 raise DiffuseError(f"{path}: missing {key!r}")
             value = family.defaults[field]
+        elif not _in_range(value, *RANGES[field]):
+            raise DiffuseError(f"{path}: {key} = {shown(value)} is not {_range_text(*RANGES[field])}")
         values[field] = value
     if values["n_head_kv"] is None:
         values["n_head_kv"] = values["n_head"]
-    try:
-        hp = HParams(**{f: _typed(f, v) for f, v in values.items()})
-    except (TypeError, ValueError) as err:
-        raise DiffuseError(f"{path}: bad hyper-parameter value ({err})") from err
-    if min(hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_layer, hp.n_ff, hp.vocab_size) <= 0:
-        raise DiffuseError(f"{path}: sizes must be positive")
+    hp = HParams(**{f: _typed(f, v) for f, v in values.items()})
     if hp.n_embd % hp.n_head or hp.n_head % hp.n_head_kv or hp.head_dim % 2:
         raise DiffuseError(f"{path}: {hp.n_embd} / {hp.n_head} heads / {hp.n_head_kv} KV heads "
                            "do not give an even head size shared by the KV groups")
     return family, hp, config
 
 
+def _in_range(value, kind: str, low, high) -> bool:
+    """JSON allows Infinity, NaN, 1e999 and true where a count is meant; only plain values pass.
+    An integer may be written as a whole float (4096.0)."""
+    if kind == "bool":
+        return isinstance(value, bool)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if kind == "int" and isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return False
+    if kind == "float":
+        # rope_theta and rms_eps must be strictly positive
+        return math.isfinite(value) and low < value <= high
+    return low <= value <= high
+
+
+def _range_text(kind: str, low, high) -> str:
+    if kind == "bool":
+        return "true or false"
+    if kind == "float":
+        return f"a number above {low:g} and at most {high:g}"
+    return f"an integer from {low} to {high}"
+
+
 def _typed(field: str, value):
-    if field in ("rope_theta", "rms_eps"):
-        return float(value)
-    if field == "tied":
-        return bool(value)
-    if field == "mask_token_id":
-        return None if value is None else int(value)
-    if isinstance(value, bool) or int(value) != value:
-        raise ValueError(f"{field} = {value!r}")
-    return int(value)
+    if value is None or RANGES[field][0] == "bool":
+        return value
+    return float(value) if RANGES[field][0] == "float" else int(value)
 
 
 def expected_shapes(hp: HParams, n_vocab: int) -> dict[str, tuple[int, ...]]:

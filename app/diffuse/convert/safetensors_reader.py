@@ -6,6 +6,7 @@ rows at a time, so a 16 GB checkpoint never sits in memory.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from diffuse._core import DiffuseError
+from diffuse.convert.families import read_json, shown
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -44,14 +46,20 @@ class Checkpoint:
             raise DiffuseError(f"{hf_dir}: no {SINGLE_NAME} or {INDEX_NAME} (not a safetensors checkpoint)")
 
         self.tensors: dict[str, TensorEntry] = {}
+        owner = {name: shard for shard, names in shards.items() for name in names or ()}
         for shard, names in shards.items():
             path = hf_dir / shard
             if not path.is_file():
                 raise DiffuseError(f"{index}: shard {shard} is missing from the folder")
             entries = _read_header(path)
+            for name in entries:
+                # a tensor stored twice would convert from whichever shard came last
+                if owner.get(name, shard) != shard:
+                    raise DiffuseError(f"{path}: tensor {shown(name)} is also in {owner[name]} "
+                                       f"(where {INDEX_NAME} places it)")
             for name in names if names is not None else entries:
                 if name not in entries:
-                    raise DiffuseError(f"{path}: tensor {name} listed in {INDEX_NAME} is not in this shard")
+                    raise DiffuseError(f"{path}: tensor {shown(name)} listed in {INDEX_NAME} is not in this shard")
                 self.tensors[name] = entries[name]
 
     def read(self, name: str, rows=None) -> np.ndarray:
@@ -70,18 +78,28 @@ class Checkpoint:
 
 def _shards_from_index(index: Path) -> dict[str, list[str]]:
     """shard file -> the tensor names the index places in it."""
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise DiffuseError(f"{index}: unreadable index ({err})") from err
+    data = read_json(index)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict):
-        raise DiffuseError(f"{index}: weight_map is not an object")
+        raise DiffuseError(f"{index}: weight_map is missing or not an object")
     shards: dict[str, list[str]] = {}
     for name, shard in weight_map.items():
-        if not isinstance(shard, str) or Path(shard).name != shard:
-            raise DiffuseError(f"{index}: bad shard name {shard!r} for {name}")
+        # a plain file name: "../../etc/passwd" or "/etc/passwd" would read outside the folder
+        if not isinstance(shard, str) or shard in ("", "..") or Path(shard).name != shard:
+            raise DiffuseError(f"{index}: shard {shown(shard)} for tensor {shown(name)} is not a file "
+                               "name inside the folder")
         shards.setdefault(shard, []).append(name)
     return shards
+
+
+def _unique_keys(pairs: list) -> dict:
+    """json.loads keeps the last of two equal keys; a header naming a tensor twice is corrupt."""
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ValueError(f"{shown(key)} appears twice")
+        seen.add(key)
+    return dict(pairs)
 
 
 def _read_header(path: Path) -> dict[str, TensorEntry]:
@@ -95,11 +113,11 @@ def _read_header(path: Path) -> dict[str, TensorEntry]:
             (n,) = struct.unpack("<Q", head)
             if n > min(size - 8, MAX_HEADER_BYTES):
                 raise DiffuseError(f"{path}: not a safetensors file (header length {n}, file size {size})")
-            header = json.loads(f.read(n))
+            header = json.loads(f.read(n), object_pairs_hook=_unique_keys)
     except OSError as err:
         raise DiffuseError(f"{path}: cannot read: {err.strerror or err}") from err
-    except ValueError as err:
-        raise DiffuseError(f"{path}: corrupt safetensors header ({err})") from err
+    except (ValueError, RecursionError) as err:   # RecursionError: nesting too deep
+        raise DiffuseError(f"{path}: corrupt safetensors header ({shown(str(err))})") from err
     if not isinstance(header, dict):
         raise DiffuseError(f"{path}: corrupt safetensors header (not an object)")
 
@@ -108,18 +126,39 @@ def _read_header(path: Path) -> dict[str, TensorEntry]:
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        try:
-            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-            if not all(isinstance(d, int) and d >= 0 for d in shape) or not (0 <= begin <= end):
-                raise ValueError
-        except (KeyError, TypeError, ValueError) as err:
-            raise DiffuseError(f"{path}: corrupt header entry for {name}") from err
-        if dtype not in DTYPES:
-            raise DiffuseError(f"{path}: tensor {name} has dtype {dtype}; only BF16, F16 and F32 are supported")
-        if end - begin != int(np.prod(shape)) * DTYPES[dtype].itemsize:
-            raise DiffuseError(f"{path}: tensor {name} has {end - begin} bytes for shape {list(shape)} {dtype}")
+        where = f"{path}: tensor {shown(name)}"
+        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
+            raise DiffuseError(f"{where}: corrupt header entry (needs dtype, shape and data_offsets)")
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise DiffuseError(f"{where} has dtype {shown(dtype)}; only BF16, F16 and F32 are supported")
+        if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+            raise DiffuseError(f"{where} has shape {shown(shape)}; expected a list of non-negative integers")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)
+                and offsets[0] <= offsets[1]):
+            raise DiffuseError(f"{where} has data_offsets {shown(offsets)}; expected [begin, end] with "
+                               "0 <= begin <= end")
+        begin, end = offsets
+        nbytes = math.prod(shape) * DTYPES[dtype].itemsize   # Python ints: no overflow
+        if end - begin != nbytes:
+            raise DiffuseError(f"{where} has {end - begin} bytes for shape {shown(shape)} {dtype} "
+                               f"(expected {shown(nbytes)})")
         if data_start + end > size:
-            raise DiffuseError(f"{path}: truncated: tensor {name} ends at byte {data_start + end} "
+            raise DiffuseError(f"{path}: truncated: tensor {shown(name)} ends at byte {data_start + end} "
                                f"but the file has {size} bytes (incomplete download?)")
-        entries[name] = TensorEntry(path, dtype, shape, data_start + begin)
+        entries[name] = TensorEntry(path, dtype, tuple(shape), data_start + begin)
+    _check_overlaps(path, entries)
     return entries
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_overlaps(path: Path, entries: dict[str, TensorEntry]) -> None:
+    """Two tensors sharing bytes would both be read from the same data."""
+    spans = sorted((e.offset, e.offset + math.prod(e.shape) * DTYPES[e.dtype].itemsize, name)
+                   for name, e in entries.items())
+    for (_, end, name), (begin, _, other) in zip(spans, spans[1:]):
+        if begin < end:
+            raise DiffuseError(f"{path}: tensors {shown(name)} and {shown(other)} overlap in the file")

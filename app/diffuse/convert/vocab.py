@@ -15,7 +15,7 @@ from gguf import TokenType
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from diffuse._core import DiffuseError
-from diffuse.convert.families import Family, read_json_object
+from diffuse.convert.families import Family, read_json_object, read_text, shown
 
 # Pre-tokenizer split patterns -> llama.cpp's tokenizer.ggml.pre names.
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -45,11 +45,11 @@ def read_vocab(hf_dir: Path, family: Family, config: dict, n_vocab: int) -> Voca
     tok_config = _read_tokenizer_config(hf_dir / "tokenizer_config.json")
     if (hf_dir / "tokenizer.json").is_file():
         path = hf_dir / "tokenizer.json"
+        hf_json = read_text(path)
         try:
-            hf_json = path.read_text(encoding="utf-8")
             tok = Tokenizer.from_str(hf_json)
-        except Exception as err:   # OSError, or the bare Exception tokenizers raises
-            raise DiffuseError(f"{path}: unreadable tokenizer ({err})") from err
+        except Exception as err:   # tokenizers raises a bare Exception
+            raise DiffuseError(f"{path}: unreadable tokenizer ({shown(str(err))})") from err
     elif (hf_dir / "vocab.json").is_file() and (hf_dir / "merges.txt").is_file():
         tok = _qwen2_tokenizer(hf_dir, tok_config)
         hf_json = tok.to_str()
@@ -57,6 +57,8 @@ def read_vocab(hf_dir: Path, family: Family, config: dict, n_vocab: int) -> Voca
         raise DiffuseError(f"{hf_dir}: no tokenizer.json (or vocab.json + merges.txt)")
 
     ids = tok.get_vocab(with_added_tokens=True)           # token -> id
+    if not ids:
+        raise DiffuseError(f"{hf_dir}: the tokenizer has no tokens")
     if max(ids.values()) >= n_vocab:
         raise DiffuseError(f"{hf_dir}: the tokenizer has id {max(ids.values())} but the model only "
                            f"{n_vocab} embedding rows")
@@ -107,12 +109,18 @@ def _qwen2_tokenizer(hf_dir: Path, tok_config: dict) -> Tokenizer:
     ])
     tok.decoder = decoders.ByteLevel()
 
+    path = hf_dir / "tokenizer_config.json"
     decoder = tok_config.get("added_tokens_decoder") or {}
     try:
-        added = sorted((int(i), t) for i, t in decoder.items())
+        added = sorted(((int(i), t) for i, t in decoder.items()), key=lambda item: item[0])
     except (ValueError, AttributeError) as err:
-        raise DiffuseError(f"{hf_dir / 'tokenizer_config.json'}: bad added_tokens_decoder") from err
+        raise DiffuseError(f"{path}: bad added_tokens_decoder (expected {{id: token}})") from err
     for i, t in added:
+        if not (isinstance(t, dict) and isinstance(t.get("content"), str)
+                and all(isinstance(t.get(k, False), bool)
+                        for k in ("single_word", "lstrip", "rstrip", "normalized", "special"))):
+            raise DiffuseError(f"{path}: added token {i} is {shown(t)}; expected an object with a string "
+                               "content and true/false options")
         token = AddedToken(t["content"], single_word=t.get("single_word", False), lstrip=t.get("lstrip", False),
                            rstrip=t.get("rstrip", False), normalized=t.get("normalized", False),
                            special=t.get("special", False))
@@ -121,7 +129,7 @@ def _qwen2_tokenizer(hf_dir: Path, tok_config: dict) -> Tokenizer:
         else:
             tok.add_tokens([token])
         if tok.token_to_id(t["content"]) != i:
-            raise DiffuseError(f"{hf_dir / 'tokenizer_config.json'}: added token {t['content']!r} has id {i} "
+            raise DiffuseError(f"{path}: added token {shown(t['content'])} has id {i} "
                                "but does not follow the vocabulary directly")
     return tok
 
@@ -142,10 +150,11 @@ def _pre_name(pre_tokenizer: dict | None) -> str:
 def _chat_template(hf_dir: Path, tok_config: dict) -> str | None:
     jinja = hf_dir / "chat_template.jinja"   # newer transformers save it beside the config
     if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
+        return read_text(jinja)
     template = tok_config.get("chat_template")
     if isinstance(template, list):           # named templates: keep the default one
-        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
+                        None)
     return template if isinstance(template, str) and template else None
 
 
@@ -156,7 +165,7 @@ def _special_id(vocab: Vocab, token, config_id, n_vocab: int) -> int | None:
         token = token.get("content")
     if isinstance(token, str) and (i := vocab.id_of(token)) is not None:
         return i
-    if isinstance(config_id, int) and 0 <= config_id < n_vocab:
+    if type(config_id) is int and 0 <= config_id < n_vocab:   # not true/false, which are ints too
         return config_id
     return None
 
