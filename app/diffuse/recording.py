@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
+import stat
 import tempfile
 import time
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -46,6 +49,19 @@ _RAGGED = ("unmasked", "active", "cached")
 _RESULT_ARRAYS = ("tokens", "prompt_tokens", "step_ms", "forward_ms", "sample_ms", "decided_step")
 _RESULT_SCALARS = ("text", "steps", "steps_allowed", "stop_reason", "total_ms", "gen_length",
                    "useful_length")
+
+# What `save` writes: member -> (dtype, dimensions). Anything else in an archive is refused.
+_SCHEMA = ({"meta": (np.uint8, 1)} | {f"step_{n}": (np.float64, 1) for n in _SCALARS}
+           | {n: (_DENSE_DTYPES[n], 2) for n in _DENSE}
+           | {f"{n}_values": (np.int32, 1) for n in _RAGGED}
+           | {f"{n}_offsets": (np.int64, 1) for n in _RAGGED}
+           | {f"result_{n}": (np.float64 if n.endswith("_ms") else np.int32, 1)
+              for n in _RESULT_ARRAYS})
+MAX_BYTES = 256 * 2**20     # the most a recording may hold, loaded (a long real run is ~50 MB)
+# A replay's view keeps four float32 and one int8 per allowed step and position
+# (studio.run_state): steps_allowed is bounded so that this fits in MAX_BYTES too.
+_VIEW_BYTES_PER_CELL = 17
+_INT_MAX = 2**31 - 1
 
 
 def write_atomic(path: str | os.PathLike, data: bytes) -> None:
@@ -138,30 +154,26 @@ class Recording:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Recording:
-        """Read a recording written by `save`; DiffuseError if the file is not one."""
+        """Read a recording written by `save`; DiffuseError if the file is not one.
+
+        Every member's declared size is checked before its data is read, and the metadata's
+        numbers against the arrays, so a hostile file costs at most MAX_BYTES of memory."""
         try:
-            # Our own file handle: numpy leaks its handle when the zip is broken.
-            with open(path, "rb") as f, np.load(f, allow_pickle=False) as z:
-                data = {k: z[k] for k in z.files}
+            data = _read_members(path)
         except FileNotFoundError:
             raise DiffuseError(f"{path}: no such recording") from None
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+        except (OSError, ValueError, zipfile.BadZipFile, zlib.error, EOFError, RuntimeError,
+                NotImplementedError) as e:
             raise DiffuseError(f"{path}: not a diffuse recording ({e})") from None
         try:
-            meta = json.loads(bytes(data["meta"]).decode("utf-8"))
-            if meta.get("format") != FORMAT:
-                raise ValueError("wrong format tag")
-            if meta.get("version") != VERSION:
-                raise ValueError(f"format version {meta.get('version')}, this build reads "
-                                 f"{VERSION}")
+            meta = _check(data)
             events = _events_from(data)
-            result = None
-            if meta["result"] is not None:
-                kw = dict(meta["result"])
-                kw.update({n: data[f"result_{n}"] for n in _RESULT_ARRAYS})
-                result = GenerateResult(**kw)
-        except (KeyError, ValueError, TypeError, IndexError, UnicodeDecodeError) as e:
+        except (KeyError, ValueError, TypeError, IndexError, RecursionError) as e:
             raise DiffuseError(f"{path}: damaged diffuse recording ({e})") from None
+        result = None
+        if meta["result"] is not None:
+            result = GenerateResult(**meta["result"],
+                                    **{n: data[f"result_{n}"] for n in _RESULT_ARRAYS})
         return cls(prompt=meta["prompt"], options=meta["options"], model=meta["model"],
                    events=events, result=result, created=meta.get("created", 0.0),
                    pieces={int(k): v for k, v in meta["pieces"].items()})
@@ -222,3 +234,124 @@ def _events_from(data: dict[str, np.ndarray]) -> list[StepEvent]:
             kw[name] = data[f"{name}_values"][off[k]:off[k + 1]]
         events.append(StepEvent(**kw))
     return events
+
+
+def _read_members(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The archive's arrays; sizes are checked against MAX_BYTES before any data is read."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise ValueError("not a regular file")      # a FIFO would block open() forever
+    with open(path, "rb") as f, zipfile.ZipFile(f) as zf:
+        infos = zf.infolist()
+        # Deflate stops at a member's declared size, so declared sizes bound what is read.
+        total = sum(i.file_size for i in infos)
+        if total > MAX_BYTES:
+            raise ValueError(f"its members hold {total} bytes, more than {MAX_BYTES}")
+        data = {}
+        for info in infos:
+            name = info.filename.removesuffix(".npy")
+            if name not in _SCHEMA or name in data:
+                raise ValueError(f"unexpected member {info.filename!r}")
+            with zf.open(info) as fp:
+                data[name] = _read_npy(fp, name, info.file_size)
+    return data
+
+
+def _read_npy(fp, name: str, size: int) -> np.ndarray:
+    """One .npy member, its header checked against _SCHEMA and `size` before reading data."""
+    version = np.lib.format.read_magic(fp)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(fp)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(fp)
+    else:
+        raise ValueError(f"{name}: .npy format {version}")
+    want, ndim = _SCHEMA[name]
+    if dtype != np.dtype(want) or len(shape) != ndim or fortran or min(shape, default=0) < 0:
+        raise ValueError(f"{name}: {dtype.str} {shape}{' (Fortran order)' if fortran else ''}, "
+                         f"expected {np.dtype(want).str} with {ndim} dimension(s)")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > size:
+        raise ValueError(f"{name}: declares {nbytes} bytes, the member holds {size}")
+    arr = np.empty(shape, dtype)
+    if fp.readinto(arr.reshape(-1).view(np.uint8)) != nbytes:
+        raise ValueError(f"{name}: truncated")
+    return arr
+
+
+def _check(data: dict[str, np.ndarray]) -> dict:
+    """The metadata, after checking it and the arrays against each other; ValueError if not."""
+    meta = json.loads(bytes(data["meta"]).decode("utf-8"))
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError("wrong format tag")
+    if meta.get("version") != VERSION:
+        raise ValueError(f"format version {meta.get('version')!r}, this build reads {VERSION}")
+    _want(meta, "prompt", str)
+    _want(meta, "options", dict)
+    _want(meta, "model", dict)
+    _want(meta, "pieces", dict)
+    if "created" in meta:
+        _number(meta, "created")
+    for k, v in meta["pieces"].items():
+        if not (k.isascii() and k.isdigit() and len(k) < 12 and isinstance(v, str)):
+            raise ValueError(f"piece {k[:20]!r}: expected a token id and its text")
+    missing = [n for n in _SCHEMA if n not in data
+               and not (n.startswith("result_") and meta.get("result") is None)]
+    if missing:
+        raise ValueError(f"missing members {', '.join(missing)}")
+    s, n = data["tokens"].shape
+    for name in _DENSE:
+        _shape(data, name, (s, n))
+    for name in _SCALARS:
+        v = _shape(data, f"step_{name}", (s,))
+        if not np.isfinite(v).all():
+            raise ValueError(f"step_{name}: not finite")
+        if not name.endswith("_ms") and not ((v == np.floor(v)) & (v >= 0) & (v <= _INT_MAX)).all():
+            raise ValueError(f"step_{name}: expected counts in [0, {_INT_MAX}]")
+    steps_cap = MAX_BYTES // (_VIEW_BYTES_PER_CELL * max(n, 1))
+    if s and data["step_steps_allowed"].max() > steps_cap:
+        raise ValueError(f"steps_allowed {data['step_steps_allowed'].max():.0f} is more than "
+                         f"{steps_cap} for {n} positions")
+    for name in ("prompt_length", "block_start", "block_end", "n_blocks", "block"):
+        if s and data[f"step_{name}"].max() > n:
+            raise ValueError(f"step_{name} is past the {n} positions")
+    if (data["tokens"] < 0).any():
+        raise ValueError("negative token ids")
+    for name in _RAGGED:
+        off = _shape(data, f"{name}_offsets", (s + 1,))
+        values = data[f"{name}_values"]
+        if off[0] != 0 or (np.diff(off) < 0).any() or off[-1] != values.shape[0]:
+            raise ValueError(f"{name}_offsets do not split {name}_values")
+        if values.size and (values.min() < 0 or values.max() >= n):
+            raise ValueError(f"{name}_values are not positions in [0, {n})")
+    result = meta.get("result")
+    if result is not None:
+        if not isinstance(result, dict) or set(result) != set(_RESULT_SCALARS):
+            raise ValueError(f"result: expected the fields {', '.join(_RESULT_SCALARS)}")
+        _want(result, "text", str)
+        _want(result, "stop_reason", str)
+        _number(result, "total_ms")
+        for name in ("steps", "steps_allowed", "gen_length", "useful_length"):
+            _want(result, name, int)
+            if not 0 <= result[name] <= _INT_MAX:
+                raise ValueError(f"result {name} = {result[name]} is out of range")
+        if result["steps_allowed"] > steps_cap:
+            raise ValueError(f"result steps_allowed {result['steps_allowed']} is more than "
+                             f"{steps_cap} for {n} positions")
+    return meta
+
+
+def _want(d: dict, key: str, kind: type) -> None:
+    if type(d.get(key)) is not kind:        # exact: JSON's true is no count
+        raise ValueError(f"{key}: expected {kind.__name__}, got {type(d.get(key)).__name__}")
+
+
+def _number(d: dict, key: str) -> None:
+    v = d.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{key}: expected a finite number, got {v!r}")
+
+
+def _shape(data: dict[str, np.ndarray], name: str, shape: tuple) -> np.ndarray:
+    if data[name].shape != shape:
+        raise ValueError(f"{name}: shape {data[name].shape}, expected {shape}")
+    return data[name]

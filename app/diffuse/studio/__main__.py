@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.file is None:
         window.restore_session()
     elif args.file.endswith(".npz"):
-        window.open_recording(args.file)
+        # A recording that cannot be opened is reported; the app starts as it usually does.
+        if not window.open_recording(args.file):
+            window.restore_session()
     else:
         window.model_panel.load(args.file)
     return app.exec()

@@ -3,10 +3,15 @@
 A message is saved as soon as it is shown (the user's prompt before the run starts, the answer
 when the run ends), so a crash loses nothing already on screen. Answers link to the recording
 of their run, which lets a restored conversation replay how each answer was denoised.
+
+Ids are file names, so only a safe pattern is accepted. A file that cannot be read as a
+conversation is moved aside to NAME.bad when the store opens, and the user is told once.
 """
 from __future__ import annotations
 
 import json
+import math
+import re
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -15,6 +20,14 @@ from pathlib import Path
 from diffuse import DiffuseError
 from diffuse.recording import write_atomic
 from diffuse.studio import storage
+
+
+ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+MAX_FILE_BYTES = 64 * 2**20         # far more than any chat; a bigger file is not ours
+# What answers' meta may hold that the chat panel reads, and the types it needs.
+_META_TYPES = {"model": (str,), "recording": (str, type(None)), "options": (dict, type(None)),
+               "steps": (int,), "steps_allowed": (int,), "total_ms": (int, float),
+               "stop_reason": (str,)}
 
 
 @dataclass
@@ -40,8 +53,16 @@ class ConversationStore:
     def __init__(self, folder: Path | None = None):
         self.folder = folder or storage.conversations_dir()
         self.folder.mkdir(parents=True, exist_ok=True)
+        for path in self.folder.glob("*.json"):     # at start: damaged files aside, told once
+            try:
+                self.load(path.stem)
+            except DiffuseError as e:
+                storage.set_aside(path, str(e).removeprefix(f"{path}: "))
 
     def path(self, conv_id: str) -> Path:
+        if not isinstance(conv_id, str) or not ID_PATTERN.fullmatch(conv_id):
+            raise DiffuseError(f"{conv_id!r} is not a conversation id (letters, digits, _ and -, "
+                               f"at most 64)")
         return self.folder / f"{conv_id}.json"
 
     def save(self, conv: Conversation) -> None:
@@ -55,12 +76,12 @@ class ConversationStore:
     def load(self, conv_id: str) -> Conversation:
         path = self.path(conv_id)
         try:
-            d = json.loads(path.read_text(encoding="utf-8"))
-            return Conversation(id=d["id"], title=d["title"], created=d["created"],
-                                messages=[Message(**m) for m in d["messages"]])
+            if path.stat().st_size > MAX_FILE_BYTES:
+                raise ValueError(f"larger than {MAX_FILE_BYTES} bytes")
+            return _conversation(conv_id, json.loads(path.read_text(encoding="utf-8")))
         except FileNotFoundError:
             raise DiffuseError(f"{path}: no such conversation") from None
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
             raise DiffuseError(f"{path}: damaged conversation file ({e})") from None
 
     def list(self) -> list[tuple[str, str]]:
@@ -77,3 +98,26 @@ class ConversationStore:
 
     def delete(self, conv_id: str) -> None:
         self.path(conv_id).unlink(missing_ok=True)
+
+
+def _conversation(conv_id: str, d) -> Conversation:
+    """A Conversation from parsed JSON, every field checked; TypeError or ValueError if not."""
+    if not isinstance(d, dict):
+        raise TypeError("not a JSON object")
+    if not isinstance(d.get("title"), str) or not isinstance(d.get("messages"), list):
+        raise TypeError("title must be text and messages a list")
+    created = d.get("created")
+    if isinstance(created, bool) or not isinstance(created, (int, float)) or not math.isfinite(created):
+        raise TypeError(f"created must be a time, not {created!r}")
+    messages = []
+    for m in d["messages"]:
+        if (not isinstance(m, dict) or m.get("role") not in ("user", "assistant")
+                or not isinstance(m.get("text"), str) or not isinstance(m.get("meta", {}), dict)):
+            raise TypeError(f"a message must have a role, text and meta: {str(m)[:80]}")
+        meta = m.get("meta", {})
+        for key, kinds in _META_TYPES.items():
+            if key in meta and (not isinstance(meta[key], kinds) or isinstance(meta[key], bool)):
+                raise TypeError(f"meta {key} must be {' or '.join(k.__name__ for k in kinds)}")
+        messages.append(Message(m["role"], m["text"], meta))
+    # The file name is the id: a copied or renamed file keeps working.
+    return Conversation(id=conv_id, title=d["title"], created=float(created), messages=messages)

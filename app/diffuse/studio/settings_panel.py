@@ -16,8 +16,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox,
                                QLabel, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from diffuse import physical_cores
-from diffuse.generation import OPTIONS, default_options, option
+from diffuse import DiffuseError, physical_cores
+from diffuse.generation import OPTION_NAMES, OPTIONS, default_options, option, resolve_options
 from diffuse.gguf_file import FAMILIES
 from diffuse.studio import storage
 
@@ -138,10 +138,23 @@ def _parse(key: str, raw):
         return None
     kind = KINDS[key]
     if kind == "bool":
+        if raw not in (True, False, "true", "false", "1", "0", 1, 0):
+            raise ValueError("expected true or false")
         return raw in (True, "true", "1", 1)
     if kind == "choice":
-        return raw if raw in option(key)["choices"] else None
+        return raw      # the engine checks it (resolve_options)
     return float(raw) if kind == "float" else int(raw)
+
+
+def _checked(key: str, value, box: QWidget, arch: str):
+    """`value` if the engine accepts it for `key` and its field can show it; raises if not."""
+    if value is None:
+        return None
+    if key in OPTION_NAMES:
+        resolve_options(arch, **{key: value})
+    if isinstance(box, (QSpinBox, QDoubleSpinBox)) and not box.minimum() <= value <= box.maximum():
+        raise ValueError(f"outside what its field holds (up to {box.maximum():.15g})")
+    return value
 
 
 class SettingsPanel(QWidget):
@@ -241,18 +254,23 @@ class SettingsPanel(QWidget):
         s.sync()
 
     def restore(self) -> None:
+        """Show the saved options. A value the engine or its field refuses (a hand-edited or
+        damaged entry) is dropped from the file, so the user is told once, and keeps its default."""
         s = storage.settings()
         s.beginGroup("generation")
         restored = {}
-        for key in self.options():
+        boxes = {**self.fields, "threads": self.threads, "chat": self.chat}
+        for key, box in boxes.items():
             raw = s.value(key)
             if raw is None:
                 continue
             try:
-                restored[key] = _parse(key, raw)
-            except (TypeError, ValueError):
-                continue        # a hand-edited or damaged entry keeps the default
+                restored[key] = _checked(key, _parse(key, raw), box, self.arch or FAMILIES[0])
+            except (TypeError, ValueError, OverflowError, DiffuseError) as e:
+                storage.note_problem(f"settings.ini: {key} = {raw!r} was dropped ({e}).")
+                s.remove(key)
         s.endGroup()
+        s.sync()
         self.set_options(restored)
 
     def _changed(self) -> None:

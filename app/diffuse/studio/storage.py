@@ -2,6 +2,10 @@
 
 The folder is Qt's per-user app data location, or $DIFFUSE_STUDIO_HOME when set (tests, portable
 installs). Settings are an INI file in that folder, so one variable moves everything.
+
+Damaged local state never stops the app: an unreadable file is moved aside to NAME.bad (never
+deleted: the user may want it back), a value of the wrong type is dropped, and each problem is
+noted once for the window to show (`take_problems`).
 """
 from __future__ import annotations
 
@@ -10,7 +14,14 @@ import os
 import sys
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, QStandardPaths
+from PySide6.QtCore import QByteArray, QSettings, QStandardPaths
+
+MAX_SETTINGS_BYTES = 1 << 20        # a real settings file is a few kB
+# Settings read outside the settings panel, and the type each must have.
+_SETTING_TYPES = {"models/last": (str,), "window/geometry": (QByteArray, bytes),
+                  "window/splitter": (QByteArray, bytes)}
+_problems: list[str] = []
+_checked: set[Path] = set()          # settings files checked in this process
 
 
 def home_dir() -> Path:
@@ -24,8 +35,67 @@ def home_dir() -> Path:
     return home
 
 
+def note_problem(message: str) -> None:
+    """Remember a problem found in local state, for the window to show once."""
+    _problems.append(message)
+
+
+def take_problems() -> list[str]:
+    """The problems noted since the last call; the window shows them, then they are gone."""
+    taken = _problems[:]
+    _problems.clear()
+    return taken
+
+
+def set_aside(path: Path, why: str) -> None:
+    """Move an unreadable file to NAME.bad (NAME.bad.2, ... when taken) and note it."""
+    bad, k = path.with_name(path.name + ".bad"), 2
+    while bad.exists():
+        bad, k = path.with_name(f"{path.name}.bad.{k}"), k + 1
+    try:
+        os.replace(path, bad)
+    except OSError as e:
+        note_problem(f"{path} could not be read ({why}) nor moved aside ({e}).")
+        return
+    note_problem(f"{path.name} could not be read ({why}); it was kept as {bad}.")
+
+
 def settings() -> QSettings:
-    return QSettings(str(home_dir() / "settings.ini"), QSettings.Format.IniFormat)
+    path = home_dir() / "settings.ini"
+    if path not in _checked:
+        _checked.add(path)
+        _check_settings(path)
+    return QSettings(str(path), QSettings.Format.IniFormat)
+
+
+def _check_settings(path: Path) -> None:
+    """Set aside a settings file Qt cannot parse; drop entries of the wrong type."""
+    try:
+        if path.stat().st_size > MAX_SETTINGS_BYTES:
+            set_aside(path, f"larger than {MAX_SETTINGS_BYTES} bytes")
+            return
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        set_aside(path, str(e))
+        return
+    s = QSettings(str(path), QSettings.Format.IniFormat)
+    # Qt reads binary junk as odd keys without complaint: NUL or invalid UTF-8 marks it as junk.
+    try:
+        raw.decode("utf-8")
+        parsed = b"\0" not in raw and s.status() == QSettings.Status.NoError
+    except UnicodeDecodeError:
+        parsed = False
+    if not parsed:
+        set_aside(path, "not a settings file")
+        return
+    for key, kinds in _SETTING_TYPES.items():
+        if s.contains(key) and not isinstance(s.value(key), kinds):
+            note_problem(f"settings.ini: {key} = {s.value(key)!r} was not understood and was "
+                         f"dropped.")
+            s.remove(key)
+    s.sync()
 
 
 def runs_dir() -> Path:
