@@ -8,13 +8,14 @@ GUI work short: the window answers input and other timers within a few tens of m
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMainWindow, QMessageBox,
-                               QScrollArea, QSlider, QSplitter, QTabWidget, QToolButton,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, QMainWindow,
+                               QMessageBox, QScrollArea, QSlider, QSplitter, QTabWidget,
+                               QToolButton, QVBoxLayout, QWidget)
 
 from diffuse import DiffuseError
 from diffuse.recording import Recording
@@ -31,6 +32,7 @@ from diffuse.studio.throughput import ThroughputView
 from diffuse.studio.workers import Engine, Job
 
 REFRESH_MS = 25
+CLOSE_WAIT_S = 0.5     # how long closing may block the GUI for a step or a job to return
 
 
 class Timeline(QWidget):
@@ -112,6 +114,9 @@ class MainWindow(QMainWindow):
         self.compare_window: CompareWindow | None = None
         self._saves: list[Job] = []              # recordings and exports being written
         self._dirty: set[str] = set()          # groups waiting to be redrawn: canvas, views
+        self._closing = False
+        self._quitting = False     # the app's event loop is ending: close cannot be retried
+        QApplication.instance().aboutToQuit.connect(self._about_to_quit)
 
         self.canvas_panel = CanvasPanel(title="Denoising canvas")
         self.timeline = Timeline()
@@ -178,6 +183,8 @@ class MainWindow(QMainWindow):
         self._timer.start()
         self._restore_layout()
         self._update_actions()
+        if problems := storage.take_problems():   # damaged local state found while starting: said once
+            self._error("\n".join(problems))
 
     # -- menus --------------------------------------------------------------------------------
 
@@ -258,20 +265,29 @@ class MainWindow(QMainWindow):
                 "special_ids": sorted(int(i) for i in tok.special_tokens)}
 
     def _prompt_for(self, text: str, messages: list[dict], options: dict):
-        """A multi-turn chat goes in as token ids of the whole templated conversation."""
+        """A multi-turn chat goes in as token ids of the whole templated conversation, made on
+        the engine thread (a template or tokenizer may hang or fail)."""
         if not options.get("chat", True) or len(messages) <= 1:
             return text
         tok = self.engine.model.tokenizer
-        try:
-            return tok.encode(tok.apply_chat_template(messages))
-        except DiffuseError:
-            return text       # no chat template: the latest prompt alone
+
+        def templated():
+            try:
+                return tok.encode(tok.apply_chat_template(messages))
+            except DiffuseError:
+                return text       # no chat template: the latest prompt alone
+        return templated
 
     def generate(self, text: str, messages: list[dict] | None = None) -> None:
         if self.engine.busy or self.engine.model is None:
             return
         options = self.settings_panel.options()
-        run = RunState(text, options, self.model_info(), self.engine.model.tokenizer.decode)
+        try:
+            info = self.model_info()
+        except Exception as exc:    # a damaged tokenizer: say so rather than drop the request
+            self.chat.show_error(f"the model's tokenizer failed: {exc}")
+            return
+        run = RunState(text, options, info, self.engine.model.tokenizer.decode)
         self.live = run
         self.engine.start(run, self._prompt_for(text, messages or [], options))
 
@@ -500,12 +516,40 @@ class MainWindow(QMainWindow):
             self.splitter.restoreState(state)
 
     def closeEvent(self, event) -> None:
-        s = storage.settings()
-        s.setValue("window/geometry", self.saveGeometry())
-        s.setValue("window/splitter", self.splitter.saveState())
-        s.sync()
-        self.model_panel.shutdown()
-        for job in self._saves:
-            job.wait()
-        self.engine.shutdown()
-        super().closeEvent(event)
+        first = not self._closing
+        if first:
+            self._closing = True
+            s = storage.settings()
+            s.setValue("window/geometry", self.saveGeometry())
+            s.setValue("window/splitter", self.splitter.saveState())
+            s.sync()
+            if self.compare_window is not None:
+                self.compare_window.stop()
+            self.model_panel.cancel_job()
+        if self._threads_ended(CLOSE_WAIT_S if first else 0.0):
+            super().closeEvent(event)
+            return
+        # One step of a large model, or a job, can take seconds: hide now rather than freeze,
+        # and close for real once they return.
+        self.hide()
+        if self._quitting:      # the event loop is ending: nothing would retry, so wait here
+            self._threads_ended(None)
+            super().closeEvent(event)
+            return
+        event.ignore()
+        QTimer.singleShot(100, self, self.close)
+
+    def _threads_ended(self, wait_s: float | None) -> bool:
+        """Stop the run and end every background thread, waiting at most `wait_s` in all
+        (None: as long as it takes); saves are let finish so that no run is lost."""
+        deadline = None if wait_s is None else time.monotonic() + wait_s
+
+        def left_ms() -> int:
+            return -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+        ended = self.engine.shutdown(left_ms())
+        for job in self._saves + self.model_panel.jobs():
+            ended = job.wait(left_ms()) and ended
+        return ended
+
+    def _about_to_quit(self) -> None:
+        self._quitting = True

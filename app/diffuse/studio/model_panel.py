@@ -400,12 +400,15 @@ class ModelPanel(QWidget):
             self.job.cancel()
             self.job_label.setText(f"{self.job.title}: cancelling…")
 
+    def jobs(self) -> list[Job]:
+        """The background jobs going: the job and the model scan."""
+        return [job for job in (self.job, self._scan) if job is not None]
+
     def shutdown(self) -> None:
         """Cancel the job and wait for background threads (the window is closing)."""
         self.cancel_job()
-        for job in (self.job, self._scan):
-            if job is not None:
-                job.wait()
+        for job in self.jobs():
+            job.wait()
 
     # -- jobs ---------------------------------------------------------------------------------
 

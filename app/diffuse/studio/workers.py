@@ -3,6 +3,9 @@
 The engine thread calls `model.generate` and turns each step into one Qt signal; the GUI thread
 receives it in a bound method of an object it owns (a lambda would run on the engine thread).
 Stopping is a flag read by the step callback, so a run ends within one step.
+
+Whatever a worker body raises (a pyo3 PanicException and MemoryError are not `Exception`s) ends
+as a `failed` message, so the GUI always hears back and the engine never stays busy.
 """
 from __future__ import annotations
 
@@ -10,7 +13,8 @@ import logging
 import threading
 from typing import Any, Callable
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import (QCoreApplication, QDeadlineTimer, QMetaObject, QObject, Qt,
+                            QThread, Signal, Slot)
 
 from diffuse.studio.run_state import RunState
 
@@ -18,8 +22,32 @@ log = logging.getLogger(__name__)
 
 
 def _message(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
+    try:
+        text = str(exc) or type(exc).__name__
+    except BaseException:         # a hostile __str__ must not hide the failure itself
+        text = "(no message)"
     return text if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {text}"
+
+
+def _call(fn: Callable, what: str, finished: Signal, failed: Signal) -> None:
+    """Emit `finished(fn())`, or `failed(message)` whatever `fn` raises; exactly one of them."""
+    value, message, quit_app = None, f"{what} ended without a result", False
+    try:
+        value, message = fn(), None
+    except BaseException as exc:
+        log.exception("%s failed", what)
+        message = _message(exc)
+        # Raised again on a worker thread, SystemExit hangs Python's exit: quit the app instead,
+        # which closes the window and ends every thread in order.
+        quit_app = isinstance(exc, (KeyboardInterrupt, SystemExit))
+    finally:
+        if message is None:
+            finished.emit(value)
+        else:
+            failed.emit(message)
+    if quit_app:
+        QMetaObject.invokeMethod(QCoreApplication.instance(), "quit",
+                                 Qt.ConnectionType.QueuedConnection)
 
 
 class _GenerateWorker(QObject):
@@ -35,13 +63,11 @@ class _GenerateWorker(QObject):
 
     @Slot(object, object, object)
     def run(self, model: Any, prompt, options: dict) -> None:
-        try:
-            result = model.generate(prompt, on_step=self._on_step, **options)
-        except Exception as exc:   # any failure becomes a message in the UI, never a crash
-            log.exception("generation failed")
-            self.failed.emit(_message(exc))
-        else:
-            self.finished.emit(result)
+        def generate():
+            # A chat template or tokenizer can hang or panic: call it here, off the GUI thread.
+            text = prompt() if callable(prompt) else prompt
+            return model.generate(text, on_step=self._on_step, **options)
+        _call(generate, "generation", self.finished, self.failed)
 
     def _on_step(self, event) -> bool:
         self.stepped.emit(event)
@@ -79,8 +105,9 @@ class Engine(QObject):
     def busy(self) -> bool:
         return self.run is not None
 
-    def start(self, run: RunState, prompt: str | list[int] | None = None) -> None:
-        """Generate for `run`; `prompt` (text or token ids) defaults to `run.prompt`."""
+    def start(self, run: RunState, prompt: str | list[int] | Callable | None = None) -> None:
+        """Generate for `run`; `prompt` (text or token ids, or a function giving them, called on
+        the engine thread) defaults to `run.prompt`."""
         if self.model is None:
             raise RuntimeError("no model loaded")
         if self.busy:
@@ -95,11 +122,12 @@ class Engine(QObject):
     def stop(self) -> None:
         self._worker.stop_flag.set()
 
-    def shutdown(self) -> None:
-        """Stop any run and end the thread (waits for the current step to finish)."""
+    def shutdown(self, timeout_ms: int = -1) -> bool:
+        """Stop any run and end the thread; False if the current step outlasts `timeout_ms`
+        (-1: wait for it); the thread then ends when the step returns."""
         self.stop()
         self._thread.quit()
-        self._thread.wait()
+        return self._thread.wait(QDeadlineTimer(timeout_ms))
 
     def _on_step(self, event) -> None:
         if self.run is not None:
@@ -130,13 +158,8 @@ class _JobWorker(QObject):
 
     @Slot()
     def run(self) -> None:
-        try:
-            value = self.fn(self._progress, self.cancel_flag.is_set)
-        except Exception as exc:
-            log.exception("job failed")
-            self.failed.emit(_message(exc))
-        else:
-            self.finished.emit(value)
+        _call(lambda: self.fn(self._progress, self.cancel_flag.is_set), "job", self.finished,
+              self.failed)
 
     def _progress(self, done: int, total: int, what: str = "") -> None:
         self.progressed.emit(int(done), int(total), str(what))
@@ -188,9 +211,10 @@ class Job(QObject):
     def cancel(self) -> None:
         self._cancel.set()
 
-    def wait(self) -> None:
+    def wait(self, timeout_ms: int = -1) -> bool:
+        """End the thread once the job returns; False if that takes over `timeout_ms`."""
         self._thread.quit()
-        self._thread.wait()
+        return self._thread.wait(QDeadlineTimer(timeout_ms))
 
     def _on_progress(self, done: int, total: int, what: str) -> None:
         self.progressed.emit(done, total, what)
