@@ -134,13 +134,16 @@ def write(out_path: str | os.PathLike, kv: dict, kv_types: dict, tensors: list[O
     """Write a GGUF file: every key with its original type, then each tensor's bytes as `data` yields them.
 
     `data` yields one array per tensor, in order (any dtype; its bytes are written as they are), so
-    only one tensor is in memory at a time. The file is written to OUT.part and renamed at the end;
-    on any failure (a full disk included) nothing is left behind.
+    only one tensor is in memory at a time. The file is written to OUT.part (whatever was there is
+    removed first: callers make sure with refuse_overwrite() that it is none of their inputs),
+    synced to disk and renamed at the end; on any failure (a full disk included) nothing is left
+    behind.
     """
     out_path = Path(out_path)
-    part = out_path.with_name(out_path.name + ".part")
+    part = part_path(out_path)
     writer = GGUFWriter(part, arch="")   # an empty arch adds no key: every key is copied below, in order
     try:
+        part.unlink(missing_ok=True)   # a stale temporary, or a link that opening would write through
         if "general.alignment" in kv:
             writer.data_alignment = int(kv["general.alignment"])
         for key, value in kv.items():
@@ -159,7 +162,7 @@ def write(out_path: str | os.PathLike, kv: dict, kv_types: dict, tensors: list[O
                 raise DiffuseError(f"{out_path}: tensor {t.name} has {arr.nbytes} bytes, expected {t.nbytes}")
             writer.write_tensor_data(arr)
         writer.close()
-        os.replace(part, out_path)
+        replace_durably(part, out_path)
     except OSError as e:
         writer.close()
         _remove(part)
@@ -170,6 +173,53 @@ def write(out_path: str | os.PathLike, kv: dict, kv_types: dict, tensors: list[O
         writer.close()
         _remove(part)
         raise
+
+
+def part_path(out_path: Path) -> Path:
+    """The temporary that write() fills before renaming it to out_path."""
+    return out_path.with_name(out_path.name + ".part")
+
+
+def refuse_overwrite(out_path: str | os.PathLike, inputs: Iterable[str | os.PathLike]) -> None:
+    """Raise DiffuseError when writing out_path would overwrite or delete one of `inputs`.
+
+    write() truncates OUT.part and renames it over OUT, so neither may be an input under any
+    spelling (a symlink, a hard link, ./x or an absolute path): compared by device and inode.
+    """
+    out_path = Path(out_path)
+    ids = {}
+    for p in inputs:
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue   # a missing input is the reader's error to report
+        ids[st.st_dev, st.st_ino] = p
+    for target in (out_path, part_path(out_path)):
+        try:
+            st = os.stat(target)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in ids:
+            raise DiffuseError(f"{out_path}: the output would overwrite the input "
+                               f"{ids[st.st_dev, st.st_ino]} (as {target}); choose another output name")
+
+
+def replace_durably(src: Path, dst: Path) -> None:
+    """os.replace(src, dst) that survives a power cut: the data reaches the disk before the rename
+    does, and the rename itself is flushed with its directory where the OS allows that."""
+    with open(src, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(src, dst)
+    try:
+        fd = os.open(Path(dst).parent, os.O_RDONLY)
+    except OSError:
+        return   # Windows cannot open a directory
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass     # some file systems refuse to sync a directory; the rename is done all the same
+    finally:
+        os.close(fd)
 
 
 def _add_kv(writer: GGUFWriter, key: str, value, type_name: str) -> None:
@@ -185,7 +235,8 @@ def _add_kv(writer: GGUFWriter, key: str, value, type_name: str) -> None:
 
 
 def _remove(path: Path) -> None:
+    """Best-effort cleanup: must not hide the error that led here."""
     try:
         path.unlink()
-    except FileNotFoundError:
+    except OSError:
         pass

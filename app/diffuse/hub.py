@@ -5,7 +5,9 @@ come from the hub's model info at one commit, so a push during a long download c
 versions. Each file is fetched into `NAME.part` with HTTP range requests (huggingface_hub's
 `http_get`, which also retries dropped connections), verified (sha256 for LFS files, the git blob
 sha1 for small ones) and only then renamed to NAME. A cancelled or interrupted download keeps its
-`.part` files, and the next call continues from there.
+`.part` files, and the next call continues from there. A file already in the folder is kept only
+when it matches the checksum (so a repository that changed since is fetched anew), and links in the
+folder are never followed: a .part or file that is a link is replaced, not written through.
 """
 from __future__ import annotations
 
@@ -13,18 +15,21 @@ import functools
 import hashlib
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from fnmatch import fnmatch
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Callable
 
 from diffuse import DiffuseError
+from diffuse.gguf_file import replace_durably
 
 # What diffuse.convert reads from a checkpoint folder (weights, config, both tokenizer layouts,
 # chat template); the custom modelling code and the README are not needed.
 WANTED = ("*.safetensors", "*.json", "merges.txt", "*.jinja")
 CHECK_TIMEOUT_S = 5.0
 HASH_CHUNK = 8 << 20
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)   # Windows has none; the .part was unlinked just before
 
 Progress = Callable[[int, int, str], None]
 
@@ -92,12 +97,25 @@ def list_files(repo_id: str, revision: str = "main", endpoint: str | None = None
     files = [RemoteFile(s.rfilename, int(s.size), s.lfs.sha256 if s.lfs else None, s.blob_id)
              for s in info.siblings or []
              if any(fnmatch(s.rfilename, p) for p in WANTED)]
-    for f in files:     # a name like ../x would write outside the download folder
-        if Path(f.path).is_absolute() or ".." in Path(f.path).parts:
+    for f in files:
+        if not _safe_name(f.path):
             raise DiffuseError(f"{repo_id}: refusing the file name {f.path!r}")
+    if not info.sha:    # without a commit, each file would come from whatever the branch is then
+        raise DiffuseError(f"{repo_id}: the hub did not say which commit {revision} is")
     if not any(f.path.endswith(".safetensors") for f in files):
         raise DiffuseError(f"{repo_id}: the repository has no .safetensors weights to download")
     return info.sha, files
+
+
+def _safe_name(name: str) -> bool:
+    """A plain relative path that stays inside the download folder on every OS: no root or drive
+    (/x, \\x, C:x), no backslash or colon (a separator or a Windows stream), no .. or empty parts."""
+    if not name or any(c in name for c in "\\:\0"):
+        return False
+    for pure in (PurePosixPath(name), PureWindowsPath(name)):
+        if pure.is_absolute() or pure.drive or pure.root:
+            return False
+    return all(part not in ("", ".", "..") for part in name.split("/"))
 
 
 def download(repo_id: str, dest, revision: str = "main", endpoint: str | None = None,
@@ -118,6 +136,10 @@ def download(repo_id: str, dest, revision: str = "main", endpoint: str | None = 
     except OSError as e:
         raise DiffuseError(f"{dest}: cannot create the download folder ({e})") from e
     total = sum(f.size for f in files)
+    for f in files:     # a linked subfolder would lead outside the download folder
+        if not (dest / f.path).parent.resolve().is_relative_to(dest.resolve()):
+            raise DiffuseError(f"{dest / f.path}: refusing to download through a link "
+                               f"that leads outside {dest}")
     have = {f.path: _local_size(dest, f) for f in files}
     missing = total - sum(have.values())
     free = shutil.disk_usage(dest).free
@@ -129,8 +151,13 @@ def download(repo_id: str, dest, revision: str = "main", endpoint: str | None = 
         if cancel is not None and cancel():
             return None
         target = dest / f.path
-        if target.is_file() and target.stat().st_size == f.size:
-            continue    # renamed from .part only after its checksum matched
+        if _regular(dest / (f.path + ".part")) is None and have[f.path] == f.size:
+            if progress is not None:
+                progress(done, total, f"verifying {f.path}")
+            if f.verify(target):
+                continue
+            done -= f.size      # another version of the file (or damaged): fetched anew
+            have[f.path] = 0
         try:
             _fetch(repo_id, commit, f, target, endpoint, done, total, progress, cancel)
         except _Cancelled:
@@ -141,14 +168,22 @@ def download(repo_id: str, dest, revision: str = "main", endpoint: str | None = 
     return dest
 
 
+def _regular(path: Path) -> os.stat_result | None:
+    """path's stat when it is a plain file of its own: not a link (symbolic or hard), which
+    writing or appending to would change some other file too."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 else None
+
+
 def _local_size(dest: Path, f: RemoteFile) -> int:
-    """Bytes of `f` already on disk: the whole file, or a resumable .part."""
-    target, part = dest / f.path, dest / (f.path + ".part")
-    if target.is_file() and target.stat().st_size == f.size:
-        return f.size
-    if part.is_file() and part.stat().st_size <= f.size:
-        return part.stat().st_size
-    return 0
+    """Bytes of `f` on disk: a resumable .part, or the whole file (its checksum still to check)."""
+    target, part = _regular(dest / f.path), _regular(dest / (f.path + ".part"))
+    if part is not None:    # an unfinished fetch, continued (or restarted when too long)
+        return part.st_size if part.st_size <= f.size else 0
+    return f.size if target is not None and target.st_size == f.size else 0
 
 
 def _fetch(repo_id: str, commit: str, f: RemoteFile, target: Path, endpoint: str, done: int,
@@ -161,26 +196,33 @@ def _fetch(repo_id: str, commit: str, f: RemoteFile, target: Path, endpoint: str
     from huggingface_hub.utils import build_hf_headers
 
     part = target.with_name(target.name + ".part")
-    part.parent.mkdir(parents=True, exist_ok=True)
-    if part.is_file() and part.stat().st_size > f.size:
-        part.unlink()          # not a prefix of this version of the file
-    resume = part.stat().st_size if part.is_file() else 0
+    st = _regular(part)
+    resume = st.st_size if st is not None and st.st_size <= f.size else 0
     meter = functools.partial(_Meter, f.path, done - resume, total, progress, cancel)
     url = hf_hub_url(repo_id, f.path, revision=commit, endpoint=endpoint)
     try:
-        with open(part, "ab") as out:
+        part.parent.mkdir(parents=True, exist_ok=True)
+        if not resume:   # a link is replaced, never written through; a longer .part is no prefix
+            part.unlink(missing_ok=True)
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | _NOFOLLOW | getattr(os, "O_BINARY", 0), 0o644)
+        # Not append mode: http_get seeks back to 0 when the server ignores the range request.
+        with os.fdopen(fd, "wb") as out:
+            out.seek(resume)
             http_get(url, out, resume_size=resume, expected_size=f.size,
                      headers=build_hf_headers(), tqdm_class=meter)
+        if progress is not None:
+            progress(done + f.size - resume, total, f"verifying {f.path}")
+        if not f.verify(part):
+            part.unlink()
+            if resume:   # the bytes kept from an earlier call may be another version of the file
+                return _fetch(repo_id, commit, f, target, endpoint, done - resume, total,
+                              progress, cancel)
+            raise DiffuseError(f"{repo_id}/{f.path}: the downloaded file does not match the "
+                               f"hub's checksum and was deleted; start the download again")
+        replace_durably(part, target)   # replaces a link at target, never its target
     except (httpx2.HTTPError, OSError) as e:   # hub errors subclass httpx2's; disk full
         raise DiffuseError(f"{repo_id}/{f.path}: download failed, {_reason(e)}. "
                            f"Start the download again to resume it.") from e
-    if progress is not None:
-        progress(done + f.size - resume, total, f"verifying {f.path}")
-    if not f.verify(part):
-        part.unlink()
-        raise DiffuseError(f"{repo_id}/{f.path}: the downloaded file does not match the hub's "
-                           f"checksum and was deleted; start the download again")
-    part.replace(target)
 
 
 class _Meter:

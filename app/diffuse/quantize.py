@@ -114,8 +114,7 @@ def quantize_file(in_path: str | os.PathLike, out_path: str | os.PathLike, qtype
     if qtype not in QTYPES:
         raise DiffuseError(f"unknown quantisation type '{qtype}'; choose one of {', '.join(QTYPES)}")
     in_path, out_path = Path(in_path), Path(out_path)
-    if out_path.exists() and in_path.exists() and out_path.samefile(in_path):
-        raise DiffuseError(f"{out_path}: the output would overwrite the input")
+    gguf_file.refuse_overwrite(out_path, [in_path])
     load(in_path, threads=1)   # the engine's own checks (family, shapes, types, truncation); cheap: a mmap
     info = gguf_file.read(in_path)
 

@@ -56,6 +56,7 @@ def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None
     if outtype not in OUTTYPES:
         raise DiffuseError(f"unknown output type {outtype!r} (expected one of {', '.join(OUTTYPES)})")
     hf_dir, out_path = Path(hf_dir), Path(out_path)
+    gguf_file.refuse_overwrite(out_path, [hf_dir, *_files_under(hf_dir)])
     family, hp, config = read_config(hf_dir)
     ckpt = Checkpoint(hf_dir)
     tensors, n_vocab = _plan(family, hp, ckpt, hf_dir, outtype)
@@ -82,6 +83,13 @@ def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None
     finally:
         pool.shutdown(cancel_futures=True)
     return out_path
+
+
+def _files_under(folder: Path) -> Iterator[Path]:
+    """Every file in the checkpoint folder, the reader's or not: none may become the output."""
+    for root, _, names in os.walk(folder):
+        for name in names:
+            yield Path(root, name)
 
 
 def _plan(family: Family, hp: HParams, ckpt: Checkpoint, hf_dir: Path, outtype: str) -> tuple[list[_Tensor], int]:
