@@ -1,8 +1,11 @@
 """Tokenizer: every source gives the ids the `tokenizers` library gives on the original tokenizer.json."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -28,7 +31,30 @@ TEXTS = [
     "<|im_start|>user\nHi<|im_end|>\n",
 ]
 
-VOCAB_DIR = Path("/tmp/dl/llama_cpp_python-0.3.36/vendor/llama.cpp/models")
+VOCAB_NAMES = ["qwen2", "llama-bpe", "gpt-2"]
+
+
+@pytest.fixture(scope="module")
+def vocab_dir(tmp_path_factory) -> Path:
+    """llama.cpp's vocab-only GGUFs and their test vectors, taken from the llama-cpp-python sdist
+    that the engine build caches (cmake/fetch_ggml.py; `pip install .` fills the cache)."""
+    spec = importlib.util.spec_from_file_location("fetch_ggml", Path(__file__).parents[1] / "cmake" / "fetch_ggml.py")
+    fetch_ggml = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fetch_ggml)
+    cache = Path(os.environ.get("DIFFUSE_CACHE", Path.home() / ".cache" / "diffuse"))   # as CMakeLists.txt
+    sdist = Path(os.environ.get("DIFFUSE_GGML_SDIST") or cache / fetch_ggml.SDIST_NAME)
+    if not sdist.exists():
+        pytest.skip(f"{sdist} not present (the engine build downloads it)")
+    assert fetch_ggml.sha256(sdist) == fetch_ggml.SDIST_SHA256
+    folder = fetch_ggml.GGML_PREFIX.replace("/ggml/", "/models/")
+    wanted = {f"{folder}ggml-vocab-{n}.gguf{ext}" for n in VOCAB_NAMES for ext in ("", ".inp", ".out")}
+    out = tmp_path_factory.mktemp("vocab")
+    with tarfile.open(sdist) as tar:
+        for member in tar:
+            if member.name in wanted:
+                (out / Path(member.name).name).write_bytes(tar.extractfile(member).read())
+    assert len(list(out.iterdir())) == len(wanted)
+    return out
 
 # The pre-tokenizer regexes exactly as the models' own tokenizer.json files write them; the
 # tokenizer rebuilt from llama.cpp arrays uses llama.cpp's adapted forms, so these tests check
@@ -91,12 +117,10 @@ def test_unicode_round_trip(tmp_path):
         assert tok.decode(tok.encode(text)) == text
 
 
-@pytest.mark.parametrize("name", ["qwen2", "llama-bpe", "gpt-2"])
-def test_llama_cpp_vocab_test_vectors(name):
+@pytest.mark.parametrize("name", VOCAB_NAMES)
+def test_llama_cpp_vocab_test_vectors(vocab_dir, name):
     """llama.cpp's vocab-only GGUFs ship inputs (.inp) and the ids Hugging Face gives (.out)."""
-    path = VOCAB_DIR / f"ggml-vocab-{name}.gguf"
-    if not path.exists():
-        pytest.skip(f"{path} not present (llama-cpp-python sdist not extracted)")
+    path = vocab_dir / f"ggml-vocab-{name}.gguf"
     tok = Tokenizer.for_model(path)
     inputs = path.with_name(path.name + ".inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
     outputs = path.with_name(path.name + ".out").read_text(encoding="utf-8").splitlines()
@@ -107,10 +131,8 @@ def test_llama_cpp_vocab_test_vectors(name):
         assert tok.encode(text) == [int(i) for i in ids.split()], text
 
 
-def test_qwen2_vocab_specials_and_template():
-    path = VOCAB_DIR / "ggml-vocab-qwen2.gguf"
-    if not path.exists():
-        pytest.skip(f"{path} not present")
+def test_qwen2_vocab_specials_and_template(vocab_dir):
+    path = vocab_dir / "ggml-vocab-qwen2.gguf"
     tok = Tokenizer.for_model(path, hparams={"arch": "dream", "mask_token_id": 151666})
     assert [tok.id_to_token(i) for i in tok.eos_token_ids] == ["<|endoftext|>", "<|im_end|>"]
     assert tok.mask_token_id == 151666

@@ -9,12 +9,18 @@ Where the vocabulary comes from, first found wins:
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
+import threading
+import time
 from pathlib import Path
 
 import jinja2
+from jinja2 import nodes, pass_context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.visitor import NodeTransformer
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -88,9 +94,12 @@ class Tokenizer:
 
     def __init__(self, hf: HFTokenizer, *, source: str, family: str | None = None,
                  chat_template: str | None = None, bos_token_id: int | None = None,
-                 eos_token_ids: tuple[int, ...] = (), mask_token_id: int | None = None):
+                 eos_token_ids: tuple[int, ...] = (), mask_token_id: int | None = None,
+                 model_path: str | None = None):
         self._hf = hf
         self.source = source
+        # errors name the model file too: "embedded tokenizer.json" alone does not say which
+        self._where = source if model_path is None or model_path in source else f"{model_path} ({source})"
         self.family = family
         self.chat_template = chat_template
         self.bos_token_id = bos_token_id
@@ -121,14 +130,15 @@ class Tokenizer:
             json_path = gguf_path.parent / "tokenizer.json"
 
         if json_path is not None:
-            hf = _from_json_file(json_path)
+            try:
+                text = json_path.read_text(encoding="utf-8")
+            except (OSError, UnicodeError) as e:
+                raise DiffuseError(f"{json_path}: not a valid tokenizer.json: {e}") from e
+            hf = _from_json(text, f"{json_path}: not a valid tokenizer.json")
             source = str(json_path)
             template = template or _template_beside(json_path)
         elif isinstance(kv.get("tokenizer.huggingface.json"), str):
-            try:
-                hf = HFTokenizer.from_str(kv["tokenizer.huggingface.json"])
-            except Exception as e:   # the library raises plain Exception on bad JSON
-                raise DiffuseError(f"{gguf_path}: the embedded tokenizer.json is invalid: {e}") from e
+            hf = _from_json(kv["tokenizer.huggingface.json"], f"{gguf_path}: the embedded tokenizer.json is invalid")
             source = "embedded tokenizer.json"
         elif "tokenizer.ggml.tokens" in kv:
             hf, pre = _from_llama_cpp_arrays(gguf_path, kv)
@@ -157,7 +167,8 @@ class Tokenizer:
             found = [key_id("tokenizer.ggml.mask_token_id"), key_id("diffuse.mask_token_id"), *find(_MASK_STRINGS)]
             mask = next((i for i in found if i is not None), None)
         return cls(hf, source=source, family=family, chat_template=template or _DEFAULT_TEMPLATES.get(family),
-                   bos_token_id=bos, eos_token_ids=tuple(sorted(eos)), mask_token_id=mask)
+                   bos_token_id=bos, eos_token_ids=tuple(sorted(eos)), mask_token_id=mask,
+                   model_path=str(gguf_path))
 
     # ---- text <-> ids ----
 
@@ -171,14 +182,23 @@ class Tokenizer:
         return {i: t.content for i, t in self._hf.get_added_tokens_decoder().items() if t.special}
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return self._hf.encode(text, add_special_tokens=add_special_tokens).ids
+        if not isinstance(text, str):
+            raise DiffuseError(f"encode: expected text, got {type(text).__name__}")
+        if len(text) > MAX_TEXT_CHARS:   # bounds the time a hostile split regex or normalizer can take
+            raise DiffuseError(f"encode: the text has {len(text)} characters, more than {MAX_TEXT_CHARS}")
+        return _tokenizers_call(f"{self._where}: encoding failed", self._hf.encode, text,
+                                add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         """Text of `ids`; ids past the vocabulary (padding rows of the model's output) decode to nothing."""
-        ids = [int(i) for i in ids]
+        try:
+            ids = [int(i) for i in ids]
+        except (TypeError, ValueError, OverflowError) as e:
+            raise DiffuseError(f"decode: token ids must be integers: {e}") from e
         if any(i < 0 or i >= 1 << 32 for i in ids):
             raise DiffuseError(f"decode: token ids must be in [0, 2^32), got {min(ids)}..{max(ids)}")
-        return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)
+        return _tokenizers_call(f"{self._where}: decoding failed", self._hf.decode, ids,
+                                skip_special_tokens=skip_special_tokens)
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._hf.id_to_token(int(token_id))
@@ -190,23 +210,38 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """Render messages [{"role": ..., "content": ...}] with the model's chat template."""
+        what = f"{self._where}: the model's chat template"
         if self.chat_template is None:
             raise DiffuseError(f"tokenizer from {self.source} has no chat template")
         if self._template is None:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=["jinja2.ext.loopcontrols"])
+            if len(self.chat_template) > _MAX_TEMPLATE_CHARS:
+                raise DiffuseError(f"{what} has {len(self.chat_template)} characters, more than {_MAX_TEMPLATE_CHARS}")
+            env = _GuardedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
             env.globals["raise_exception"] = _raise_template_error
             try:
                 self._template = env.from_string(self.chat_template)
-            except jinja2.TemplateError as e:
-                raise DiffuseError(f"tokenizer from {self.source}: invalid chat template: {e}") from e
+            except Exception as e:   # TemplateSyntaxError; RecursionError on deeply nested expressions
+                raise DiffuseError(f"{what} is invalid: {type(e).__name__}: {e}") from e
         bos = self.id_to_token(self.bos_token_id) if self.bos_token_id is not None else ""
         eos = self.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else ""
+        given = sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
+        env = self._template.environment
+        env.budget.current = _Budget(_MAX_WORK_CHARS + 16 * given)
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=bos, eos_token=eos)
-        except jinja2.TemplateError as e:
-            raise DiffuseError(f"tokenizer from {self.source}: chat template failed: {e}") from e
+            out, size = [], 0
+            for piece in self._template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
+                                                 bos_token=bos, eos_token=eos):
+                size += len(piece)
+                if size > MAX_TEXT_CHARS:
+                    raise _TemplateLimit(f"produced more than {MAX_TEXT_CHARS} characters")
+                out.append(piece)
+            return "".join(out)
+        except _TemplateLimit as e:
+            raise DiffuseError(f"{what} {e}") from e
+        except Exception as e:   # raise_exception(), undefined names, MemoryError, RecursionError, ...
+            raise DiffuseError(f"{what} failed: {type(e).__name__}: {e}") from e
+        finally:
+            env.budget.current = None
 
     def encode_chat(self, prompt: str) -> list[int]:
         """Token ids of `prompt` as a user turn ready for the assistant's answer (BOS included when
@@ -221,11 +256,322 @@ def _raise_template_error(message: str):
     raise jinja2.TemplateError(message)
 
 
-def _from_json_file(path: Path) -> HFTokenizer:
+# ---- hostile chat templates ----
+# The sandbox blocks escapes but not cost. A render gets a deadline, a cap on loop iterations, on
+# call depth (recursive macros), on the size of every value it makes and on the characters it makes
+# in all; operations that allocate before we could look at the result are checked beforehand.
+
+TEMPLATE_SECONDS = 2.0
+_MAX_TEMPLATE_CHARS = 1 << 20        # template source (real ones are a few kB)
+_MAX_VALUE = 1 << 20                 # characters of a string / items of a list made by the template
+_MAX_WORK_CHARS = 64 << 20           # characters made by all operations of one render, plus 16x the messages
+_MAX_ITERATIONS = 1_000_000          # loop iterations of one render, all loops together
+_MAX_CALL_DEPTH = 64                 # nested calls: recursive macros
+_MAX_INT_ARG = 100_000               # numbers given to calls and filters (widths, counts): jinja's range cap
+_MAX_INT_BITS = 1 << 16              # integers the template computes
+_SLOW_FILTERS = ("wordwrap", "urlize")   # superlinear or slow per character: 1M characters take seconds
+_MAX_SLOW_FILTER_CHARS = 1 << 15
+# a width, precision or count in a %-style or str.format format string that could be huge
+_WIDE_FORMAT = re.compile(r"\d{6,}|%[-#0 +]*(\d*\.)?\*|\{[^{}]*:[^{}]*\{")
+
+
+class _TemplateLimit(Exception):
+    """A chat template went past one of the bounds above."""
+
+
+class _Budget:
+    def __init__(self, work_chars: int):
+        self.deadline = time.monotonic() + TEMPLATE_SECONDS
+        self.work = work_chars
+        self.iterations = 0
+        self.depth = 0
+
+
+class _GuardedEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox plus the bounds above. Loops and outputs are routed through guard filters by
+    rewriting the parsed template (`_parse`); calls and the operators that can blow up are
+    intercepted by the sandbox's own hooks; every stock filter is wrapped."""
+
+    intercepted_binops = frozenset({"*", "**", "%", "+"})   # also keeps them out of constant folding
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.budget = threading.local()   # renders on different threads (GUI, engine) share the template
+        self.filters = {name: _guarded_filter(self, name, f) for name, f in self.filters.items()}
+        self.filters["_diffuse_loop"] = _loop_guard
+        self.filters["_diffuse_out"] = _output_guard
+        self.filters["_diffuse_value"] = _value_guard
+
+    def _parse(self, source, name, filename):
+        return _AddGuards().visit(super()._parse(source, name, filename))
+
+    def tick(self) -> _Budget | None:
+        """The running render's budget after checking its deadline (None at compile time)."""
+        b = getattr(self.budget, "current", None)
+        if b is not None and time.monotonic() > b.deadline:
+            raise _TemplateLimit(f"took longer than {TEMPLATE_SECONDS:g} s")
+        return b
+
+    def made(self, value):
+        size = len(value) if isinstance(value, (str, list, tuple, dict)) else 0
+        if size > _MAX_VALUE:
+            raise _TemplateLimit(f"made a value of {size} characters or items, more than {_MAX_VALUE}")
+        b = self.tick()
+        if b is not None:
+            b.work -= size
+            if b.work < 0:
+                raise _TemplateLimit("made too much text in all (a runaway loop?)")
+        return value
+
+    def call_binop(self, context, operator, left, right):
+        self.tick()
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > _MAX_VALUE:
+                    raise _TemplateLimit(f"repeats a value {n} times, more than {_MAX_VALUE} characters or items")
+            if isinstance(left, int) and isinstance(right, int):
+                _check_int_bits(left.bit_length() + right.bit_length())
+        elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 0:
+            _check_int_bits(left.bit_length() * right)
+        elif operator == "%" and isinstance(left, str):
+            _check_format(left)
+        return self.made(super().call_binop(context, operator, left, right))
+
+    def call(self, context, obj, /, *args, **kwargs):
+        b = self.tick()
+        _check_int_args(args, kwargs)
+        target = getattr(obj, "__wrapped__", obj)   # the sandbox wraps str.format
+        receiver = getattr(target, "__self__", None)
+        if isinstance(receiver, str):
+            name = getattr(target, "__name__", "")
+            if name in ("format", "format_map"):
+                _check_format(receiver)
+            elif name == "replace" and len(args) >= 2:
+                _check_replace(receiver, args[0], args[1])
+            elif name == "join" and args:
+                _check_join(receiver, args[0])
+        if b is not None:
+            b.depth += 1
+            if b.depth > _MAX_CALL_DEPTH:
+                raise _TemplateLimit(f"nests calls more than {_MAX_CALL_DEPTH} deep (a recursive macro?)")
+        try:
+            return self.made(super().call(context, obj, *args, **kwargs))
+        finally:
+            if b is not None:
+                b.depth -= 1
+
+
+class _AddGuards(NodeTransformer):
+    """Route every loop's iterable, every output expression and every ~ through the guard filters."""
+
+    def visit_For(self, node):
+        node = self.generic_visit(node)
+        node.iter = nodes.Filter(node.iter, "_diffuse_loop", [], [], None, None, lineno=node.lineno)
+        return node
+
+    def visit_Concat(self, node):   # a ~ b: builds a string the operator hooks do not see
+        return nodes.Filter(self.generic_visit(node), "_diffuse_value", [], [], None, None, lineno=node.lineno)
+
+    def visit_Output(self, node):
+        node = self.generic_visit(node)
+        node.nodes = [nodes.Filter(n, "_diffuse_out", [], [], None, None, lineno=n.lineno) for n in node.nodes]
+        return node
+
+
+@pass_context   # a context filter is never constant-folded, so it runs at render time
+def _loop_guard(context, iterable):
+    env = context.environment
+    for item in iterable:
+        b = env.tick()
+        if b is not None:
+            b.iterations += 1
+            if b.iterations > _MAX_ITERATIONS:
+                raise _TemplateLimit(f"ran more than {_MAX_ITERATIONS} loop iterations")
+        yield item
+
+
+@pass_context
+def _value_guard(context, value):
+    return context.environment.made(value)
+
+
+@pass_context
+def _output_guard(context, value):
+    # counts what macros, {% set %} blocks and filter blocks buffer, not only what reaches the output
+    return context.environment.made(str(value))
+
+
+def _guarded_filter(env: _GuardedEnvironment, name: str, f):
+    @functools.wraps(f)   # keeps jinja's pass_context/pass_eval_context marker
+    def guarded(*args, **kwargs):
+        _check_int_args(args, kwargs)
+        values = [a for a in args if not isinstance(a, (jinja2.runtime.Context, nodes.EvalContext, jinja2.Environment))]
+        if name == "replace" and len(values) >= 3:
+            _check_replace(*values[:3])
+        elif name == "join" and values:
+            _check_join(values[1] if len(values) > 1 else kwargs.get("d", ""), values[0])
+        elif name == "indent" and values:
+            width = values[1] if len(values) > 1 else kwargs.get("width", 4)
+            pad = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
+            if isinstance(values[0], str):
+                _check_size(len(values[0]) + values[0].count("\n") * pad, "indenting")
+        elif name == "format" and values and isinstance(values[0], str):
+            _check_format(values[0])
+        elif name in _SLOW_FILTERS and values and len(str(values[0])) > _MAX_SLOW_FILTER_CHARS:
+            raise _TemplateLimit(f"gives {len(str(values[0]))} characters to the {name} filter "
+                                 f"(at most {_MAX_SLOW_FILTER_CHARS})")
+        return env.made(f(*args, **kwargs))
+    return guarded
+
+
+def _check_int_args(args, kwargs) -> None:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, (int, float)) and abs(a) > _MAX_INT_ARG:
+            raise _TemplateLimit(f"passes the number {a} to a function (more than {_MAX_INT_ARG})")
+
+
+def _check_int_bits(bits: int) -> None:
+    if bits > _MAX_INT_BITS:
+        raise _TemplateLimit(f"computes a number of about {bits} bits, more than {_MAX_INT_BITS}")
+
+
+def _check_format(fmt: str) -> None:
+    if _WIDE_FORMAT.search(fmt):
+        raise _TemplateLimit("uses a format string with a huge or computed width/precision")
+
+
+def _check_size(size: int, doing: str) -> None:
+    if size > _MAX_VALUE:
+        raise _TemplateLimit(f"would make a string of more than {_MAX_VALUE} characters by {doing}")
+
+
+def _check_replace(s, old, new) -> None:
+    if isinstance(s, str) and isinstance(old, str) and isinstance(new, str):
+        _check_size(len(s) + (s.count(old) if old else len(s) + 1) * len(new), "replacing")
+
+
+def _check_join(sep, items) -> None:
+    if isinstance(sep, str) and hasattr(items, "__len__"):
+        _check_size(len(sep) * len(items), "joining")
+
+
+# ---- hostile tokenizer.json files ----
+
+MAX_TEXT_CHARS = 4 << 20      # longest text encode takes (and a chat template may produce)
+_MAX_PIPELINE_STEPS = 64      # normalizers + pre-tokenizers + decoders, Sequence nesting counted
+_MAX_PIPELINE_DEPTH = 8       # Sequence inside Sequence inside ...
+_MAX_GROWTH = 16              # how many times Replace/Prepend steps together may lengthen a text
+_MAX_VOCAB = 4 << 20          # vocabulary entries and merges (real ones have at most ~0.3M)
+
+
+def _tokenizers_call(what: str, fn, *args, **kwargs):
+    """fn(*args) with every failure of the tokenizers library as a DiffuseError: it raises plain
+    Exception on bad input and pyo3's PanicException, a BaseException, when its Rust code panics
+    (e.g. Oniguruma's retry limit on a backtracking split regex)."""
     try:
-        return HFTokenizer.from_file(str(path))
-    except Exception as e:   # the library raises plain Exception on bad JSON
-        raise DiffuseError(f"{path}: not a valid tokenizer.json: {e}") from e
+        return fn(*args, **kwargs)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:
+        raise DiffuseError(f"{what}: {type(e).__name__}: {e}") from e
+
+
+def _from_json(text: str, what: str) -> HFTokenizer:
+    try:
+        spec = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise DiffuseError(f"{what}: {e}") from e
+    if not isinstance(spec, dict):
+        raise DiffuseError(f"{what}: not a JSON object")
+    _check_pipeline(spec, what)
+    return _tokenizers_call(what, HFTokenizer.from_str, text)
+
+
+def _check_pipeline(spec: dict, what: str) -> None:
+    """Refuse what would make encode/decode blow up before the library sees it: Replace chains that
+    double the text at every step grow it exponentially, deep Sequences and huge vocabularies."""
+    steps, growth = 0, 1.0
+
+    def walk(node, depth):
+        nonlocal steps, growth
+        if not isinstance(node, dict):
+            return   # wrong types are the library's to reject
+        steps += 1
+        if steps > _MAX_PIPELINE_STEPS or depth > _MAX_PIPELINE_DEPTH:
+            raise DiffuseError(f"{what}: more than {_MAX_PIPELINE_STEPS} normalizer/pre-tokenizer/decoder "
+                               f"steps or Sequences nested deeper than {_MAX_PIPELINE_DEPTH}")
+        kind, pattern = node.get("type"), node.get("pattern")
+        if isinstance(pattern, dict) and isinstance(pattern.get("Regex"), str) and _backtracks(pattern["Regex"]):
+            raise DiffuseError(f"{what}: the regex {pattern['Regex'][:200]!r} repeats a group that itself repeats "
+                               f"or alternates; matching it can take exponential time")
+        if kind == "Replace":
+            content = node.get("content")
+            literal = pattern.get("String") if isinstance(pattern, dict) else None
+            shortest = len(literal) if isinstance(literal, str) else 1   # a regex may match one character
+            if isinstance(content, str):
+                growth *= max(1.0, len(content) / max(1, shortest))
+        elif kind == "Prepend" and isinstance(node.get("prepend"), str):
+            growth *= 1 + len(node["prepend"])   # worst case: before every character (a Split into single chars)
+        for key in ("normalizers", "pretokenizers", "decoders"):   # a Sequence's steps
+            children = node.get(key)
+            for child in children if isinstance(children, list) else [children]:
+                walk(child, depth + 1)
+
+    for key in ("normalizer", "pre_tokenizer", "decoder"):
+        walk(spec.get(key), 0)
+    if growth > _MAX_GROWTH:
+        raise DiffuseError(f"{what}: its Replace/Prepend steps can make a text {growth:.3g} times longer "
+                           f"(at most {_MAX_GROWTH} allowed)")
+    model = spec.get("model")
+    if isinstance(model, dict):
+        for key in ("vocab", "merges"):
+            if hasattr(model.get(key), "__len__") and len(model[key]) > _MAX_VOCAB:
+                raise DiffuseError(f"{what}: {len(model[key])} entries in model.{key}, more than {_MAX_VOCAB}")
+    if hasattr(spec.get("added_tokens"), "__len__") and len(spec["added_tokens"]) > _MAX_VOCAB:
+        raise DiffuseError(f"{what}: more than {_MAX_VOCAB} added tokens")
+
+
+def _backtracks(pattern: str) -> bool:
+    """Whether a regex repeats a group that itself holds a quantifier or an alternation, e.g.
+    (a+)+b or (a|aa)*$: Oniguruma backtracks exponentially on those (real split patterns only
+    quantify groups with `?`)."""
+    inside = [False]   # per open group: holds a quantifier or |
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 1
+        elif c == "[":                       # a character class: nothing in it counts
+            i += 2 if pattern.startswith("[^]", i) or pattern.startswith("[]", i) else 1
+            while i < len(pattern) and pattern[i] != "]":
+                i += 2 if pattern[i] == "\\" else 1
+        elif c == "(":
+            inside.append(False)
+            if pattern.startswith("(?", i):  # (?: (?i: (?= ...: that ? is no quantifier
+                i += 1
+        elif c == ")" and len(inside) > 1:
+            held = inside.pop()
+            if held and _repeats(pattern, i + 1):
+                return True
+            inside[-1] = inside[-1] or held
+        elif c in "*+?{|":
+            inside[-1] = True
+        i += 1
+    return False
+
+
+_BOUNDS = re.compile(r"\{(\d*)(,(\d*))?\}")   # {n} {n,} {n,m}
+
+
+def _repeats(pattern: str, i: int) -> bool:
+    """Whether the quantifier at pattern[i] (if any) allows more than one repetition."""
+    if pattern[i:i + 1] in ("*", "+"):
+        return True
+    m = _BOUNDS.match(pattern, i)
+    if m is None:
+        return False
+    most = m.group(3) if m.group(2) else m.group(1)
+    return most == "" or int(most) > 1
 
 
 def _template_beside(json_path: Path) -> str | None:
@@ -233,7 +579,7 @@ def _template_beside(json_path: Path) -> str | None:
     config = json_path.parent / "tokenizer_config.json"
     try:
         template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return None
     return template if isinstance(template, str) else None
 
@@ -252,8 +598,12 @@ def _from_llama_cpp_arrays(path: Path, kv: dict) -> tuple[HFTokenizer, str]:
     tokens = kv["tokenizer.ggml.tokens"]
     merges = kv.get("tokenizer.ggml.merges")
     types = kv.get("tokenizer.ggml.token_type")
-    if not isinstance(tokens, list) or not isinstance(merges, list) or (types is not None and len(types) != len(tokens)):
+    if (not isinstance(tokens, list) or not isinstance(merges, list)
+            or not all(isinstance(t, str) for t in tokens) or not all(isinstance(m, str) for m in merges)
+            or (types is not None and (not hasattr(types, "__len__") or len(types) != len(tokens)))):
         raise DiffuseError(f"{path}: malformed tokenizer.ggml.* arrays")
+    if len(tokens) > _MAX_VOCAB or len(merges) > _MAX_VOCAB:
+        raise DiffuseError(f"{path}: {len(tokens)} tokens and {len(merges)} merges, more than {_MAX_VOCAB}")
 
     vocab: dict[str, int] = {}
     for i, t in enumerate(tokens):
@@ -264,10 +614,10 @@ def _from_llama_cpp_arrays(path: Path, kv: dict) -> tuple[HFTokenizer, str]:
         if cut < 0:
             raise DiffuseError(f"{path}: malformed merge '{m}' in tokenizer.ggml.merges")
         pairs.append((m[:cut], m[cut + 1:]))
-    try:
-        hf = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=pre.ignore_merges))
-    except Exception as e:       # a merge naming a token that is not in the vocabulary
-        raise DiffuseError(f"{path}: inconsistent tokenizer.ggml vocabulary/merges: {e}") from e
+    # fails on a merge naming a token that is not in the vocabulary
+    bpe = _tokenizers_call(f"{path}: inconsistent tokenizer.ggml vocabulary/merges", models.BPE,
+                           vocab=vocab, merges=pairs, ignore_merges=pre.ignore_merges)
+    hf = HFTokenizer(bpe)
     if pre.nfc:
         hf.normalizer = normalizers.NFC()
     hf.pre_tokenizer = pre_tokenizers.Sequence(
@@ -278,11 +628,13 @@ def _from_llama_cpp_arrays(path: Path, kv: dict) -> tuple[HFTokenizer, str]:
     if types is not None:
         special = [tokens[i] for i, t in enumerate(types) if t in (_TOKEN_CONTROL, _TOKEN_UNKNOWN)]
         user = [tokens[i] for i, t in enumerate(types) if t == _TOKEN_USER_DEFINED]
-        hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
-        hf.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
+        what = f"{path}: bad tokenizer.ggml tokens"
+        _tokenizers_call(what, hf.add_special_tokens, [AddedToken(t, special=True, normalized=False) for t in special])
+        _tokenizers_call(what, hf.add_tokens, [AddedToken(t, special=False, normalized=False) for t in user])
 
     bos = kv.get("tokenizer.ggml.bos_token_id")
     if kv.get("tokenizer.ggml.add_bos_token") is True and isinstance(bos, int) and 0 <= bos < len(tokens):
-        hf.post_processor = processors.TemplateProcessing(single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B",
-                                                          special_tokens=[(tokens[bos], bos)])
+        hf.post_processor = _tokenizers_call(
+            f"{path}: bad tokenizer.ggml.bos_token_id", processors.TemplateProcessing,
+            single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B", special_tokens=[(tokens[bos], bos)])
     return hf, pre_name
