@@ -117,6 +117,8 @@ def synthetic_run(prompt="Hello", *, gen_length=48, steps=24, block_length=16, s
 class FakeTokenizer:
     """Decodes with a table of token texts: a recording's pieces, or VOCAB."""
 
+    chat_template = "<role>content, per message"   # has one: multi-turn chats go through it
+
     def __init__(self, pieces: dict[int, str], eos_ids, special_ids):
         self.pieces = pieces
         self.eos_token_ids = tuple(eos_ids)

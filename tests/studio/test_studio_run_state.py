@@ -62,3 +62,15 @@ def test_differs_from(recorded_run):
     assert not a.differs_from(a).any()
     diff = a.differs_from(b)
     assert diff.shape == (48,) and diff.any()
+
+
+def test_a_tokenizer_that_fails_to_decode_shows_ids():
+    """A damaged tokenizer from a model file must not break drawing: pieces fall back to ids."""
+    from diffuse import DiffuseError
+    from diffuse.studio.run_state import RunState
+
+    def broken(ids):
+        raise DiffuseError("the model's tokenizer failed")
+
+    run = RunState("prompt", {}, {"arch": "llada"}, broken)
+    assert run.piece(7) == "<7>"

@@ -272,10 +272,10 @@ class MainWindow(QMainWindow):
         tok = self.engine.model.tokenizer
 
         def templated():
-            try:
-                return tok.encode(tok.apply_chat_template(messages))
-            except DiffuseError:
+            if tok.chat_template is None:
                 return text       # no chat template: the latest prompt alone
+            # A failing template raises here, on the engine thread, and the chat shows why.
+            return tok.encode(tok.apply_chat_template(messages))
         return templated
 
     def generate(self, text: str, messages: list[dict] | None = None) -> None:

@@ -10,6 +10,8 @@ from typing import Callable
 
 import numpy as np
 
+from diffuse import DiffuseError
+
 from diffuse.events import GenerateResult, StepEvent
 from diffuse.recording import Recording
 
@@ -70,7 +72,10 @@ class RunState:
         """Text of one token; cached in the recording so replays need no tokenizer."""
         text = self.recording.pieces.get(token_id)
         if text is None:
-            text = self._decode([token_id]) if self._decode else f"<{token_id}>"
+            try:
+                text = self._decode([token_id]) if self._decode else f"<{token_id}>"
+            except DiffuseError:   # a damaged tokenizer from the model file: show the id, keep drawing
+                text = f"<{token_id}>"
             self.recording.pieces[token_id] = text
         return text
 
