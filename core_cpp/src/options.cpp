@@ -98,7 +98,8 @@ void check_option(const OptionInfo & o, double v) {
     if (!ok) {
         std::ostringstream s;
         s.precision(10);
-        s << v;
+        if (integral && std::fabs(v) < 9e18) s << (long long) v;   // 99999999999, not 1e+11
+        else s << v;
         throw Error(std::string(o.name) + " = " + s.str() + " is out of range: expected " + option_range_text(o));
     }
 }
