@@ -210,3 +210,15 @@ def test_forward_positions_select_rows(llada):
     np.testing.assert_allclose(some, full[[30, 2, 7]], rtol=0, atol=1e-5 * np.abs(full).max())
     with pytest.raises(DiffuseError, match="out of range"):
         llada.forward(ids, positions=[len(ids)])
+
+
+@pytest.mark.parametrize("scheduler", ["entropy", "low_confidence"])
+def test_a_block_gets_at_most_one_step_per_position(dream, scheduler):
+    """steps > gen_length only added steps that commit nothing (Dream's eps schedule spent half
+    of them so): the budget per block is capped at the block's length."""
+    events = []
+    r = dream.generate(PROMPT, gen_length=16, steps=64, block_length=0, scheduler=scheduler, on_step=events.append)
+    assert r.steps_allowed == 16 and r.steps <= 16
+    assert not (r.tokens == dream.mask_token_id).any()
+    idle = sum(len(e.unmasked) == 0 for e in events)
+    assert idle <= len(events) // 2

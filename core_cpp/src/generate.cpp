@@ -92,8 +92,10 @@ struct Sequence {
         n_total = n_prompt + p.gen_length;
         n_blocks = p.gen_length / block;
         // Each block gets the same number of steps; the budget is rounded down to a multiple of the
-        // block count (at least one step per block).
-        steps_per_block = std::max(1, p.steps / n_blocks);
+        // block count (at least one step per block), and a block never gets more steps than it has
+        // positions: past that a schedule only adds steps that commit nothing (Dream's eps schedule
+        // spent half of them so at steps = 2 x gen_length).
+        steps_per_block = std::clamp(p.steps / n_blocks, 1, block);
         counts = llada_transfer_counts(block, steps_per_block);
         const int32_t mask_id = model.hparams().mask_token_id;
         x = prompt;
