@@ -82,7 +82,7 @@ enum class Schedule {
 
 struct GenerateParams {
     int       gen_length     = 128;   // generated positions appended to the prompt
-    int       steps          = 128;   // step budget for the whole run
+    int       steps          = 128;   // step budget for the whole run (per block: steps / blocks, at most the block length)
     int       block_length   = 32;    // semi-autoregressive block size; gen_length when <= 0
     Scheduler scheduler      = Scheduler::LowConfidence;
     float     threshold      = 1.5f;  // entropy_exit tau, nats

@@ -24,7 +24,7 @@ const std::vector<OptionInfo> & generate_options() {
         {"gen_length", OptionKind::Int, 1, BIG, false, false,
          "positions to generate after the prompt", NUM_FIELD(gen_length, int)},
         {"steps", OptionKind::Int, 1, BIG, false, false,
-         "denoising step budget of the whole run (rounded down to a multiple of the block count)",
+         "denoising step budget of the whole run (rounded down to a multiple of the block count; at most one step per position)",
          NUM_FIELD(steps, int)},
         {"block_length", OptionKind::Int, 0, BIG, false, false,
          "semi-autoregressive block size; 0 = one block over the whole answer", NUM_FIELD(block_length, int)},
