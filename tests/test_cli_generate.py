@@ -1,27 +1,98 @@
-"""`diffuse generate`: live view, summary, recording, clear errors, flags from the option table."""
+"""`diffuse generate`: answer, summary, JSON, recording, clear errors, flags from the option table
+(the live view: test_cli_live_view.py)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from diffuse import physical_cores
+from diffuse import load, physical_cores
 from diffuse.cli import build_parser, main
 from diffuse.cli.bench import GRID_AXES
 from diffuse.cli.generate import generation_options
 from diffuse.generation import OPTIONS, resolve_options
 from diffuse.recording import Recording
 
+DIFFUSE = str(Path(sys.executable).parent / "diffuse")      # the console script
+DEMO = str(Path(__file__).resolve().parent.parent / "models" / "diffuse-demo-3m.gguf")
 NUMBERS = [o for o in OPTIONS if o["kind"] in ("int", "float", "seed")]
 
 
-def test_generate_prints_steps_answer_and_summary(tiny_gguf, tmp_path, capsys):
+def test_generate_prints_the_answer_on_stdout_and_the_summary_on_stderr(tiny_gguf, tmp_path, capsys):
     run = tmp_path / "run.npz"
     code = main(["generate", "-m", str(tiny_gguf("llada", "f32")), "-p", "Hello there", "--gen-length", "16",
                  "--steps", "8", "--block-length", "8", "--threads", "1", "--record", str(run)])
     out, err = capsys.readouterr()
     assert code == 0
-    assert out.count("step ") == 8 and "step 8/8" in out            # one status line per step (not a tty)
-    assert "steps 8/8 (done)" in err and "tok/s" in err
     rec = Recording.load(run)
+    assert out == rec.result.text + "\n"                        # no progress without a terminal
+    assert "step " not in out and "steps 8/8 (done)" in err and "tok/s" in err
     assert len(rec.events) == 8 and rec.result.steps == 8
     assert rec.options == resolve_options("llada", gen_length=16, steps=8, block_length=8)   # what ran
+    assert run.stat().st_mode & 0o777 == 0o644 & ~current_umask()   # like the user's other files
+
+
+def current_umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def test_piped_stdout_is_the_answer_only(tmp_path):
+    done = subprocess.run([DIFFUSE, "generate", "-m", DEMO, "-p", "Continue: She was a woman of", "--gen-length",
+                           "32", "--steps", "16", "--threads", "1"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() and "step" not in done.stdout and "tok/s" not in done.stdout
+    assert done.stderr.count("\n") == 1 and "steps " in done.stderr     # the summary line only
+
+
+def test_json_output(tiny_gguf, capsys):
+    code = main(["generate", "-m", str(tiny_gguf("dream", "f32")), "-p", "Hello", "--gen-length", "16",
+                 "--steps", "4", "--threads", "1", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    r = json.loads(out)
+    assert r["steps_allowed"] == 4 and len(r["tokens"]) == 16 and r["stop_reason"] in ("done", "eos")
+    assert isinstance(r["text"], str) and 0 <= r["useful_length"] <= 16
+    assert len(r["timings"]["step_ms"]) == r["steps"] and r["timings"]["total_ms"] > 0
+    assert r["options"] == resolve_options("dream", gen_length=16, steps=4)
+
+
+def test_steps_rounded_to_the_blocks_are_noted(tiny_gguf, capsys):
+    code = main(["generate", "-m", str(tiny_gguf("llada", "f32")), "-p", "Hello", "--gen-length", "32",
+                 "--steps", "6", "--block-length", "8", "--threads", "1"])
+    err = capsys.readouterr().err
+    assert code == 0 and "steps 6 -> 4: 4 blocks get the same number of steps each" in err
+    main(["generate", "-m", str(tiny_gguf("llada", "f32")), "-p", "Hello", "--gen-length", "32",
+          "--steps", "8", "--block-length", "8", "--threads", "1"])
+    assert "->" not in capsys.readouterr().err
+    main(["generate", "-m", str(tiny_gguf("llada", "f32")), "-p", "Hello", "--gen-length", "16",
+          "--steps", "40", "--block-length", "8", "--threads", "1"])
+    assert "steps 40 -> 16: at most one step per position (8 per block)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["folder", "missing parent"])
+def test_bad_record_paths_are_refused_before_the_run(tmp_path, capsys, where):
+    record = tmp_path if where == "folder" else tmp_path / "missing" / "run.npz"
+    code = main(["generate", "-m", str(tmp_path / "absent.gguf"), "-p", "hi", "--record", str(record)])
+    err = capsys.readouterr().err
+    assert code == 1 and "absent.gguf" not in err           # refused before the model is opened
+    assert len(err.splitlines()) == 1 and "--record" in err
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_cancelled_runs_useful_length_counts_only_decided_tokens():
+    model = load(DEMO, threads=1)
+    r = model.generate("Continue: She was a woman of", gen_length=64, steps=64, block_length=64,
+                       on_step=lambda ev: ev.step < 2)
+    assert r.stop_reason == "cancelled"
+    tokens = r.tokens.tolist()
+    ends = [i for i, t in enumerate(tokens) if t in model.tokenizer.eos_token_ids] + [len(tokens)]
+    decided = [t for t in tokens[:ends[0]] if t != model.mask_token_id]
+    assert model.mask_token_id in tokens and r.useful_length == len(decided) < ends[0]
+    assert "mask" not in r.text
 
 
 def test_generate_reports_bad_requests(tiny_gguf, capsys):

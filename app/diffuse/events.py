@@ -55,7 +55,7 @@ class GenerateResult:
     sample_ms: np.ndarray              # float64 (steps,)
     total_ms: float
     gen_length: int
-    useful_length: int                 # generated tokens before the first end-of-text
+    useful_length: int                 # decided (non-mask) tokens before the first end-of-text
     decided_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # (gen_length,)
 
     @property
@@ -65,5 +65,5 @@ class GenerateResult:
 
     @property
     def useful_tokens_per_s(self) -> float:
-        """Tokens before the first end-of-text per second."""
+        """Decided tokens before the first end-of-text per second."""
         return self.useful_length / (self.total_ms / 1000.0) if self.total_ms > 0 else 0.0

@@ -152,13 +152,14 @@ class Model:
         total_ms = (time.perf_counter() - t0) * 1000.0
         return [self._result(out, prompt_ids, tok, eos_ids, total_ms) for out, prompt_ids in zip(outs, ids)]
 
-    @staticmethod
-    def _result(out: dict, prompt_ids: list[int], tok, eos_ids: list[int], total_ms: float) -> GenerateResult:
+    def _result(self, out: dict, prompt_ids: list[int], tok, eos_ids: list[int], total_ms: float) -> GenerateResult:
         tokens = out["tokens"]
         eos = set(eos_ids)
         eos_at = [i for i, t in enumerate(tokens) if t in eos]
-        useful = eos_at[0] if eos_at else len(tokens)
-        text = tok.decode(tokens[:useful].tolist(), skip_special_tokens=True) if tok is not None else ""
+        answer = tokens[:eos_at[0] if eos_at else len(tokens)]
+        # A cancelled run leaves positions masked: they are not tokens anyone can use.
+        useful = int(np.count_nonzero(answer != self.mask_token_id))
+        text = tok.decode(answer.tolist(), skip_special_tokens=True) if tok is not None else ""
         return GenerateResult(
             text=text, tokens=tokens, prompt_tokens=np.asarray(prompt_ids, dtype=np.int32), steps=out["steps"],
             steps_allowed=out["steps_allowed"], stop_reason=out["stop_reason"], step_ms=out["step_ms"],

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
+import signal
 import sys
+import unicodedata
 
 from pathlib import Path
 
@@ -85,6 +89,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--no-chat", dest="chat", action="store_false", help="do not apply the chat template")
     p.add_argument("--tokenizer", help="tokenizer.json for model files that carry none")
     p.add_argument("--quiet", action="store_true", help="no live view, only the answer and the summary")
+    p.add_argument("--json", action="store_true",
+                   help="print the answer, tokens, steps, timings and resolved options as JSON")
     p.add_argument("--record", metavar="RUN.npz", help="save every step, to replay in Diffuse Studio")
     add_generation_options(p)
     add_threads_option(p)
@@ -92,47 +98,102 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 class LiveView:
-    """Redraws the generated buffer after every step (ANSI on a terminal, one line per step otherwise)."""
+    """Redraws the generated buffer after every step on a terminal, fitted to its current size so
+    that no line wraps and no frame scrolls (either would leave stale copies in the scrollback)."""
 
-    def __init__(self, tokenizer, stream=None):
+    def __init__(self, tokenizer, stream):
         self.tok = tokenizer
-        self.out = stream or sys.stdout
-        self.tty = self.out.isatty()
-        self.lines_drawn = 0
+        self.out = stream
+        self.lines_drawn = None     # newlines in the last frame; None before the first
         self.pieces: dict[int, str] = {}
 
     def piece(self, token: int) -> str:
         if token not in self.pieces:
-            self.pieces[token] = self.tok.decode([int(token)]).replace("\n", "\u21b5")
+            text = self.tok.decode([int(token)]).replace("\n", "\u21b5")
+            # Tabs and control characters would move the cursor where the width count does not.
+            self.pieces[token] = "".join(c if c.isprintable() else "\ufffd" for c in text)
         return self.pieces[token]
 
-    def __call__(self, ev: StepEvent) -> bool:
-        status = (f"step {ev.step + 1}/{ev.steps_allowed}  block {ev.block + 1}/{ev.n_blocks}  "
-                  f"+{len(ev.unmasked)}  masked {int(ev.gen_mask.sum())}  "
-                  f"active {len(ev.active)}/{len(ev.tokens)}  {ev.total_ms:.0f} ms")
-        if not self.tty:
-            print(status, file=self.out, flush=True)
-            return True
-        new = set(int(i) for i in ev.unmasked)
-        parts = []
-        for i, (t, m) in enumerate(zip(ev.tokens[ev.prompt_length:], ev.gen_mask)):
-            pos = ev.prompt_length + i
-            if m:
-                parts.append(f"\x1b[2m{MASK_GLYPH}\x1b[0m")
-            elif pos in new:
-                parts.append(f"\x1b[1;32m{self.piece(t)}\x1b[0m")
-            else:
-                parts.append(self.piece(t))
-        text = "".join(parts)
-        width = shutil.get_terminal_size().columns
-        if self.lines_drawn:
-            self.out.write(f"\x1b[{self.lines_drawn}F\x1b[J")
-        body = f"{text}\n\x1b[2m{status}\x1b[0m\n"
-        self.out.write(body)
+    def size(self) -> os.terminal_size:
+        try:
+            return os.get_terminal_size(self.out.fileno())     # re-read every step: the user may resize
+        except (OSError, ValueError):
+            return shutil.get_terminal_size()
+
+    def __call__(self, ev: StepEvent) -> None:
+        cols, rows = self.size()
+        width = cols - 1            # a line filling the last column leaves the cursor in a pending wrap
+        if cols < 20 or rows < 4:
+            lines = [clip(compact_status(ev), width)]
+        else:
+            status = (f"step {ev.step + 1}/{ev.steps_allowed}  block {ev.block + 1}/{ev.n_blocks}  "
+                      f"+{len(ev.unmasked)}  masked {int(ev.gen_mask.sum())}  "
+                      f"active {len(ev.active)}/{len(ev.tokens)}  {ev.total_ms:.0f} ms")
+            body = self.wrapped(ev, width)
+            hidden = max(0, len(body) - (rows - 1))
+            if hidden:
+                body = body[hidden:]
+                status = f"{hidden} line{'s' if hidden > 1 else ''} above  {status}"
+            lines = body + [f"\x1b[2m{clip(status, width)}\x1b[0m"]
+        self.erase()
+        self.out.write("\n".join(lines))    # no final newline: a frame of `rows` lines still fits
         self.out.flush()
-        visible = text.replace("\x1b[2m", "").replace("\x1b[1;32m", "").replace("\x1b[0m", "")
-        self.lines_drawn = sum(max(1, -(-len(line) // width)) for line in visible.split("\n")) + 1
-        return True
+        self.lines_drawn = len(lines) - 1
+
+    def wrapped(self, ev: StepEvent, width: int) -> list[str]:
+        """The buffer as lines of at most `width` columns, masked positions dim, new ones green."""
+        new = set(int(i) for i in ev.unmasked)
+        lines, line, used = [], "", 0
+        for pos in range(ev.prompt_length, len(ev.tokens)):
+            if ev.mask[pos]:
+                text, style = MASK_GLYPH, "\x1b[2m"
+            else:
+                text, style = self.piece(ev.tokens[pos]), "\x1b[1;32m" if pos in new else ""
+            for c in text:
+                w = char_width(c)
+                if used + w > width:
+                    lines.append(line)
+                    line, used = "", 0
+                line += f"{style}{c}\x1b[0m" if style else c
+                used += w
+        return lines + [line]
+
+    def erase(self) -> None:
+        """Back to the first line of the last frame and clear everything below."""
+        if self.lines_drawn is not None:
+            up = f"\x1b[{self.lines_drawn}A" if self.lines_drawn else ""
+            self.out.write(f"\r{up}\x1b[J")
+
+    def close(self) -> None:
+        """Leave the last frame on screen and the cursor below it."""
+        if self.lines_drawn is not None:
+            self.out.write("\n")
+            self.out.flush()
+
+
+def char_width(c: str) -> int:
+    if unicodedata.combining(c):
+        return 0
+    return 2 if unicodedata.east_asian_width(c) in "WF" else 1
+
+
+def clip(text: str, width: int) -> str:
+    """`text` (no escape sequences) cut to `width` columns."""
+    out, used = "", 0
+    for c in text:
+        used += char_width(c)
+        if used > width:
+            break
+        out += c
+    return out
+
+
+def compact_status(ev: StepEvent) -> str:
+    """One line for a terminal too small for the buffer: 'step 5/64 ▕████░░░░▏ 23/64 decided'."""
+    n = len(ev.gen_mask)
+    decided = n - int(ev.gen_mask.sum())
+    bar = "\u2588" * round(8 * decided / n) if n else ""
+    return f"step {ev.step + 1}/{ev.steps_allowed} \u2595{bar:\u2591<8}\u258f {decided}/{n} decided"
 
 
 def summary(r: GenerateResult) -> str:
@@ -143,25 +204,85 @@ def summary(r: GenerateResult) -> str:
             f"useful {r.useful_tokens_per_s:.2f} tok/s ({r.useful_length}/{r.gen_length} tokens)")
 
 
+def as_json(r: GenerateResult, options: dict) -> str:
+    return json.dumps({
+        "text": r.text, "tokens": r.tokens.tolist(), "steps": r.steps, "steps_allowed": r.steps_allowed,
+        "stop_reason": r.stop_reason, "gen_length": r.gen_length, "useful_length": r.useful_length,
+        "timings": {"total_ms": r.total_ms, "step_ms": np.asarray(r.step_ms).tolist(),
+                    "forward_ms": np.asarray(r.forward_ms).tolist(), "sample_ms": np.asarray(r.sample_ms).tolist()},
+        "options": options}, ensure_ascii=False)
+
+
+def check_record_path(path: str) -> None:
+    """Refused before the model loads: the run would be lost to a failing save at its end."""
+    if os.path.isdir(path):
+        raise DiffuseError(f"--record {path} is a folder: give a file name, e.g. {os.path.join(path, 'run.npz')}")
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        raise DiffuseError(f"--record {path}: the folder {parent} does not exist")
+
+
+def steps_note(options: dict) -> str | None:
+    """The engine gives every block the same number of steps, at least one and at most one per
+    position of the block, so `steps` may change: say so."""
+    gen, block, steps = options["gen_length"], options["block_length"], options["steps"]
+    block = gen if block <= 0 else min(block, gen)
+    n_blocks = gen // block
+    per_block = steps // n_blocks
+    ran = min(max(1, per_block), block) * n_blocks
+    if ran == steps:
+        return None
+    if per_block > block:
+        return f"steps {steps} -> {ran}: at most one step per position ({block} per block)"
+    return f"steps {steps} -> {ran}: {n_blocks} blocks get the same number of steps each"
+
+
+def save_recording(recording: Recording, path: str) -> None:
+    recording.save(path)
+    # Saved through a private temporary file (0600): give it the mode of the user's other files.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o644 & ~umask)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.record:
+        check_record_path(args.record)
     model = load(args.model, threads=args.threads, tokenizer=args.tokenizer)
-    view = None if args.quiet else LiveView(model.tokenizer)
+    # stdout carries the answer only (it may be redirected to a file); progress goes to stderr.
+    view = LiveView(model.tokenizer, sys.stderr) if not args.quiet and sys.stderr.isatty() else None
     options = generation_options(args)
+    resolved = resolve_options(model.arch, **options)
+    note = steps_note(resolved)
+    if note:
+        print(f"diffuse: note: {note}", file=sys.stderr)
     # The recording keeps the values that ran, the family defaults included.
-    recording = Recording(prompt=args.prompt, options=resolve_options(model.arch, **options),
+    recording = Recording(prompt=args.prompt, options=resolved,
                           model={"name": Path(args.model).name, "arch": model.arch, "path": args.model,
                                  "n_vocab": model.n_vocab}) if args.record else None
+    interrupted = False
+
+    def on_interrupt(signum, frame):
+        # Ctrl-C cancels the run at the end of the step: the answer so far is still printed.
+        nonlocal interrupted
+        interrupted = True
 
     def on_step(ev: StepEvent) -> bool:
         if recording is not None:
             recording.add(ev)
-        return view(ev) if view is not None else True
+        if view is not None:
+            view(ev)
+        return not interrupted
 
-    result = model.generate(args.prompt, chat=args.chat, on_step=on_step, **options)
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        result = model.generate(args.prompt, chat=args.chat, on_step=on_step, **options)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if view is not None:
+            view.close()
     if recording is not None:
-        recording.finish(result, model.tokenizer.decode).save(args.record)
-    print()
-    print(result.text)
-    print()
+        save_recording(recording.finish(result, model.tokenizer.decode), args.record)
+    print(as_json(result, resolved) if args.json else result.text, flush=True)
     print(summary(result), file=sys.stderr)
-    return 0
+    return 130 if interrupted else 0
