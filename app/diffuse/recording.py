@@ -67,21 +67,29 @@ _INT_MAX = 2**31 - 1
 def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` so that a crash leaves either the old file or the new one.
 
-    The bytes go to a temporary file in the same folder, are flushed to disk, then renamed over
-    `path` (a rename within one file system is atomic).
+    The bytes go to a temporary file in the same folder (which must exist), are flushed to disk,
+    then renamed over `path` (a rename within one file system is atomic). The file gets the mode
+    any new file of the user's gets (0666 less the umask), not mkstemp's private 0600.
     """
+    from diffuse.gguf_file import replace_durably
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.is_dir():
+        raise DiffuseError(f"{path}: the folder {path.parent} does not exist")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+            if hasattr(os, "fchmod"):
+                os.fchmod(f.fileno(), 0o666 & ~_UMASK)
+        replace_durably(Path(tmp), path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+_UMASK = os.umask(0)   # read once, at import: os.umask can only be read by setting it
+os.umask(_UMASK)
 
 
 @dataclass

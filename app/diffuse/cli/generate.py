@@ -237,14 +237,6 @@ def steps_note(options: dict) -> str | None:
     return f"steps {steps} -> {ran}: {n_blocks} blocks get the same number of steps each"
 
 
-def save_recording(recording: Recording, path: str) -> None:
-    recording.save(path)
-    # Saved through a private temporary file (0600): give it the mode of the user's other files.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o644 & ~umask)
-
-
 def run(args: argparse.Namespace) -> int:
     if args.record:
         check_record_path(args.record)
@@ -282,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
         if view is not None:
             view.close()
     if recording is not None:
-        save_recording(recording.finish(result, model.tokenizer.decode), args.record)
+        recording.finish(result, model.tokenizer.decode).save(args.record)
     print(as_json(result, resolved) if args.json else result.text, flush=True)
     print(summary(result), file=sys.stderr)
     return 130 if interrupted else 0
