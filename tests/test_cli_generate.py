@@ -175,3 +175,9 @@ def test_bad_values_fail_before_the_model_is_opened(argv, capsys):
         main(["generate", "-m", "missing.gguf", "-p", "hi", *argv])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "missing.gguf" not in err and argv[0] in err
+
+
+def test_threads_beyond_the_logical_cpus_are_capped_with_a_note(tiny_gguf, capsys):
+    code = main(["generate", "-m", str(tiny_gguf("llada", "f32")), "-p", "Hello", "--gen-length", "8",
+                 "--steps", "2", "--block-length", "8", "--threads", "500"])
+    assert code == 0 and f"--threads 500 -> {os.cpu_count()}" in capsys.readouterr().err

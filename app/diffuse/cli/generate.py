@@ -240,6 +240,10 @@ def steps_note(options: dict) -> str | None:
 def run(args: argparse.Namespace) -> int:
     if args.record:
         check_record_path(args.record)
+    logical = os.cpu_count() or 1
+    if args.threads is not None and args.threads > logical:
+        print(f"diffuse: note: --threads {args.threads} -> {logical}: more threads than logical CPUs only "
+              "add waiting", file=sys.stderr)
     model = load(args.model, threads=args.threads, tokenizer=args.tokenizer)
     # stdout carries the answer only (it may be redirected to a file); progress goes to stderr.
     view = LiveView(model.tokenizer, sys.stderr) if not args.quiet and sys.stderr.isatty() else None
