@@ -42,8 +42,9 @@ def test_forward_table_json_markdown(tiny_gguf, tmp_path, fake_llama, capsys):
                "--llama", "--llama-bin", str(fake_llama), "--json", str(tmp_path / "f.json"),
                "--markdown", str(tmp_path / "f.md")])
     assert rc == 0
-    out = capsys.readouterr().out
-    assert "ms/forward" in out and "GFLOP/s" in out
+    captured = capsys.readouterr()
+    assert "ms/forward" in captured.out and "GFLOP/s" in captured.out
+    assert f"wrote {tmp_path / 'f.json'}" in captured.err and f"wrote {tmp_path / 'f.md'}" in captured.err
     result = json.loads((tmp_path / "f.json").read_text())
     assert [(r["tokens"], r["threads"]) for r in result["rows"]] == [(8, 1), (16, 1)]
     for r in result["rows"]:
@@ -73,6 +74,11 @@ def test_prompts_all_eight(tiny_gguf, tmp_path, capsys):
     assert rc == 0
     result = json.loads((tmp_path / "p.json").read_text())
     assert len(result["rows"]) == 8
+    s = result["summary"]
+    # the speedup printed beside the averages is their ratio, not a mean of per-row ratios
+    assert s["cache_speedup"] == pytest.approx(s["mean_buffer_tok_s"] / s["mean_buffer_tok_s_no_cache"])
+    captured = capsys.readouterr()
+    assert f"cache x{s['cache_speedup']:.2f}," in captured.out and f"wrote {tmp_path / 'p.json'}" in captured.err
     for r in result["rows"]:
         assert 1 <= r["steps"] <= 4 and r["gen_length"] == 16
         assert 0.0 <= r["fidelity"] <= 1.0 and r["cache_speedup"] > 0
@@ -107,6 +113,26 @@ def test_grid_writes_json_csv_plots_report(tiny_gguf, tmp_path, fake_llama, caps
         assert (out / f"{name}.png").read_bytes()[:8] == PNG_MAGIC
     report = (out / "report.md").read_text()
     assert "## Roofline" in report and "## Autoregressive baseline" in report and "AR decodes 50.0 tok/s" in report and "buffer tok/s in" in report
+
+
+def test_grid_one_rep_has_no_spread(tiny_gguf, tmp_path, capsys):
+    out = tmp_path / "grid"
+    rc = main(["bench", "grid", str(tiny_gguf("dream", "f32")), "--threads", "1", "--steps", "2",
+               "--gen-lengths", "8", "--prompts", "1", "--schedulers", "low_confidence", "--cache", "off",
+               "--reps", "1", "--no-plots", "-o", str(out)])
+    assert rc == 0
+    header, row = capsys.readouterr().out.strip().splitlines()
+    assert row.split()[header.split().index("spread") - 2] == "-"   # "ms/step" and "total ms" are two words each
+    assert json.loads((out / "grid.json").read_text())["rows"][0]["spread"] is None
+    assert "| - |" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("command", ["forward", "grid", "prompts"])
+def test_reps_default_in_help(command, capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", command, "--help"])
+    default = {"forward": 3, "grid": 2, "prompts": 1}[command]
+    assert f"(default {default})" in " ".join(capsys.readouterr().out.split())
 
 
 @pytest.mark.parametrize("argv", [

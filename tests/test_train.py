@@ -123,6 +123,25 @@ def test_a_second_run_resumes(trained, tmp_path, capsys):
     assert json.loads((tmp_path / "run" / "hf" / "training_info.json").read_text())["step"] == 8
 
 
+def test_gguf_is_named_after_the_run(trained):
+    _, gguf = trained
+    assert diffuse.gguf_file.read(gguf).kv["general.name"] == "run"
+
+
+def test_resume_takes_the_stored_hyper_parameters(trained, tmp_path, capsys):
+    run, _ = trained
+    shutil.copytree(run, tmp_path / "run")
+    argv = ["train", str(run.parent / "data"), "--out", str(tmp_path / "run"), "--threads", "1", "--eval-every", "3"]
+    assert main([*argv, "--d-model", "64", "--heads", "2", "--steps", "8"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [f"diffuse: error: {tmp_path / 'run'} is a run with other settings: "
+                                        "--d-model 64 (the run has 32); leave them out to resume it, "
+                                        "or choose a new --out folder"]
+    assert main([*argv, "--steps", "8", "--gguf", str(tmp_path / "m.gguf"), "--name", "tiny-demo"]) == 0
+    assert "resumed at step 6" in capsys.readouterr().out
+    assert diffuse.gguf_file.read(tmp_path / "m.gguf").kv["general.name"] == "tiny-demo"
+
+
 def test_corpus_keeps_prose_fortunes(tmp_path, monkeypatch):
     from diffuse.train import corpus
 

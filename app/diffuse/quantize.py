@@ -6,6 +6,7 @@ one output tensor is held in memory at a time.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from gguf.quants import dequantize
 from diffuse import _core, gguf_file
 from diffuse._core import DiffuseError
 from diffuse.model import load
+from diffuse.tokenizer import template_beside
 
 
 @dataclass(frozen=True)
@@ -102,24 +104,43 @@ def plan(info: gguf_file.GGUFInfo, qtype: str) -> list[gguf_file.OutTensor]:
 
 def quantize_file(in_path: str | os.PathLike, out_path: str | os.PathLike, qtype: str,
                   progress: Callable[[int, int, str], None] | None = None,
-                  cancel: Callable[[], bool] | None = None, threads: int | None = None) -> Path | None:
+                  cancel: Callable[[], bool] | None = None, threads: int | None = None,
+                  warn: Callable[[str], None] | None = None) -> Path | None:
     """Write `in_path` (any GGUF model, any weight types) to `out_path` in `qtype`
     (F16, BF16, Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K).
 
-    progress(done_bytes, total_bytes, tensor_name) is called as input is consumed. Returns the
-    output path, or None when cancel() returned True (nothing is left behind). The file appears
-    under its name only when complete.
+    progress(done_bytes, total_bytes, tensor_name) is called as input is consumed; warn(text) gets
+    what the user should know about the result (a re-quantised input, a tokenizer carried along).
+    Returns the output path, or None when cancel() returned True (nothing is left behind). The file
+    appears under its name only when complete.
     """
     qtype = qtype.upper()
     if qtype not in QTYPES:
         raise DiffuseError(f"unknown quantisation type '{qtype}'; choose one of {', '.join(QTYPES)}")
+    if threads is not None and threads < 1:
+        raise DiffuseError(f"threads must be at least 1 (got {threads})")
+    warn = warn or (lambda text: None)
     in_path, out_path = Path(in_path), Path(out_path)
     gguf_file.refuse_overwrite(out_path, [in_path])
     load(in_path, threads=1)   # the engine's own checks (family, shapes, types, truncation); cheap: a mmap
     info = gguf_file.read(in_path)
 
     out_tensors = plan(info, qtype)
+    default = QTYPES[qtype].default
+    if default not in _FLOAT_TYPES and all(t.type != default for t in out_tensors):
+        # A file labelled Q6_K that holds only the fallback types would misinform every reader.
+        held = sorted({T(t.type).name for t in out_tensors if len(t.shape) > 1})
+        fits = [n for n, q in QTYPES.items() if q.default in _FLOAT_TYPES or _block(q.default) < _block(default)]
+        raise DiffuseError(f"{qtype}: no tensor of {in_path} can be stored as {default.name} (its rows are not a "
+                           f"multiple of {_block(default)} values); the file would hold only {', '.join(held)}. "
+                           f"Choose one of {', '.join(fits)}")
+    requantised = sorted({T(s.type).name for s, d in zip(info.tensors, out_tensors)
+                          if s.type not in _FLOAT_TYPES and d.type not in _FLOAT_TYPES and s.type != d.type})
+    if requantised:
+        warn(f"{in_path} is already quantised ({', '.join(requantised)}): those weights are dequantised and "
+             f"quantised again, which loses more quality than quantising the F16/F32 original")
     kv, kv_types = dict(info.kv), dict(info.kv_types)
+    _carry_tokenizer(in_path, kv, kv_types, warn)
     kv["general.file_type"], kv_types["general.file_type"] = QTYPES[qtype].ftype, "u32"
     if QTYPES[qtype].default not in _FLOAT_TYPES:
         kv["general.quantization_version"], kv_types["general.quantization_version"] = 2, "u32"
@@ -135,7 +156,7 @@ def quantize_file(in_path: str | os.PathLike, out_path: str | os.PathLike, qtype
         if cancel and cancel():
             raise _Cancelled
 
-    pool = ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1)
+    pool = ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1)   # not generation: all logical CPUs
     try:
         data = (_convert(src, dst, pool, report) for src, dst in zip(info.tensors, out_tensors))
         gguf_file.write(out_path, kv, kv_types, out_tensors, data)
@@ -144,6 +165,24 @@ def quantize_file(in_path: str | os.PathLike, out_path: str | os.PathLike, qtype
     finally:
         pool.shutdown(cancel_futures=True)   # after a cancel or an error, queued chunks never start
     return out_path
+
+
+def _carry_tokenizer(in_path: Path, kv: dict, kv_types: dict, warn: Callable[[str], None]) -> None:
+    """Embed the tokenizer.json that sits beside a file carrying none (diffuse-cpp), as our dialect
+    stores it, so the output works wherever it is moved (Tokenizer.for_model reads the embedded one)."""
+    beside = in_path.parent / "tokenizer.json"
+    if isinstance(kv.get("tokenizer.huggingface.json"), str) or "tokenizer.ggml.tokens" in kv or not beside.is_file():
+        return
+    try:
+        text = beside.read_text(encoding="utf-8")
+        json.loads(text)
+    except (OSError, ValueError) as e:
+        raise DiffuseError(f"{beside}: not a valid tokenizer.json: {e}") from e
+    kv["tokenizer.huggingface.json"], kv_types["tokenizer.huggingface.json"] = text, "str"
+    template = template_beside(beside)
+    if template and not isinstance(kv.get("tokenizer.chat_template"), str):
+        kv["tokenizer.chat_template"], kv_types["tokenizer.chat_template"] = template, "str"
+    warn(f"{in_path} carries no tokenizer: embedding {beside} in the output")
 
 
 class _Cancelled(Exception):

@@ -136,7 +136,7 @@ class Tokenizer:
                 raise DiffuseError(f"{json_path}: not a valid tokenizer.json: {e}") from e
             hf = _from_json(text, f"{json_path}: not a valid tokenizer.json")
             source = str(json_path)
-            template = template or _template_beside(json_path)
+            template = template or template_beside(json_path)
         elif isinstance(kv.get("tokenizer.huggingface.json"), str):
             hf = _from_json(kv["tokenizer.huggingface.json"], f"{gguf_path}: the embedded tokenizer.json is invalid")
             source = "embedded tokenizer.json"
@@ -574,7 +574,7 @@ def _repeats(pattern: str, i: int) -> bool:
     return most == "" or int(most) > 1
 
 
-def _template_beside(json_path: Path) -> str | None:
+def template_beside(json_path: Path) -> str | None:
     """The chat template of a Hugging Face folder (tokenizer_config.json beside tokenizer.json)."""
     config = json_path.parent / "tokenizer_config.json"
     try:

@@ -122,7 +122,9 @@ def aggregate(runs: list[dict]) -> list[dict]:
         med = float(np.median(total))
         row = dict(zip(KEYS, key))
         row.update({
-            "reps": len(rs), "total_ms": med, "spread": float((total.max() - total.min()) / med) if med else 0.0,
+            # One run has no spread (None, shown as "-"), not a spread of 0.
+            "reps": len(rs), "total_ms": med,
+            "spread": float((total.max() - total.min()) / med) if med and len(rs) > 1 else None,
             "steps_used": int(np.median([r["steps_used"] for r in rs])),
             "step_ms": float(np.median([r["step_ms"] for r in rs])),
             "forward_ms": float(np.median([r["forward_ms"] for r in rs])),
@@ -139,7 +141,7 @@ COLUMNS = [
     ("model", "model", "{}"), ("threads", "threads", "{:d}"), ("steps", "steps", "{:d}"),
     ("scheduler", "scheduler", "{}"), ("cache", "cache", on_off), ("gen_length", "B", "{:d}"),
     ("prompt", "prompt", "{}"), ("steps_used", "steps used", "{:d}"), ("step_ms", "ms/step", "{:.1f}"),
-    ("sample_ms", "sampling ms", "{:.1f}"), ("total_ms", "total ms", "{:.0f}"), ("spread", "spread", "{:.0%}"),
+    ("sample_ms", "sampling ms", "{:.1f}"), ("total_ms", "total ms", "{:.0f}"), ("spread", "spread", "{}"),
     ("buffer_tok_s", "buffer tok/s", "{:.2f}"), ("useful_tok_s", "useful tok/s", "{:.2f}"),
     ("buffer_vs_ar", "buffer/AR", "{:.2f}x"), ("useful_vs_ar", "useful/AR", "{:.2f}x"),
 ]
@@ -150,8 +152,13 @@ AR_COLUMNS = [
 ]
 
 
+def _shown(rows: list[dict]) -> list[dict]:
+    """Rows for the tables: the spread as a percentage, or "-" where one run gives none."""
+    return [{**r, "spread": "-" if r["spread"] is None else f"{r['spread']:.0%}"} for r in rows]
+
+
 def table(result: dict) -> str:
-    return text_table(result["rows"], COLUMNS)
+    return text_table(_shown(result["rows"]), COLUMNS)
 
 
 def write(result: dict, out_dir: Path, plots: bool = True) -> list[Path]:
@@ -179,7 +186,7 @@ def report(result: dict, pngs: list[str]) -> str:
         f"prompts {[PAPER_PROMPTS[i][0] for i in axes['prompts']]}. "
         f"Median of {result['reps']} run(s) after a warm-up; spread = (max - min) / median.",
         "",
-        md_table(result["rows"], COLUMNS),
+        md_table(_shown(result["rows"]), COLUMNS),
     ]
     if result["ar"]:
         lines += ["## Autoregressive baseline", "", md_table(result["ar"], AR_COLUMNS)]

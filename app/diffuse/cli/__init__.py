@@ -3,16 +3,35 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from pathlib import Path
 
-from diffuse import DiffuseError
+from diffuse import DiffuseError, __version__, gguf_file
+from diffuse._core import GGML_VERSION
 from diffuse.info import escaped
 
 COMMANDS = ["convert", "quantize", "info", "generate", "bench", "train"]
 
 
+def check_output(path: str, option: str, inputs: list[str]) -> str:
+    """Refuse an output path that cannot become a file before any work is done (a conversion
+    would otherwise run to the end and fail at the rename). Overwriting an input is named first."""
+    gguf_file.refuse_overwrite(path, inputs)
+    example = f"{path.rstrip('/' + os.sep)}/model.gguf"
+    if Path(path).is_dir():
+        raise DiffuseError(f"{option} {path}: is a folder; give a file name (e.g. {example})")
+    if path.endswith(("/", os.sep)):
+        raise DiffuseError(f"{option} {path}: ends with a path separator; give a file name (e.g. {example})")
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise DiffuseError(f"{option} {path}: the folder {parent} does not exist")
+    return path
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="diffuse", description="CPU inference for masked diffusion language models")
+    parser.add_argument("--version", action="version", version=f"diffuse {__version__} (ggml {GGML_VERSION})")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         module = importlib.import_module(f"diffuse.cli.{name}")

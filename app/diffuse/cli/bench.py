@@ -56,7 +56,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     f.add_argument("--tokens", type=int_list, default=[64, 256], help="token counts (default 64,256)")
     f.add_argument("--threads", type=int_list, default=None,
                    help=f"thread counts (default 1,2,4.. up to the physical cores, {physical_cores()} here)")
-    f.add_argument("--reps", type=int, default=3, help="timed runs per configuration, after a warm-up")
+    f.add_argument("--reps", type=int, default=3,
+                   help="timed runs per configuration, after a warm-up (default %(default)s)")
     f.add_argument("--no-ceiling", dest="ceiling", action="store_false", help="skip ggml's mat-mul ceiling")
     f.add_argument("--llama", action="store_true",
                    help="llama.cpp side by side: llama-bench prompt processing and llama-diffusion-cli ms/step")
@@ -78,7 +79,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--gen-lengths", type=int_list, default=[32, 64], help="generation lengths B (default 32,64)")
     g.add_argument("--prompts", type=int_list, default=[1, 7],
                    help="1-based indices of the paper's 8 prompts (default 1,7: capital, sky)")
-    g.add_argument("--reps", type=int, default=2, help="runs per configuration (default 2)")
+    g.add_argument("--reps", type=int, default=2, help="runs per configuration (default %(default)s)")
     g.add_argument("--ar-model", help="an autoregressive GGUF for the baseline (decode and prompt tok/s)")
     g.add_argument("--ar-backend", choices=["auto", "llama-cpp-python", "llama-bench"], default="auto")
     g.add_argument("--no-plots", dest="plots", action="store_false")
@@ -90,7 +91,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "16 steps, B=64).")
     pr.add_argument("model", help="GGUF model file")
     pr.add_argument("--tokenizer", help="tokenizer.json for model files that carry none")
-    pr.add_argument("--reps", type=int, default=1, help="runs per prompt and setting (median time)")
+    pr.add_argument("--reps", type=int, default=1,
+                    help="runs per prompt and setting, median time (default %(default)s)")
     pr.add_argument("--ar-model", help="an autoregressive GGUF: its decode tok/s at the same threads")
     pr.add_argument("--ar-backend", choices=["auto", "llama-cpp-python", "llama-bench"], default="auto")
     _llama_options(pr)
@@ -112,6 +114,14 @@ def _write(path: Path | None, text: str) -> None:
         print(f"wrote {path}", file=sys.stderr)
 
 
+def _write_json(path: Path | None, result: dict) -> None:
+    from diffuse.bench.tables import write_json
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, result)
+        print(f"wrote {path}", file=sys.stderr)
+
+
 def _check_reps(reps: int) -> None:
     if reps < 1:
         raise DiffuseError(f"--reps must be at least 1 (got {reps})")
@@ -119,7 +129,7 @@ def _check_reps(reps: int) -> None:
 
 def _forward(args) -> int:
     from diffuse.bench import forward, llama_ref
-    from diffuse.bench.tables import text_table, write_json
+    from diffuse.bench.tables import text_table
     _check_reps(args.reps)
     llama = llama_ref.find_bins(args.llama_bin) if args.llama else None
     if llama is not None and llama.bench is None and llama.diffusion is None:
@@ -129,24 +139,40 @@ def _forward(args) -> int:
                          log=lambda line: print(line, file=sys.stderr))
     print(forward.header(result))
     print(text_table(result["rows"], forward.COLUMNS))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        write_json(args.json, result)
+    _write_json(args.json, result)
     _write(args.markdown, forward.markdown(result))
     return 0
 
 
-def _ar(args, threads: int, n_prompt: int, n_gen: int, reps: int) -> dict | None:
+def _ar_bins(args):
+    """Refuses --ar-model without its backend before any model is loaded; the llama.cpp programs
+    found (None when llama-cpp-python is used or there is no AR model)."""
     if not args.ar_model:
         return None
     from diffuse.bench import llama_ref
-    bins = llama_ref.find_bins(args.llama_bin) if args.ar_backend != "llama-cpp-python" else None
+    python = llama_ref.have_llama_cpp_python()
+    if args.ar_backend == "llama-cpp-python" or (args.ar_backend == "auto" and python):
+        if not python:
+            raise DiffuseError("--ar-backend llama-cpp-python: it is not installed (pip install 'diffuse[ar]')")
+        return None
+    bins = llama_ref.find_bins(args.llama_bin)
+    if bins.bench is None:
+        where = f"llama-bench (--llama-bin DIR or ${llama_ref.ENV_BIN})"
+        raise DiffuseError(f"--ar-backend llama-bench: {where} not found" if args.ar_backend == "llama-bench" else
+                           f"--ar-model needs llama-cpp-python (pip install 'diffuse[ar]') or {where}: neither found")
+    return bins
+
+
+def _ar(args, bins, threads: int, n_prompt: int, n_gen: int, reps: int) -> dict | None:
+    if not args.ar_model:
+        return None
+    from diffuse.bench import llama_ref
     return llama_ref.ar_baseline(args.ar_model, threads=threads, n_prompt=n_prompt, n_gen=n_gen, reps=reps,
                                  backend=args.ar_backend, bins=bins)
 
 
 def _grid(args) -> int:
-    from diffuse.bench import grid, llama_ref, plots
+    from diffuse.bench import grid, plots
     from diffuse.bench.prompts import PAPER_PROMPTS
     _check_reps(args.reps)
     if args.plots and not plots.available():
@@ -158,7 +184,7 @@ def _grid(args) -> int:
                      schedulers=args.schedulers, cache=args.cache, gen_lengths=args.gen_lengths,
                      prompts=[i - 1 for i in args.prompts])
     fixed = generation_options(args, skip=GRID_AXES)
-    bins = llama_ref.find_bins(args.llama_bin) if args.ar_model and args.ar_backend != "llama-cpp-python" else None
+    bins = _ar_bins(args)
     result = grid.run(axes, args.reps, fixed, ar_model=args.ar_model, ar_backend=args.ar_backend, llama=bins,
                       log=lambda line: print(line, file=sys.stderr))
     print(grid.table(result))
@@ -169,22 +195,21 @@ def _grid(args) -> int:
 
 def _prompts(args) -> int:
     from diffuse.bench import prompts
-    from diffuse.bench.tables import text_table, write_json
+    from diffuse.bench.tables import text_table
     _check_reps(args.reps)
     options = generation_options(args)
+    bins = _ar_bins(args)
     threads = args.threads or physical_cores()
     gen = options.get("gen_length") or prompts.DEFAULTS["gen_length"]
-    ar = _ar(args, threads, n_prompt=32, n_gen=gen, reps=max(args.reps, 2))
+    ar = _ar(args, bins, threads, n_prompt=32, n_gen=gen, reps=max(args.reps, 2))
     result = prompts.run(args.model, threads=threads, reps=args.reps, options=options, ar=ar,
                          tokenizer=args.tokenizer, log=lambda line: print(line, file=sys.stderr))
     print(text_table(result["rows"], prompts.COLUMNS))
     s = result["summary"]
     print(f"average: buffer {s['mean_buffer_tok_s_no_cache']:.2f} -> {s['mean_buffer_tok_s']:.2f} tok/s, "
-          f"cache x{s['mean_cache_speedup']:.2f}, fidelity {s['mean_fidelity']:.2f}\n")
+          f"cache x{s['cache_speedup']:.2f}, fidelity {s['mean_fidelity']:.2f}\n")
     for r in result["rows"]:
         print(f"[{r['prompt']}] {r['answer'].strip()}\n")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        write_json(args.json, result)
+    _write_json(args.json, result)
     _write(args.markdown, prompts.markdown(result))
     return 0

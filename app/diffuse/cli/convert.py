@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from diffuse.cli import check_output
 from diffuse.convert import OUTTYPES, convert_hf
 
 
@@ -23,7 +24,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = Path(args.output or f"{Path(args.hf_dir).resolve().name}-{args.outtype}.gguf")
+    out = args.output or f"{Path(args.hf_dir).resolve().name}-{args.outtype}.gguf"
+    out = Path(check_output(out, "-o", [args.hf_dir]))
     start = time.monotonic()
     live = sys.stderr.isatty()
 

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from diffuse import DiffuseError
 from diffuse.info import describe, format_info, format_json
 
 
@@ -18,6 +20,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    folder = Path(args.file)
+    if folder.is_dir():
+        models = sorted(p.name for p in folder.glob("*.gguf"))
+        listing = f"; it holds {', '.join(models)}" if models else " with no .gguf file in it"
+        raise DiffuseError(f"{folder}: is a folder, not a GGUF file{listing}")
     d = describe(args.file, tokenizer=args.tokenizer)
     print(format_json(d) if args.json else format_info(d, tensors=args.tensors))
     return 0

@@ -6,6 +6,8 @@ import os
 import sys
 import time
 
+from diffuse import DiffuseError
+from diffuse.cli import check_output
 from diffuse.quantize import QTYPES, quantize_file
 
 
@@ -18,11 +20,20 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("output", help="file to write")
     p.add_argument("type", type=str.upper, choices=list(QTYPES), metavar="TYPE",
                    help=f"one of {', '.join(QTYPES)}")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
+    p.add_argument("--threads", type=int, default=None,
+                   help=f"CPU threads, 1 to the logical CPUs (default: all, {os.cpu_count()} here)")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output(args.output, "output", [args.input])
+    if args.threads is not None and args.threads < 1:
+        raise DiffuseError(f"--threads must be at least 1 (got {args.threads})")
+    cpus = os.cpu_count() or 1
+    if args.threads is not None and args.threads > cpus:
+        print(f"diffuse: note: --threads {args.threads} is more than the {cpus} logical CPUs; using {cpus}",
+              file=sys.stderr)
+        args.threads = cpus
     start = time.monotonic()
     live = sys.stderr.isatty()
     shown = 0.0
@@ -34,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
             shown = now
             print(f"\rquantize {100 * done / max(total, 1):5.1f}%  {name:<36.36}", end="", file=sys.stderr, flush=True)
 
-    quantize_file(args.input, args.output, args.type, progress=progress, threads=args.threads)
+    quantize_file(args.input, args.output, args.type, progress=progress, threads=args.threads,
+                  warn=lambda text: print(f"diffuse: warning: {text}", file=sys.stderr))
     if live:
         print(file=sys.stderr)
     size_in, size_out = os.path.getsize(args.input), os.path.getsize(args.output)

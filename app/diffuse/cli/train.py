@@ -2,10 +2,19 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 from diffuse import DiffuseError
+from diffuse.cli import check_output
+
+# Options that set a stored hyper-parameter (TrainConfig field): default None, so that a resume can
+# tell an explicit value from an absent one.
+HPARAM_OPTIONS = {"vocab_size": "vocab_size", "d_model": "d_model", "layers": "n_layers", "heads": "n_heads",
+                  "ffn": "mlp_hidden_size", "seq_len": "seq_len", "batch": "batch", "lr": "lr",
+                  "chat_fraction": "chat_fraction", "seed": "seed"}
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -15,46 +24,52 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="train a small LLaDA-architecture model on text (needs PyTorch: pip install 'diffuse[train]')",
         description="Train a small masked diffusion LM (LLaDA architecture and objective) with its own "
         "byte-level BPE tokenizer. DATA is a .txt file or a folder of them, documents separated by blank "
-        "lines (python -m diffuse.train.corpus DIR writes the demo corpus). Resumes from RUN/state.pt.",
+        "lines (python -m diffuse.train.corpus DIR writes the demo corpus). Resumes from RUN/state.pt with "
+        "the run's own hyper-parameters (model shape, tokenizer, batch, learning rate, seed).",
     )
     p.add_argument("data", type=Path, metavar="DATA", help="text file or folder of .txt files")
     p.add_argument("--out", type=Path, required=True, metavar="RUN", help="run folder: hf/ checkpoint, state.pt, train.log")
     p.add_argument("--gguf", type=Path, metavar="MODEL.gguf", help="also convert the final checkpoint to this GGUF file")
+    p.add_argument("--name", help="model name in the GGUF (default: the run folder's name)")
     p.add_argument("--outtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"], help="GGUF weight type (default f16)")
     p.add_argument("--steps", type=int, default=8000, help="optimizer steps (default 8000)")
     p.add_argument("--minutes", type=float, default=0.0, help="stop after this much training time (0: no limit)")
-    p.add_argument("--batch", type=int, default=16, help="sequences per step (default 16)")
-    p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence, also the context length (default 256)")
-    p.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary incl. 6 special tokens (default 4096)")
-    p.add_argument("--d-model", type=int, default=192, help="embedding width (default 192)")
-    p.add_argument("--layers", type=int, default=4, help="transformer blocks (default 4)")
-    p.add_argument("--heads", type=int, default=3, help="attention heads (default 3, head size 64)")
-    p.add_argument("--ffn", type=int, default=512, help="SwiGLU hidden size (default 512)")
-    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
-    p.add_argument("--chat-fraction", type=float, default=0.25, help="share of rows that are chat examples (default 0.25)")
-    p.add_argument("--no-bf16", action="store_true", help="train in float32 (slower; for CPUs without bf16)")
+    p.add_argument("--batch", type=int, help="sequences per step (default 16)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence, also the context length (default 256)")
+    p.add_argument("--vocab-size", type=int, help="BPE vocabulary incl. 6 special tokens (default 4096)")
+    p.add_argument("--d-model", type=int, help="embedding width (default 192)")
+    p.add_argument("--layers", type=int, help="transformer blocks (default 4)")
+    p.add_argument("--heads", type=int, help="attention heads (default 3, head size 64)")
+    p.add_argument("--ffn", type=int, help="SwiGLU hidden size (default 512)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default 2e-3)")
+    p.add_argument("--chat-fraction", type=float, help="share of rows that are chat examples (default 0.25)")
+    p.add_argument("--no-bf16", action="store_true", default=None,
+                   help="train in float32 (slower; for CPUs without bf16)")
     p.add_argument("--threads", type=int, default=2, help="PyTorch threads (default 2)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, help="random seed (default 0)")
     p.add_argument("--eval-every", type=int, default=500, help="steps between held-out scores and checkpoints")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from diffuse.train.loop import TrainConfig, train
+        from diffuse.train.loop import TrainConfig, saved_hparams, train
     except ImportError as e:
         raise DiffuseError(f"diffuse train needs PyTorch ({e}); install it with: pip install 'diffuse[train]'") from e
-    for name in ("steps", "batch", "seq_len", "vocab_size", "d_model", "layers", "heads", "ffn", "threads"):
-        if getattr(args, name) <= 0:
-            raise DiffuseError(f"--{name.replace('_', '-')} must be positive")
-    if args.vocab_size < 300:
+    name = args.name or args.out.resolve().name
+    if args.gguf:
+        check_output(str(args.gguf), "--gguf", [])
+        if name in ("", ".", "..") or os.sep in name or "/" in name:
+            raise DiffuseError(f"--name {name!r}: not usable as a model name (no path separators)")
+    cfg = TrainConfig(data=args.data, out=args.out, steps=args.steps, minutes=args.minutes, threads=args.threads,
+                      eval_every=args.eval_every, **_hparams(args, saved_hparams(args.out)))
+    for option, value in (("steps", cfg.steps), ("threads", cfg.threads), ("batch", cfg.batch),
+                          ("seq-len", cfg.seq_len), ("vocab-size", cfg.vocab_size), ("d-model", cfg.d_model),
+                          ("layers", cfg.n_layers), ("heads", cfg.n_heads), ("ffn", cfg.mlp_hidden_size)):
+        if value <= 0:
+            raise DiffuseError(f"--{option} must be positive (got {value})")
+    if cfg.vocab_size < 300:
         raise DiffuseError("--vocab-size must be at least 300 (256 bytes + 6 special tokens + merges)")
-    cfg = TrainConfig(
-        data=args.data, out=args.out, vocab_size=args.vocab_size, d_model=args.d_model, n_layers=args.layers,
-        n_heads=args.heads, mlp_hidden_size=args.ffn, seq_len=args.seq_len, batch=args.batch, steps=args.steps,
-        minutes=args.minutes, lr=args.lr, chat_fraction=args.chat_fraction, bf16=not args.no_bf16,
-        threads=args.threads, seed=args.seed, eval_every=args.eval_every,
-    )
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "train.log", "a", encoding="utf-8") as log_file:
         def log(line: str) -> None:
@@ -66,10 +81,30 @@ def run(args: argparse.Namespace) -> int:
         if args.gguf:
             from diffuse.convert import convert_hf
 
-            convert_hf(hf, args.gguf, outtype=args.outtype)
-            log(f"converted {hf} -> {args.gguf} ({args.outtype})")
+            # convert_hf names the model after its folder ("hf"): a folder of links gives it the run's name.
+            with tempfile.TemporaryDirectory() as tmp:
+                named = Path(tmp) / name
+                named.mkdir()
+                for f in hf.iterdir():
+                    (named / f.name).symlink_to(f.resolve())
+                convert_hf(named, args.gguf, outtype=args.outtype)
+            log(f"converted {hf} -> {args.gguf} ({args.outtype}, name {name})")
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(run(add_parser(argparse.ArgumentParser().add_subparsers()).parse_args()))
+def _hparams(args: argparse.Namespace, stored: dict | None) -> dict:
+    """The hyper-parameters given: the stored ones on resume (a different explicit value is refused),
+    else the options given (TrainConfig supplies the rest)."""
+    explicit = {field: getattr(args, option) for option, field in HPARAM_OPTIONS.items()
+                if getattr(args, option) is not None}
+    if args.no_bf16:
+        explicit["bf16"] = False
+    if not stored:
+        return explicit
+    option = {field: name.replace("_", "-") for name, field in HPARAM_OPTIONS.items()}
+    conflicts = ["--no-bf16 (the run trains in bf16)" if k == "bf16" else f"--{option[k]} {v} (the run has {stored[k]})"
+                 for k, v in explicit.items() if stored.get(k, v) != v]
+    if conflicts:
+        raise DiffuseError(f"{args.out} is a run with other settings: {', '.join(conflicts)}; leave them out "
+                           f"to resume it, or choose a new --out folder")
+    return {**stored, **explicit}

@@ -28,6 +28,11 @@ from diffuse.train.model import LLaDA, LLaDAShape
 
 EPS = 1e-3
 
+# What a resumed run must keep: the model's shape, the tokenizer and the recipe. Stored in state.pt,
+# so a resume needs none of them again (steps, minutes, threads and eval_every may change).
+HPARAMS = ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden_size", "seq_len", "batch", "lr", "warmup",
+           "weight_decay", "chat_fraction", "bf16", "seed")
+
 
 @dataclass
 class TrainConfig:
@@ -81,6 +86,19 @@ def _tokenizer(cfg: TrainConfig, train_docs: list[str]) -> Tokenizer:
     return tok
 
 
+def saved_hparams(out: Path) -> dict | None:
+    """The hyper-parameters of the run in `out`; None when there is no run there, or for a run saved
+    before they were stored."""
+    path = out / "state.pt"
+    if not path.exists():
+        return None
+    try:
+        state = torch.load(path, weights_only=True)
+    except (OSError, RuntimeError, ValueError) as e:
+        raise DiffuseError(f"{path}: cannot read this run's state ({e}); delete the run folder to start over") from e
+    return state.get("hparams")
+
+
 def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
     """Train (or resume from cfg.out/state.pt); returns the Hugging Face checkpoint folder."""
     if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 2:
@@ -107,6 +125,10 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
     if state_path.exists():
         try:
             state = torch.load(state_path, weights_only=True)
+            stored = state.get("hparams") or {}
+            changed = [f"{k} {getattr(cfg, k)} (the run has {v})" for k, v in stored.items() if getattr(cfg, k) != v]
+            if changed:
+                raise ValueError(", ".join(changed))
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["optimizer"])
             step, used_s = state["step"], state["seconds"]
@@ -120,7 +142,8 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
     scores: dict = {}
 
     def checkpoint() -> Path:
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "seconds": used_s}, state_path)
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "seconds": used_s,
+                    "hparams": {k: getattr(cfg, k) for k in HPARAMS}}, state_path)
         info = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
                 "step": step, "tokens_seen": step * cfg.batch * cfg.seq_len, "train_minutes": round(used_s / 60, 1),
                 "n_params": shape.n_params(), "heldout": {str(r): v for r, v in scores.items()}}
