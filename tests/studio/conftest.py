@@ -229,6 +229,19 @@ def each_recorded_run(request):
 
 
 @pytest.fixture
+def window(qtbot):
+    """The main window, shown; after the test it is closed and its engine thread has ended."""
+    from diffuse.studio.main_window import MainWindow
+
+    w = MainWindow()
+    qtbot.addWidget(w)
+    w.show()
+    yield w
+    w.close()
+    qtbot.waitUntil(lambda: not w.engine._thread.isRunning(), timeout=10000)
+
+
+@pytest.fixture
 def synthetic_recording():
     """synthetic_recording(prompt, **options) -> a Recording of synthetic_run, for size sweeps."""
     def make(prompt="Hello", **kw):

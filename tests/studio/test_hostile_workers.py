@@ -24,16 +24,6 @@ class HostileStr(Exception):
         raise ValueError("no message for you")
 
 
-@pytest.fixture
-def window(qtbot):
-    w = MainWindow()
-    qtbot.addWidget(w)
-    w.show()
-    yield w
-    w.close()
-    qtbot.waitUntil(lambda: not w.engine._thread.isRunning(), timeout=10000)
-
-
 def raising(fake_model, exc):
     class Broken(fake_model):
         def generate(self, prompt, **kw):

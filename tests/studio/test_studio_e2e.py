@@ -4,19 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from diffuse.recording import Recording
-from diffuse.studio.main_window import MainWindow
-
-
-@pytest.fixture
-def window(qtbot):
-    w = MainWindow()
-    qtbot.addWidget(w)
-    w.show()
-    yield w
-    w.close()
 
 
 def load(qtbot, window, path: Path):

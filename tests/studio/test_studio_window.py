@@ -17,15 +17,6 @@ from diffuse.studio.main_window import MainWindow
 SMALL = {"gen_length": 48, "steps": 24, "block_length": 16, "threads": 1}
 
 
-@pytest.fixture
-def window(qtbot):
-    w = MainWindow()
-    qtbot.addWidget(w)
-    w.show()
-    yield w
-    w.close()
-
-
 def generate(qtbot, window, prompt="Tell me about diffusion", timeout=20000):
     window.chat.prompt.setPlainText(prompt)
     with qtbot.waitSignal(window.engine.run_finished, timeout=timeout) as done:
