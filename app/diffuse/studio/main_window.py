@@ -251,7 +251,10 @@ class MainWindow(QMainWindow):
         self.engine.model = model
         name = Path(model.path).name
         self.model_label.setText(f"{name} · {model.arch}")
-        self.settings_panel.show_defaults(model.arch)
+        # The demo model's defaults are the catalog's settings (greedy, it loops).
+        demo = storage.demo_model()
+        suggested = storage.demo_options() if demo is not None and name == demo.name else {}
+        self.settings_panel.show_defaults(model.arch, model.n_ctx_train, suggested)
         self.chat.set_model_ready(True, name)
         self._update_actions()
 
@@ -282,12 +285,20 @@ class MainWindow(QMainWindow):
         if self.engine.busy or self.engine.model is None:
             return
         options = self.settings_panel.options()
+        tok = self.engine.model.tokenizer
         try:
             info = self.model_info()
+            # Counted so that settings the engine would refuse are refused here, with the reason
+            # (the chat template's few tokens are left out: the engine refuses what this lets by).
+            turns = [m["content"] for m in messages or []] if options["chat"] else []
+            prompt_tokens = sum(len(tok.encode(t)) for t in turns or [text])
         except Exception as exc:    # a damaged tokenizer: say so rather than drop the request
             self.chat.show_error(f"the model's tokenizer failed: {exc}")
             return
-        run = RunState(text, options, info, self.engine.model.tokenizer.decode)
+        if refused := self.settings_panel.refusal(prompt_tokens):
+            self.chat.show_error(f"{refused}; change it in the Settings tab")
+            return
+        run = RunState(text, options, info, tok.decode)
         self.live = run
         self.engine.start(run, self._prompt_for(text, messages or [], options))
 

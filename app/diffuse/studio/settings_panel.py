@@ -23,14 +23,17 @@ from diffuse.studio import storage
 
 AUTO = "auto"
 INT_MAX = 2**31 - 1     # a QSpinBox holds a 32-bit int (the engine's seed goes to 2^64 - 1)
+PROMPT_ALLOWANCE = 32   # positions of the model's context kept for the prompt
+FAMILY_NAMES = {"llada": "LLaDA", "dream": "Dream"}
+# scheduler: (the family whose rule it is, None for ours; help)
 SCHEDULER_HELP = {
-    "low_confidence": "LLaDA: commit the most confident positions of the block",
-    "random": "LLaDA: commit random positions (a baseline)",
-    "entropy_exit": "commit every position whose entropy is under tau, at least the schedule's count",
-    "origin": "Dream: each mask commits with probability 1 - s/t",
-    "maskgit_plus": "Dream: commit by top-1 probability",
-    "topk_margin": "Dream: commit by the margin between the top two",
-    "entropy": "Dream: commit the lowest-entropy positions",
+    "low_confidence": ("llada", "commit the most confident positions of the block"),
+    "random": ("llada", "commit random positions (a baseline)"),
+    "entropy_exit": (None, "commit every position whose entropy is under tau, at least the schedule's count"),
+    "origin": ("dream", "each mask commits with probability 1 - s/t"),
+    "maskgit_plus": ("dream", "commit by top-1 probability"),
+    "topk_margin": ("dream", "commit by the margin between the top two"),
+    "entropy": ("dream", "commit the lowest-entropy positions"),
 }
 
 
@@ -86,8 +89,10 @@ def _field(o: dict, place: Place) -> QWidget:
         box = QComboBox()
         box.addItem(AUTO, None)
         for name in o["choices"]:
+            family, text = SCHEDULER_HELP.get(name, (None, ""))
             box.addItem(name, name)
-            box.setItemData(box.count() - 1, SCHEDULER_HELP.get(name, ""), Qt.ItemDataRole.ToolTipRole)
+            box.setItemData(box.count() - 1, f"{FAMILY_NAMES[family]}: {text}" if family else text,
+                            Qt.ItemDataRole.ToolTipRole)
     else:
         if o["kind"] == "float":
             box, unit = _FloatBox(), 10.0 ** -place.decimals
@@ -157,12 +162,37 @@ def _checked(key: str, value, box: QWidget, arch: str):
     return value
 
 
+def schedule_check(opts: dict, arch: str, n_ctx: int | None = None,
+                   prompt_tokens: int = 0) -> tuple[str, str | None]:
+    """(what the engine will round in the schedule, or ""; why it would refuse it, or None),
+    by the engine's block rule: steps are shared evenly among the blocks, at most one per position."""
+    try:
+        o = resolve_options(arch, **{k: opts.get(k) for k in ("gen_length", "steps", "block_length")})
+    except DiffuseError as e:
+        return "", str(e)
+    gen, steps = o["gen_length"], o["steps"]
+    block = gen if o["block_length"] <= 0 else min(o["block_length"], gen)
+    if gen % block:
+        return "", f"gen_length {gen} is not a multiple of block_length {block}"
+    if n_ctx is not None and prompt_tokens + gen > n_ctx:
+        prompt = f"a prompt of {prompt_tokens} tokens" if prompt_tokens else "the prompt"
+        return "", f"gen_length {gen} + {prompt} exceeds the model's context of {n_ctx}"
+    n_blocks = gen // block
+    per_block = min(max(1, steps // n_blocks), block)
+    if per_block * n_blocks == steps:
+        return "", None
+    return (f"steps {steps} -> {per_block * n_blocks}: {n_blocks} blocks get {per_block} steps "
+            f"each"), None
+
+
 class SettingsPanel(QWidget):
     changed = Signal()
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self.arch: str | None = None        # the loaded model's family
+        self.n_ctx: int | None = None       # the loaded model's context (positions)
+        self.suggested: dict = {}           # the catalog's settings for the loaded model
         self.fields: dict[str, QWidget] = {}
         self.defaults_note: dict[str, QLabel] = {}
         forms: dict[str, QFormLayout] = {}
@@ -186,6 +216,9 @@ class SettingsPanel(QWidget):
         self.chat = QCheckBox("wrap the prompt in the model's chat template")
         forms[SAMPLING].addRow("Threads", self.threads)
         forms[SAMPLING].addRow(self.chat)
+        self.schedule_line = QLabel()       # what the engine would round or refuse
+        self.schedule_line.setWordWrap(True)
+        forms[SCHEDULE].addRow(self.schedule_line)
         reset = QPushButton("Reset to model defaults")
         reset.clicked.connect(self.reset)
         layout.addWidget(reset)
@@ -196,6 +229,7 @@ class SettingsPanel(QWidget):
         for box in [*self.fields.values(), self.threads, self.chat]:
             _changed_signal(box).connect(self._changed)
         self._update_enabled()
+        self._update_schedule_line()
 
     def _row(self, form: QFormLayout, label: str, widget: QWidget, key: str) -> None:
         note = QLabel()
@@ -225,14 +259,28 @@ class SettingsPanel(QWidget):
 
     def reset(self) -> None:
         """Numbers and the scheduler to auto; a checkbox to the loaded family's default (before
-        any model is loaded, the first family's)."""
+        any model is loaded, the first family's); then the catalog's settings for the model."""
         defaults = default_options(self.arch or FAMILIES[0])
         opts = {name: defaults[name] if isinstance(box, QCheckBox) else None for name, box in self.fields.items()}
-        self.set_options(opts | {"threads": None, "chat": True})
+        self.set_options(opts | {"threads": None, "chat": True} | self.suggested)
 
-    def show_defaults(self, arch: str | None) -> None:
-        """Show, under each field, what "auto" means for the loaded model's family."""
-        self.arch = arch
+    def refusal(self, prompt_tokens: int = 0) -> str | None:
+        """Why the engine would refuse the settings with a prompt of `prompt_tokens`, or None."""
+        return schedule_check(self.options(), self.arch or FAMILIES[0], self.n_ctx, prompt_tokens)[1]
+
+    def show_defaults(self, arch: str | None, n_ctx: int | None = None,
+                      suggested: dict | None = None) -> None:
+        """Show, under each field, what "auto" means for the loaded model's family; cap the
+        gen length at the model's context; label the schedulers of the other family."""
+        self.arch, self.n_ctx, self.suggested = arch, n_ctx, dict(suggested or {})
+        gen = self.fields["gen_length"]
+        gen.setMaximum(int(option("gen_length")["max"]) if n_ctx is None else max(n_ctx - PROMPT_ALLOWANCE, 1))
+        scheduler = self.fields["scheduler"]
+        for i in range(1, scheduler.count()):
+            name = scheduler.itemData(i)
+            family = SCHEDULER_HELP.get(name, (None, ""))[0]
+            other = arch is not None and family is not None and family != arch
+            scheduler.setItemText(i, f"{name} ({FAMILY_NAMES[family]}'s rule)" if other else name)
         defaults = default_options(arch) if arch else {}
         for key, note in self.defaults_note.items():
             if key in defaults:
@@ -242,6 +290,7 @@ class SettingsPanel(QWidget):
                 note.show()
             else:
                 note.hide()
+        self._update_schedule_line()
 
     # -- persistence --------------------------------------------------------------------------
 
@@ -275,6 +324,7 @@ class SettingsPanel(QWidget):
 
     def _changed(self) -> None:
         self._update_enabled()
+        self._update_schedule_line()
         self.save()
         self.changed.emit()
 
@@ -283,3 +333,8 @@ class SettingsPanel(QWidget):
         f["threshold"].setEnabled(f["scheduler"].currentData() in (None, "entropy_exit"))
         f["keep_active"].setEnabled(f["cache"].isChecked())
         f["refresh_every"].setEnabled(f["cache"].isChecked())
+
+    def _update_schedule_line(self) -> None:
+        rounded, refused = schedule_check(self.options(), self.arch or FAMILIES[0], self.n_ctx)
+        self.schedule_line.setText(f"Generate is refused: {refused}" if refused else rounded)
+        self.schedule_line.setVisible(bool(refused or rounded))

@@ -1,0 +1,86 @@
+"""Settings edges: the demo model's defaults, schedules the engine would round or refuse, the
+model's context, and schedulers of the other family."""
+from __future__ import annotations
+
+from diffuse.studio import storage
+from diffuse.studio.settings_panel import SettingsPanel
+
+
+def test_reset_gives_the_demo_model_the_catalogs_settings(window, fake_model):
+    suggested = storage.demo_options()
+    assert suggested["temperature"] > 0           # greedy, the demo model loops
+    window.set_model(fake_model())                # named like the shipped demo model
+    panel = window.settings_panel
+    panel.set_options({"gen_length": 96, "steps": 8, "temperature": 0.0, "scheduler": "random"})
+    panel.reset()
+    opts = panel.options()
+    assert {k: opts[k] for k in suggested} == suggested
+    assert opts["scheduler"] is None and opts["seed"] is None     # the rest: the family's default
+
+
+def test_reset_of_another_model_leaves_everything_to_its_family(window, fake_model):
+    window.set_model(fake_model(path="some-llada.gguf"))
+    panel = window.settings_panel
+    panel.set_options({"steps": 8, "temperature": 0.5})
+    panel.reset()
+    assert panel.options()["steps"] is None and panel.options()["temperature"] is None
+
+
+def test_rounded_steps_are_shown(qtbot):
+    panel = SettingsPanel()
+    qtbot.addWidget(panel)
+    panel.set_options({"gen_length": 48, "block_length": 16, "steps": 32})
+    assert panel.schedule_line.text() == "steps 32 -> 30: 3 blocks get 10 steps each"
+    assert not panel.schedule_line.isHidden()
+    panel.set_options({"steps": 64})           # more than one per position: capped at the block
+    assert panel.schedule_line.text() == "steps 64 -> 48: 3 blocks get 16 steps each"
+    panel.set_options({"steps": 48})
+    assert panel.schedule_line.isHidden() and panel.refusal() is None
+
+
+def test_a_gen_length_off_the_blocks_is_refused_before_the_run(qtbot, window, fake_model):
+    model = fake_model(step_delay=0)
+    window.set_model(model)
+    panel = window.settings_panel
+    panel.set_options({"gen_length": 50, "block_length": 16, "steps": 16, "threads": 1})
+    assert "gen_length 50 is not a multiple of block_length 16" in panel.schedule_line.text()
+    window.chat.prompt.setPlainText("hello")
+    window.chat.submit()
+    assert "not a multiple of block_length 16" in window.chat.view.toPlainText()
+    assert model.calls == [] and not window.engine.busy
+
+
+def test_gen_length_is_capped_at_the_models_context(qtbot, window, fake_model):
+    model = fake_model(step_delay=0)
+    window.set_model(model)
+    gen = window.settings_panel.fields["gen_length"]
+    assert gen.maximum() < model.n_ctx_train
+    gen.setValue(300)
+    assert gen.value() == gen.maximum()
+
+
+def test_a_prompt_too_long_for_the_context_is_refused_in_the_chat(qtbot, window, fake_model):
+    model = fake_model(step_delay=0)
+    window.set_model(model)
+    window.settings_panel.set_options({"gen_length": 224, "block_length": 16, "steps": 224})
+    window.chat.prompt.setPlainText("a long prompt " * 10)
+    window.chat.submit()
+    assert "exceeds the model's context of 256" in window.chat.view.toPlainText()
+    assert model.calls == [] and not window.engine.busy
+
+
+def test_schedulers_of_the_other_family_are_labelled(window, fake_model):
+    scheduler = window.settings_panel.fields["scheduler"]
+    names = {scheduler.itemData(i): scheduler.itemText(i) for i in range(1, scheduler.count())}
+    assert names["entropy"] == "entropy"                 # no model: no family to compare with
+    window.set_model(fake_model())                       # a LLaDA model
+    names = {scheduler.itemData(i): scheduler.itemText(i) for i in range(1, scheduler.count())}
+    assert names["entropy"] == "entropy (Dream's rule)" and names["low_confidence"] == "low_confidence"
+    assert names["entropy_exit"] == "entropy_exit"
+    dream = fake_model()
+    dream.arch = "dream"
+    window.set_model(dream)
+    names = {scheduler.itemData(i): scheduler.itemText(i) for i in range(1, scheduler.count())}
+    assert names["random"] == "random (LLaDA's rule)" and names["entropy"] == "entropy"
+    scheduler.setCurrentIndex(scheduler.findData("random"))
+    assert window.settings_panel.options()["scheduler"] == "random"     # still the engine's name
