@@ -14,11 +14,11 @@ from diffuse.info import escaped
 COMMANDS = ["convert", "quantize", "info", "generate", "bench", "train"]
 
 
-def check_output(path: str, option: str, inputs: list[str]) -> str:
-    """Refuse an output path that cannot become a file before any work is done (a conversion
-    would otherwise run to the end and fail at the rename). Overwriting an input is named first."""
+def check_output(path: str, option: str, inputs: list[str], example_name: str = "model.gguf") -> str:
+    """Refuse an output path that cannot become a file before any work is done (a conversion or
+    a run would otherwise go to the end and fail at the save). Overwriting an input is named first."""
     gguf_file.refuse_overwrite(path, inputs)
-    example = f"{path.rstrip('/' + os.sep)}/model.gguf"
+    example = f"{path.rstrip('/' + os.sep)}/{example_name}"
     if Path(path).is_dir():
         raise DiffuseError(f"{option} {path}: is a folder; give a file name (e.g. {example})")
     if path.endswith(("/", os.sep)):

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from diffuse import DiffuseError, load, physical_cores
+from diffuse.cli import check_output
 from diffuse.events import GenerateResult, StepEvent
 from diffuse.generation import OPTIONS, default_options, resolve_options
 from diffuse.gguf_file import FAMILIES
@@ -213,15 +214,6 @@ def as_json(r: GenerateResult, options: dict) -> str:
         "options": options}, ensure_ascii=False)
 
 
-def check_record_path(path: str) -> None:
-    """Refused before the model loads: the run would be lost to a failing save at its end."""
-    if os.path.isdir(path):
-        raise DiffuseError(f"--record {path} is a folder: give a file name, e.g. {os.path.join(path, 'run.npz')}")
-    parent = os.path.dirname(path) or "."
-    if not os.path.isdir(parent):
-        raise DiffuseError(f"--record {path}: the folder {parent} does not exist")
-
-
 def steps_note(options: dict) -> str | None:
     """The engine gives every block the same number of steps, at least one and at most one per
     position of the block, so `steps` may change: say so."""
@@ -238,8 +230,8 @@ def steps_note(options: dict) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.record:
-        check_record_path(args.record)
+    if args.record:   # refused before the model loads: the run would be lost to a failing save
+        check_output(args.record, "--record", [args.model], example_name="run.npz")
     logical = os.cpu_count() or 1
     if args.threads is not None and args.threads > logical:
         print(f"diffuse: note: --threads {args.threads} -> {logical}: more threads than logical CPUs only "
