@@ -2,6 +2,7 @@
 their GGUF conversions (see tests/fixtures/tiny_models.py)."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,28 @@ def tiny_gguf(tmp_path_factory, tiny_hf_llada, tiny_hf_dream):
         return made[family, outtype]
 
     return make
+
+
+# ---- a local stand-in for the Hugging Face hub (tests/fixtures/fake_hub.py) ----
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Stream in 1 KB chunks (not 10 MB) so that a tiny file arrives in many pieces."""
+    from fixtures.fake_hub import CHUNK
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", CHUNK)
+
+
+@pytest.fixture
+def repo_dir(tiny_hf_llada, tmp_path):
+    """The tiny checkpoint as a hub repository holds it."""
+    folder = tmp_path / "repo"
+    shutil.copytree(tiny_hf_llada, folder)
+    return folder
+
+
+@pytest.fixture
+def fake_hub(repo_dir, small_chunks):
+    from fixtures.fake_hub import REPO, FakeHub
+    with FakeHub({REPO: repo_dir}) as server:
+        yield server

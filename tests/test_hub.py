@@ -7,34 +7,18 @@ import shutil
 import socket
 
 import pytest
-from fixtures.fake_hub import COMMIT, FakeHub
+from fixtures.fake_hub import CHUNK, COMMIT, REPO
 
 from diffuse import DiffuseError, hub
 
-REPO = "GSAI-ML/LLaDA-tiny-Instruct"
-CHUNK = 1024
-
-
-@pytest.fixture(autouse=True)
-def small_chunks(monkeypatch):
-    """Stream in 1 KB chunks (not 10 MB) so that a tiny file arrives in many pieces."""
-    from huggingface_hub import constants
-    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", CHUNK)
+pytestmark = pytest.mark.usefixtures("small_chunks")
 
 
 @pytest.fixture
-def repo_dir(tiny_hf_llada, tmp_path):
-    """The tiny checkpoint as a hub repository holds it, with a file diffuse does not need."""
-    folder = tmp_path / "repo"
-    shutil.copytree(tiny_hf_llada, folder)
-    (folder / "README.md").write_text("a model card\n")
-    return folder
-
-
-@pytest.fixture
-def fake_hub(repo_dir):
-    with FakeHub({REPO: repo_dir}) as server:
-        yield server
+def repo_dir(repo_dir):
+    """The shared repository, with a file diffuse does not need."""
+    (repo_dir / "README.md").write_text("a model card\n")
+    return repo_dir
 
 
 def closed_port_url() -> str:

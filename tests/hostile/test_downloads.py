@@ -14,32 +14,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fixtures.fake_hub import COMMIT, FakeHub
+from fixtures.fake_hub import CHUNK, COMMIT, REPO, FakeHub
 
 from diffuse import DiffuseError, hub
 
-REPO = "GSAI-ML/LLaDA-tiny-Instruct"
-CHUNK = 1024
+pytestmark = pytest.mark.usefixtures("small_chunks")
+
 WEIGHTS = "model-00001-of-00002.safetensors"
-
-
-@pytest.fixture(autouse=True)
-def small_chunks(monkeypatch):
-    from huggingface_hub import constants
-    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", CHUNK)
-
-
-@pytest.fixture
-def repo_dir(tiny_hf_llada, tmp_path):
-    folder = tmp_path / "repo"
-    shutil.copytree(tiny_hf_llada, folder)
-    return folder
-
-
-@pytest.fixture
-def fake_hub(repo_dir):
-    with FakeHub({REPO: repo_dir}) as server:
-        yield server
 
 
 def new_revision(repo_dir: Path, tmp_path: Path) -> Path:
