@@ -33,7 +33,6 @@ public:
     ContextLease(const ContextLease &) = delete;
     ContextLease & operator=(const ContextLease &) = delete;
     Context * operator->() const { return ctx_.get(); }
-    Context & operator*() const { return *ctx_; }
 
 private:
     const ModelImpl & model_;

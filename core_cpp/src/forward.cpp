@@ -50,8 +50,6 @@ KVCache::~KVCache() {
     if (ctx_) ggml_free(ctx_);
 }
 
-size_t KVCache::bytes() const { return ggml_backend_buffer_get_size(buf_); }
-
 // ---- graph ----
 
 namespace {

@@ -28,7 +28,6 @@ public:
 
     int n_ctx() const { return n_ctx_; }
     uint64_t id() const { return id_; }   // unique per cache ever made: graphs built on it know it
-    size_t bytes() const;
     std::vector<ggml_tensor *> k, v;   // one per layer
 private:
     int n_ctx_;

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from diffuse.bench import machine
 
 CONFIGS = {
     "flash, F16 K/V (default)": dict(flash_attn=True, kv_f16=True),
@@ -79,16 +80,7 @@ def measure(path: str, prompt_len: int, gen: int, config: dict, threads: int, st
     wall = time.perf_counter() - t0
     return {"config": config, "prompt": prompt_len, "gen": gen, "threads": threads, "steps": r.steps,
             "first_step_ms": float(r.step_ms[0]), "cached_step_ms": float(np.median(r.step_ms[1:])) if r.steps > 1 else None,
-            "wall_s": wall, "peak_rss_bytes": peak_rss_bytes()}
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set since exec (VmHWM; ru_maxrss would include the parent's
-    memory at fork time)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            "wall_s": wall, "peak_rss_bytes": machine.peak_rss_bytes()}
 
 
 def run(dest: Path, lengths: list[int], gen: int = 32, threads: int = 2, steps: int = 2) -> list[dict]:

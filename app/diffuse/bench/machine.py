@@ -55,9 +55,17 @@ def _meminfo_kib(key: str) -> int:
 
 
 def peak_rss_bytes() -> int:
-    """The process's peak resident set so far (ru_maxrss is KiB on Linux). Memory-mapped weight
-    pages that were touched count, so after a forward pass it includes the file."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """The process's peak resident set so far. Memory-mapped weight pages that were touched count,
+    so after a forward pass it includes the file. VmHWM where Linux has it: ru_maxrss survives
+    exec, so a benchmark child started from a big parent would report the parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # KiB on Linux
 
 
 def rss_bytes() -> int:
