@@ -1,0 +1,256 @@
+"""The request queue and the one thread that runs the model.
+
+The thread keeps one `Model.generate_stream` going while there are requests: one forward pass per
+step over every running sequence. At each step boundary, waiting requests join the running ones
+(in arrival order, while all fit in --max-batch sequences), and a request whose sequences have all
+ended leaves at once with its answer. Each step, the text of each answer that has become final is
+handed to its request's event-loop queue; a request whose client went away is cancelled at its
+next step.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+from diffuse import DiffuseError
+from diffuse.events import GenerateResult
+from diffuse.serve import protocol
+
+LOG_LENGTH = 500    # request log entries kept for late readers (the Studio panel, tests)
+
+
+class AnswerText:
+    """The final part of one answer as the steps decide it.
+
+    A committed token never changes, so the decided prefix of the buffer (up to the first masked
+    position, end-of-text or max_tokens) is final. Text that could still turn out to be the start
+    of a stop string, or half of a multi-byte character, is held back until the next tokens settle.
+    """
+
+    def __init__(self, tokenizer, eos_ids, max_tokens: int, stops: list[str]):
+        self.tok, self.eos = tokenizer, set(eos_ids)
+        self.max_tokens, self.stops = max_tokens, stops
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.text = ""                      # handed out so far
+        self.n_tokens = 0                   # generated tokens behind self.text's final form
+        self.finish_reason: str | None = None
+        self._settled = -1
+
+    def update(self, tokens: np.ndarray, mask: np.ndarray, final: bool = False) -> str:
+        """New final text after a step (`final`: the run is over); sets finish_reason once complete."""
+        ids, masked = tokens[:self.max_tokens], mask[:self.max_tokens]
+        end = int(np.argmax(masked)) if masked.any() else len(ids)
+        eos = [i for i, t in enumerate(ids[:end].tolist()) if t in self.eos]
+        end = eos[0] if eos else end
+        if end == self._settled and not final:
+            return ""
+        self._settled = end
+        text = self.tok.decode(ids[:end].tolist(), skip_special_tokens=True)
+        reason = "stop" if eos else "length" if end == len(ids) or final else None
+        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            text, reason = text[:min(hits)], "stop"
+            self.n_tokens = self._tokens_for(ids[:end].tolist(), len(text))
+        else:
+            self.n_tokens = end
+        if reason is None:
+            text = text[:len(text) - self.hold].rstrip("\ufffd")
+        self.finish_reason = reason
+        if not text.startswith(self.text):     # never happens with byte-level BPE; say it rather than garble
+            raise DiffuseError("the tokenizer's decoding of a longer prefix changed earlier text")
+        new, self.text = text[len(self.text):], text
+        return new
+
+    def _tokens_for(self, ids: list[int], n_chars: int) -> int:
+        """The fewest leading tokens whose text covers n_chars characters (what a stop string leaves)."""
+        lo, hi = 0, len(ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(self.tok.decode(ids[:mid], skip_special_tokens=True)) >= n_chars:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+
+class Job:
+    """One HTTP request's sequences (prompts x n) and the queue its handler reads.
+
+    Items put on `events`: ("text", index, str), ("step", index, dict), ("finish", index, reason),
+    ("end", usage dict) and ("error", message). The engine thread writes; the event loop reads.
+    """
+    _ids = itertools.count(1)
+
+    def __init__(self, request: protocol.Request, loop: asyncio.AbstractEventLoop, model):
+        self.id = next(self._ids)
+        self.request, self.loop = request, loop
+        self.events: asyncio.Queue = asyncio.Queue()
+        tok = model.tokenizer
+        self.answers = [AnswerText(tok, tok.eos_token_ids, request.max_tokens, request.stop)
+                        for _ in range(request.n_sequences)]
+        self.results: list = [None] * request.n_sequences   # GenerateResult or DiffuseError, as each ends
+        self.cancelled = False            # the client went away (set from the event loop)
+        self.steps_after_cancel = 0       # steps this job's sequences ran once cancelled
+        self.batch = 0                    # most sequences in one forward pass with this job's
+        self.queued_at = time.perf_counter()
+        self.started_at = 0.0             # when its sequences joined the stream
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def _put(self, *item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:     # the server's event loop has ended: nobody is listening
+            pass
+
+    def step(self, index: int, ev) -> bool:
+        """One event of sequence `index`; False stops it (cancelled, or its answer is complete)."""
+        if self.cancelled:
+            self.steps_after_cancel += 1
+            return False
+        if self.request.diffusion_events:
+            self._put("step", index, protocol.step_event(index, ev))
+        answer = self.answers[index]
+        if new := answer.update(ev.gen_tokens, ev.gen_mask):
+            self._put("text", index, new)
+        return answer.finish_reason is None
+
+    def finish(self, results: list, mask_id: int) -> dict:
+        for index, (answer, r) in enumerate(zip(self.answers, results)):
+            if new := answer.update(r.tokens, r.tokens == mask_id, final=True):
+                self._put("text", index, new)
+            self._put("finish", index, answer.finish_reason)
+        n_prompt = sum(len(p) for p in self.request.prompts)   # each prompt once, as OpenAI counts
+        u = protocol.usage(n_prompt, sum(a.n_tokens for a in self.answers))
+        self._put("end", u)
+        return u
+
+    def fail(self, message: str) -> None:
+        self._put("error", message)
+
+
+class Batcher:
+    """Runs the jobs on the model: one stream that each job joins at a step boundary, while its
+    sequences fit beside the running ones in max_batch, and leaves as soon as they have ended."""
+
+    def __init__(self, model, max_batch: int):
+        self.model, self.max_batch = model, max_batch
+        self.log: collections.deque[dict] = collections.deque(maxlen=LOG_LENGTH)
+        self.listeners: list[Callable[[dict], None]] = []
+        self._pending: collections.deque[Job] = collections.deque()
+        self._running: dict[int, tuple[Job, int]] = {}   # stream sequence -> (job, index in the job)
+        self._admitted = 0                                # sequences the current stream numbered
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="diffuse-serve-batcher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if self._closed:
+                raise protocol.BadRequest("the server is shutting down", status=503, type="server_error")
+            self._pending.append(job)
+            self._cond.notify()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Cancel every job (running ones stop at their next step) and end the thread."""
+        with self._cond:
+            self._closed = True
+            for job in [*self._pending, *(job for job, _ in self._running.values())]:
+                job.cancel()
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while self._wait():
+            self._admitted = 0
+            try:
+                self.model.generate_stream(self._admit, self._finished, on_step=self._step, chat=False)
+            except Exception as e:    # the engine failed (NaN logits, a bug of ours): its jobs hear it
+                message = f"{type(e).__name__}: {e}" if not isinstance(e, DiffuseError) else str(e)
+                for job in dict.fromkeys(job for job, _ in self._running.values()):
+                    job.fail(message)
+                    self._record(job, None, "error")
+                self._running.clear()
+
+    def _wait(self) -> bool:
+        """Wait for work; False once closed (every waiting job then told so)."""
+        with self._cond:
+            while not self._pending and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                for job in self._pending:
+                    job.fail("the server is shutting down")
+                self._pending.clear()
+            return not self._closed
+
+    def _admit(self) -> list[tuple[list[int], dict]]:
+        """A step boundary: the waiting jobs that fit beside the running sequences, oldest first
+        (a job that does not fit holds back the ones behind it, so none waits forever)."""
+        items = []
+        with self._cond:
+            while self._pending and not self._closed:
+                job = self._pending[0]
+                if job.cancelled:        # its client left while it waited
+                    self._pending.popleft()
+                    job.fail("cancelled")
+                    continue
+                if len(self._running) + job.request.n_sequences > self.max_batch:
+                    break
+                self._pending.popleft()
+                job.started_at = time.perf_counter()
+                for i in range(job.request.n_sequences):
+                    self._running[self._admitted] = (job, i)
+                    self._admitted += 1
+                    items.append((job.request.prompt_of(i), job.request.options_of(i)))
+            for job, _ in self._running.values():
+                job.batch = max(job.batch, len(self._running))
+        return items
+
+    def _step(self, ev) -> bool:
+        job, i = self._running[ev.sequence]
+        return job.step(i, ev)
+
+    def _finished(self, sequence: int, result: GenerateResult | DiffuseError) -> None:
+        """A sequence ended: once all of its job's have, the job gets its answer (or its error)."""
+        with self._cond:
+            job, i = self._running.pop(sequence)
+        job.results[i] = result
+        if any(r is None for r in job.results):
+            return
+        if job.cancelled:      # its client left, or the server is stopping
+            job.fail("cancelled")
+            self._record(job, None, "cancelled")
+            return
+        try:
+            for r in job.results:
+                if isinstance(r, DiffuseError):   # refused by the engine (protocol.parse checks first)
+                    raise r
+            u = job.finish(job.results, self.model.mask_token_id)
+        except DiffuseError as e:
+            job.fail(str(e))
+            u = None
+        self._record(job, u, "ok" if u else "error")
+
+    def _record(self, job: Job, u: dict | None, status: str) -> None:
+        steps = max((r.steps for r in job.results if isinstance(r, GenerateResult)), default=0)
+        entry = {"id": job.id, "kind": job.request.kind, "sequences": job.request.n_sequences,
+                 "batch": job.batch, "status": status, "steps": steps,
+                 "steps_after_cancel": job.steps_after_cancel,
+                 "prompt_tokens": u["prompt_tokens"] if u else 0,
+                 "completion_tokens": u["completion_tokens"] if u else 0,
+                 "queued_ms": round((job.started_at - job.queued_at) * 1000, 1),
+                 "run_ms": round((time.perf_counter() - job.started_at) * 1000, 1), "time": time.time()}
+        self.log.append(entry)
+        for listener in list(self.listeners):
+            listener(entry)

@@ -1,0 +1,263 @@
+"""The OpenAI wire format: request bodies checked and turned into engine work, responses as JSON.
+
+OpenAI's parameters map to the engine's options (`max_tokens` -> the answer's length, `temperature`,
+`top_p`, `seed`); every other engine option (diffuse.generation.OPTIONS, except `gen_length`) is
+accepted as an extra body field under its own name and checked by the engine's own validation.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+from diffuse import DiffuseError
+from diffuse.generation import OPTION_NAMES, default_options, resolve_options
+
+# Engine options a body may carry by name; the answer's length comes from max_tokens.
+ENGINE_FIELDS = tuple(name for name in OPTION_NAMES if name != "gen_length")
+COMMON_FIELDS = ("model", "max_tokens", "stop", "n", "stream", "stream_options", "user", "diffusion_events")
+FIELDS = {
+    "chat": frozenset(COMMON_FIELDS + ENGINE_FIELDS + ("messages", "max_completion_tokens")),
+    "completion": frozenset(COMMON_FIELDS + ENGINE_FIELDS + ("prompt",)),
+}
+# OpenAI parameters a diffusion model cannot honour: accepted at their neutral value only, so that
+# clients which always send them keep working.
+NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logprobs": False, "logit_bias": {}, "echo": False,
+           "best_of": 1, "response_format": {"type": "text"}}
+ROLES = ("system", "developer", "user", "assistant")
+MAX_STOPS = 4       # OpenAI's limit
+SEED_MOD = 2 ** 64
+
+
+class BadRequest(Exception):
+    """A request we refuse: becomes an OpenAI error body with this HTTP status."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400,
+                 type: str = "invalid_request_error"):
+        super().__init__(message)
+        self.message, self.param, self.code, self.status, self.type = message, param, code, status, type
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+@dataclass
+class Request:
+    kind: str                     # "chat" | "completion"
+    prompts: list[list[int]]      # token ids, one list per prompt
+    n: int                        # answers per prompt
+    max_tokens: int               # the answer is cut here
+    options: dict                 # resolved engine options; gen_length = max_tokens in whole blocks
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    diffusion_events: bool = False
+
+    @property
+    def n_sequences(self) -> int:
+        return len(self.prompts) * self.n
+
+    def prompt_of(self, sequence: int) -> list[int]:
+        return self.prompts[sequence // self.n]
+
+    def options_of(self, sequence: int) -> dict:
+        """Choice j of a prompt samples with seed + j, so that n > 1 gives different answers."""
+        j = sequence % self.n
+        return {**self.options, "seed": (self.options["seed"] + j) % SEED_MOD}
+
+
+def parse(raw: bytes, kind: str, model, max_batch: int) -> Request:
+    """Check a body and build the engine's work; raises BadRequest with the offending parameter."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise BadRequest(f"the body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    body = {k: v for k, v in body.items() if v is not None}   # null means "not given" in OpenAI's API
+    for name, value in body.items():
+        if name in NEUTRAL:
+            if value != NEUTRAL[name]:
+                raise BadRequest(f"{name} is not supported by this server (only {json.dumps(NEUTRAL[name])})",
+                                 param=name, code="unsupported_parameter")
+        elif name not in FIELDS[kind]:
+            raise BadRequest(f"unrecognized request argument supplied: {name}", param=name,
+                             code="unknown_parameter")
+    if "model" in body and not isinstance(body["model"], str):
+        raise BadRequest("model must be a string", param="model")
+    n = _int(body, "n", 1)
+    if not 1 <= n <= max_batch:
+        raise BadRequest(f"n must be in [1, {max_batch}] (this server's --max-batch; got {n})", param="n")
+    stream = _bool(body, "stream", False)
+    stream_options = body.get("stream_options", {})
+    if not isinstance(stream_options, dict) or set(stream_options) - {"include_usage"}:
+        raise BadRequest('stream_options must be an object like {"include_usage": true}', param="stream_options")
+    if stream_options and not stream:
+        raise BadRequest("stream_options is only allowed with stream: true", param="stream_options")
+    include_usage = _bool(stream_options, "include_usage", False)
+    diffusion_events = _bool(body, "diffusion_events", False)
+    if diffusion_events and not stream:
+        raise BadRequest("diffusion_events needs stream: true", param="diffusion_events")
+    stop = _stop(body.get("stop"))
+
+    prompts = _chat_prompt(body, model) if kind == "chat" else _completion_prompts(body, model)
+    if len(prompts) * n > max_batch:
+        raise BadRequest(f"{len(prompts)} prompts x n={n} answers is more than this server's --max-batch "
+                         f"({max_batch})", param="n")
+
+    given = {name: body[name] for name in ENGINE_FIELDS if name in body}
+    for name, value in given.items():      # one at a time, so the error names its parameter
+        try:
+            resolve_options(model.arch, **{name: value})
+        except DiffuseError as e:
+            raise BadRequest(str(e), param=name) from None
+    longest = max(len(p) for p in prompts)
+    room = model.n_ctx_train - longest
+    what = "messages" if kind == "chat" else "prompt"
+    if room < 1:
+        raise BadRequest(f"the prompt ({longest} tokens) leaves no room in the model's context of "
+                         f"{model.n_ctx_train} positions", param=what, code="context_length_exceeded")
+    try:
+        options = resolve_options(model.arch, **given)
+    except DiffuseError as e:
+        raise BadRequest(str(e)) from None
+    length_name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    if length_name in body:
+        max_tokens = _int(body, length_name, 0)
+        if max_tokens < 1:
+            raise BadRequest(f"{length_name} must be at least 1 (got {max_tokens})", param=length_name)
+        if (blocks := _whole_blocks(max_tokens, options)) > room:
+            rounded = f", {blocks} in whole blocks of {options['block_length']}" if blocks != max_tokens else ""
+            raise BadRequest(f"the prompt ({longest} tokens) + {length_name} ({max_tokens}{rounded}) exceeds the "
+                             f"model's context of {model.n_ctx_train} positions", param=length_name,
+                             code="context_length_exceeded")
+    else:   # the family's length, or as many whole blocks as the context leaves
+        max_tokens = min(default_options(model.arch)["gen_length"], room)
+        if _whole_blocks(max_tokens, options) > room:
+            max_tokens = room // options["block_length"] * options["block_length"]
+    try:
+        options = resolve_options(model.arch, **{**options, "gen_length": _whole_blocks(max_tokens, options)})
+    except DiffuseError as e:
+        raise BadRequest(str(e)) from None
+    return Request(kind=kind, prompts=prompts, n=n, max_tokens=max_tokens, options=options, stop=stop,
+                   stream=stream, include_usage=include_usage, diffusion_events=diffusion_events)
+
+
+def _whole_blocks(max_tokens: int, options: dict) -> int:
+    """The engine's buffer is whole blocks: max_tokens rounded up (the answer is cut at max_tokens)."""
+    block = options["block_length"]
+    if block <= 0 or block >= max_tokens:
+        return max_tokens
+    return -(-max_tokens // block) * block
+
+
+def _int(body: dict, name: str, default: int) -> int:
+    value = body.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"{name} must be an integer (got {json.dumps(value)[:40]})", param=name)
+    return value
+
+
+def _bool(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise BadRequest(f"{name} must be true or false (got {json.dumps(value)[:40]})", param=name)
+    return value
+
+
+def _stop(value) -> list[str]:
+    stops = [value] if isinstance(value, str) else value if value is not None else []
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise BadRequest("stop must be a non-empty string or a list of non-empty strings", param="stop")
+    if len(stops) > MAX_STOPS:
+        raise BadRequest(f"stop has {len(stops)} strings, at most {MAX_STOPS} are allowed", param="stop")
+    return stops
+
+
+def _chat_prompt(body: dict, model) -> list[list[int]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list of {role, content} objects", param="messages")
+    plain = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise BadRequest(f"{where} must be an object with a role among {', '.join(ROLES)}", param=where)
+        plain.append({"role": "system" if m["role"] == "developer" else m["role"], "content": _content(m, where)})
+    if not any(m["content"].strip() for m in plain):
+        raise BadRequest("the prompt is empty: every message's content is blank", param="messages")
+    try:
+        return [model.tokenizer.encode(model.tokenizer.apply_chat_template(plain))]
+    except DiffuseError as e:
+        raise BadRequest(str(e), param="messages") from None
+
+
+def _content(message: dict, where: str) -> str:
+    """A message's text: a string, or a list of text parts (images and audio are not for this model)."""
+    content = message.get("content", "")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise BadRequest(f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
+
+
+def _completion_prompts(body: dict, model) -> list[list[int]]:
+    """A prompt is text or token ids; `prompt` is one of those or a list of them."""
+    prompt = body.get("prompt")
+    many = isinstance(prompt, list) and bool(prompt) and all(isinstance(p, (str, list)) for p in prompt)
+    prompts = prompt if many else [prompt]
+    out = []
+    for p in prompts:
+        if not (isinstance(p, str) or (isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                                  for t in p))):
+            raise BadRequest("prompt must be a string, a list of token ids, or a list of those", param="prompt")
+        try:
+            out.append(model.encode_prompt(p, chat=False))
+        except DiffuseError as e:
+            raise BadRequest(str(e), param="prompt") from None
+    return out
+
+
+# ---- responses ----
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def choice(kind: str, index: int, text: str, finish_reason: str | None) -> dict:
+    if kind == "chat":
+        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                "finish_reason": finish_reason}
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+def delta(kind: str, index: int, text: str | None, finish_reason: str | None = None, role: bool = False) -> dict:
+    if kind == "chat":
+        d = {"role": "assistant"} if role else {}
+        if text is not None:
+            d["content"] = text
+        return {"index": index, "delta": d, "logprobs": None, "finish_reason": finish_reason}
+    return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+
+
+def envelope(kind: str, rid: str, created: int, model_id: str, choices: list[dict], stream: bool, **extra) -> dict:
+    obj = {"chat": ("chat.completion", "chat.completion.chunk"), "completion": ("text_completion",) * 2}[kind]
+    return {"id": rid, "object": obj[stream], "created": created, "model": model_id, "choices": choices, **extra}
+
+
+def step_event(index: int, ev) -> dict:
+    """One denoising step of answer `index`, positions relative to the answer; NaN entropy -> null."""
+    p = ev.prompt_length
+    entropy = [None if math.isnan(x) else round(x, 4) for x in ev.entropy[p:].tolist()]
+    return {"index": index, "step": ev.step, "block": ev.block, "n_blocks": ev.n_blocks,
+            "steps_allowed": ev.steps_allowed, "tokens": ev.gen_tokens.tolist(), "mask": ev.gen_mask.tolist(),
+            "unmasked": [int(i) - p for i in ev.unmasked], "entropy": entropy, "active": len(ev.active),
+            "cached": len(ev.cached), "forward_ms": round(ev.forward_ms, 3), "sample_ms": round(ev.sample_ms, 3),
+            "total_ms": round(ev.total_ms, 3)}

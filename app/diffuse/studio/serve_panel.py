@@ -1,0 +1,177 @@
+"""Serve the loaded model with the OpenAI API from inside the Studio (diffuse.serve).
+
+The server runs on its own threads (uvicorn's and the batcher's); the switch only binds the port
+and starts them, and stopping returns at once: a timer notices when the threads have ended.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from PySide6.QtCore import QTimer, Signal
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (QCheckBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit,
+                               QPushButton, QSpinBox, QVBoxLayout, QWidget)
+
+from diffuse import DiffuseError
+from diffuse.studio import theme
+
+LOG_LINES = 500
+POLL_MS = 200
+
+
+def client_snippet(url: str, model_id: str, api_key: str | None) -> str:
+    """A Python (openai) and a curl example for the running server."""
+    message = [{"role": "user", "content": "Why is the sky blue?"}]
+    body = json.dumps({"model": model_id, "messages": message, "max_tokens": 64, "steps": 32})
+    auth = f' \\\n  -H "Authorization: Bearer {api_key}"' if api_key else ""
+    return (f"from openai import OpenAI\n"
+            f"client = OpenAI(base_url={url!r}, api_key={(api_key or 'none')!r})\n"
+            f"r = client.chat.completions.create(model={model_id!r}, messages={message!r},\n"
+            f"                                   max_tokens=64, extra_body={{'steps': 32}})\n"
+            f"print(r.choices[0].message.content)\n\n"
+            f"curl {url}/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
+            f"  -d '{body}'\n")
+
+
+class ServePanel(QWidget):
+    log_entry = Signal(dict)     # emitted on the batcher's thread, delivered on the GUI thread
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.model = None
+        self.server = None
+        self.switch = QCheckBox("Serve the loaded model (OpenAI API)")
+        self.switch.toggled.connect(self._switched)
+        self.host = QLineEdit("127.0.0.1")
+        self.host.setToolTip("127.0.0.1: this computer only; 0.0.0.0: every network interface")
+        self.port = QSpinBox()
+        self.port.setRange(0, 65535)
+        self.port.setValue(8080)
+        self.port.setToolTip("0 picks a free port")
+        self.api_key = QLineEdit()
+        self.api_key.setPlaceholderText("none (no key needed)")
+        self.max_batch = QSpinBox()
+        self.max_batch.setRange(1, 64)
+        self.max_batch.setValue(8)
+        self.max_batch.setToolTip("most requests denoised together in one forward pass per step")
+        form = QFormLayout()
+        form.addRow("Host", self.host)
+        form.addRow("Port", self.port)
+        form.addRow("API key", self.api_key)
+        form.addRow("Max batch", self.max_batch)
+        self.status = QLabel()
+        self.status.setObjectName("Muted")
+        self.status.setWordWrap(True)
+        self.url = QLineEdit()
+        self.url.setReadOnly(True)
+        self.snippet = QPlainTextEdit()
+        self.snippet.setReadOnly(True)
+        self.snippet.setFont(theme.mono_font())
+        self.snippet.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)   # code: wrapped lines would mislead
+        self.copy_button = QPushButton("Copy snippet")
+        self.copy_button.clicked.connect(self._copy)
+        self.log = QPlainTextEdit()
+        self.log.setReadOnly(True)
+        self.log.setFont(theme.mono_font())
+        self.log.setMaximumBlockCount(LOG_LINES)
+        self.log_entry.connect(self._logged)
+        self._poll = QTimer(self)
+        self._poll.setInterval(POLL_MS)
+        self._poll.timeout.connect(self._check_stopped)
+
+        row = QHBoxLayout()
+        row.addWidget(QLabel("URL"))
+        row.addWidget(self.url, 1)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.switch)
+        layout.addLayout(form)
+        layout.addWidget(self.status)
+        layout.addLayout(row)
+        layout.addWidget(QLabel("Client snippet"))
+        layout.addWidget(self.snippet, 1)
+        layout.addWidget(self.copy_button)
+        layout.addWidget(QLabel("Requests"))
+        layout.addWidget(self.log, 1)
+        self._show_state()
+
+    def set_model(self, model) -> None:
+        """A newly loaded model: a server of the previous one stops (the switch serves this one)."""
+        self.stop()
+        self.model = model
+        self._show_state()
+
+    def start(self) -> bool:
+        if self.model is None or self.serving():
+            return False
+        try:
+            from diffuse.serve import Server
+            self.server = Server(self.model, host=self.host.text().strip(), port=self.port.value(),
+                                 api_key=self.api_key.text() or None, max_batch=self.max_batch.value())
+        except ImportError as e:
+            return self._refused(f"serving needs the serve extra: pip install 'diffuse[serve]' ({e})")
+        except DiffuseError as e:
+            return self._refused(str(e))
+        self.server.batcher.listeners.append(self.log_entry.emit)
+        self.server.start()
+        self.url.setText(self.server.url)
+        self.snippet.setPlainText(client_snippet(self.server.url, self.server.model_id, self.api_key.text() or None))
+        self._show_state()
+        return True
+
+    def stop(self) -> None:
+        """Cancel the requests being served and close, without waiting for the threads."""
+        if self.server is not None and self.server.running():
+            self.server.stop(wait=0)
+            self._poll.start()
+        self._show_state()
+
+    def serving(self) -> bool:
+        return self.server is not None and self.server.running()
+
+    def _switched(self, on: bool) -> None:
+        if on and not self.serving():
+            self.start()
+        elif not on:
+            self.stop()
+
+    def _refused(self, message: str) -> bool:
+        self.server = None
+        self._show_state()
+        self.status.setText(message)
+        return False
+
+    def _check_stopped(self) -> None:
+        if not self.serving():
+            self._poll.stop()
+            self._show_state()
+
+    def _show_state(self) -> None:
+        serving = self.serving()
+        stopping = self._poll.isActive()
+        self.switch.blockSignals(True)
+        self.switch.setChecked(serving and not stopping)
+        self.switch.blockSignals(False)
+        self.switch.setEnabled(self.model is not None and not stopping)
+        for w in (self.host, self.port, self.api_key, self.max_batch):
+            w.setEnabled(not serving)
+        self.copy_button.setEnabled(serving and not stopping)
+        if self.model is None:
+            self.status.setText("Load a model to serve it.")
+        elif stopping:
+            self.status.setText("Stopping: the requests being served are cancelled at their next step…")
+        elif serving:
+            self.status.setText(f"Serving {self.server.model_id} at {self.server.url}")
+        else:
+            self.status.setText("Not serving.")
+            self.url.clear()
+            self.snippet.clear()
+
+    def _copy(self) -> None:
+        QGuiApplication.clipboard().setText(self.snippet.toPlainText())
+
+    def _logged(self, e: dict) -> None:
+        self.log.appendPlainText(
+            f"{time.strftime('%H:%M:%S', time.localtime(e['time']))}  #{e['id']} {e['kind']} {e['status']}: "
+            f"{e['prompt_tokens']}+{e['completion_tokens']} tokens, {e['steps']} steps, batch of {e['batch']}, "
+            f"waited {e['queued_ms']:.0f} ms, ran {e['run_ms']:.0f} ms")

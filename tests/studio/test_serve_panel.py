@@ -1,0 +1,63 @@
+"""The Serve panel: switch on and off without blocking the GUI, URL, snippet, request log."""
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+from pathlib import Path
+
+import pytest
+from PySide6.QtGui import QGuiApplication
+
+import diffuse
+from diffuse.studio.serve_panel import ServePanel
+
+DEMO = Path(__file__).resolve().parents[2] / "models" / "diffuse-demo-3m.gguf"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return diffuse.load(DEMO, threads=1)
+
+
+@pytest.fixture
+def panel(qtbot):
+    p = ServePanel()
+    qtbot.addWidget(p)
+    p.port.setValue(0)
+    yield p
+    p.stop()
+    qtbot.waitUntil(lambda: not p.serving(), timeout=10000)
+
+
+def test_serve_switch_url_snippet_and_log(qtbot, panel, model):
+    assert not panel.switch.isEnabled()
+    panel.set_model(model)
+    panel.api_key.setText("k")
+    panel.switch.setChecked(True)
+    assert panel.serving() and panel.url.text() == panel.server.url
+    assert panel.server.url in panel.snippet.toPlainText() and "Bearer k" in panel.snippet.toPlainText()
+    assert not panel.port.isEnabled()
+
+    body = json.dumps({"prompt": "It was", "max_tokens": 8}).encode()
+    request = urllib.request.Request(panel.server.url + "/completions", data=body,
+                                     headers={"Authorization": "Bearer k", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        assert json.loads(r.read())["choices"][0]["finish_reason"]
+    qtbot.waitUntil(lambda: "completion ok" in panel.log.toPlainText(), timeout=5000)
+
+    panel.copy_button.click()
+    assert QGuiApplication.clipboard().text() == panel.snippet.toPlainText()
+
+    panel.switch.setChecked(False)
+    qtbot.waitUntil(lambda: panel.status.text() == "Not serving.", timeout=10000)
+    assert not panel.serving() and panel.port.isEnabled() and not panel.url.text()
+
+
+def test_a_taken_port_is_said_not_raised(panel, model):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        panel.set_model(model)
+        panel.port.setValue(taken.getsockname()[1])
+        panel.switch.setChecked(True)
+    assert not panel.serving() and not panel.switch.isChecked()
+    assert "cannot listen" in panel.status.text()

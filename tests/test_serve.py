@@ -1,0 +1,248 @@
+"""`diffuse serve` through the official openai client, against a server on a free local port
+running the demo model."""
+from __future__ import annotations
+
+import concurrent.futures
+import http.client
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+
+import diffuse
+from diffuse.serve import Server, protocol
+
+DEMO = Path(__file__).resolve().parents[1] / "models" / "diffuse-demo-3m.gguf"
+KEY = "test-key"
+STORY = [{"role": "user", "content": "Tell me a story."}]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return diffuse.load(DEMO, threads=1)
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    s = Server(model, port=0, api_key=KEY, max_batch=8)
+    s.start()
+    yield s
+    s.stop()
+    assert not s.running()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url, api_key=KEY, max_retries=0, timeout=30)
+
+
+def post(server, path: str, body: bytes, key: str | None = KEY) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(server.url + path, data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_models_and_plain_chat(client, model):
+    assert [m.id for m in client.models.list()] == ["diffuse-demo-3m"]
+    r = client.chat.completions.create(model="diffuse-demo-3m", messages=STORY, max_tokens=32, extra_body={"steps": 16})
+    expected = model.generate("Tell me a story.", gen_length=32, steps=16)
+    assert r.choices[0].message.content == expected.text
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.prompt_tokens == len(expected.prompt_tokens)
+    assert r.usage.completion_tokens == expected.useful_length
+
+
+def test_completion_cut_at_max_tokens_and_stop(client, model):
+    # 40 tokens is not a whole number of 32-position blocks: the buffer is 64, the answer 40 tokens.
+    r = client.completions.create(model="m", prompt="It was", max_tokens=40, extra_body={"steps": 32})
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 40
+    first = r.choices[0].text.split(",")[0]
+    cut = client.completions.create(model="m", prompt="It was", max_tokens=40, stop=[","],
+                                    extra_body={"steps": 32})
+    assert cut.choices[0].text == first and cut.choices[0].finish_reason == "stop"
+    assert 0 < cut.usage.completion_tokens < 40
+
+
+def test_length_without_max_tokens_is_whole_blocks_that_fit(model):
+    # 140 prompt tokens leave 116 of the demo model's 256 positions: 3 blocks of 32.
+    r = protocol.parse(json.dumps({"prompt": "x " * 70}).encode(), "completion", model, 8)
+    assert len(r.prompts[0]) == 140 and r.max_tokens == r.options["gen_length"] == 96
+
+
+def test_stream_blocks_and_diffusion_events(client, server):
+    body = {"steps": 16, "block_length": 16, "scheduler": "low_confidence", "diffusion_events": True}
+    plain = client.completions.create(model="m", prompt="It was", max_tokens=64, extra_body={"steps": 16,
+                                                                                            "block_length": 16})
+    stream = client.completions.create(model="m", prompt="It was", max_tokens=64, stream=True,
+                                       stream_options={"include_usage": True}, extra_body=body)
+    pieces, steps, last_step_before_text = [], [], []
+    usage = None
+    for chunk in stream:
+        if (ev := (chunk.model_extra or {}).get("diffusion")) is not None:
+            steps.append(ev)
+        elif chunk.choices:
+            if chunk.choices[0].text:
+                pieces.append(chunk.choices[0].text)
+                last_step_before_text.append(steps[-1]["step"] if steps else None)
+        else:
+            usage = chunk.usage
+    assert "".join(pieces) == plain.choices[0].text
+    assert usage.completion_tokens == plain.usage.completion_tokens
+    # Text came out block by block as blocks were decided, not only at the end.
+    assert len(pieces) >= 2 and last_step_before_text[0] < steps[-1]["step"]
+    ev = steps[-1]
+    assert len(ev["tokens"]) == len(ev["mask"]) == len(ev["entropy"]) == 64
+    assert ev["active"] + ev["cached"] > 0 and ev["total_ms"] > 0
+    assert [e["step"] for e in steps] == list(range(len(steps)))
+
+
+def test_chat_stream_and_n(client):
+    stream = client.chat.completions.create(model="m", messages=STORY, max_tokens=32, n=2, temperature=0.9,
+                                            seed=5, stream=True)
+    texts = ["", ""]
+    finished = set()
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finished.add(c.index)
+    assert finished == {0, 1} and texts[0] != texts[1]
+
+
+def test_concurrent_requests_are_batched(client, server):
+    before = len(server.batcher.log)
+
+    def ask(i):
+        return client.completions.create(model="m", prompt=f"It was day {i} of", max_tokens=32,
+                                         extra_body={"steps": 32, "cache": False})
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, range(8)))
+    assert all(a.choices[0].finish_reason for a in answers)
+    entries = list(server.batcher.log)[before:]
+    assert len(entries) == 8 and all(e["status"] == "ok" for e in entries)
+    # The first request may start alone; the others join it at its next steps.
+    assert max(e["batch"] for e in entries) >= 4
+
+
+def test_a_request_joins_a_running_one_and_leaves_when_done(client, server):
+    long = dict(model="m", prompt="Long ago", max_tokens=64, extra_body={"steps": 64, "cache": False})
+    short = dict(model="m", prompt="It was", max_tokens=32, extra_body={"steps": 16, "cache": False})
+    alone = [client.completions.create(**long).choices[0].text, client.completions.create(**short).choices[0].text]
+    before = len(server.batcher.log)
+    stream = client.completions.create(**{**long, "extra_body": {**long["extra_body"], "diffusion_events": True}},
+                                       stream=True)
+    pieces, joined = [], None
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        for chunk in stream:
+            if joined is None:      # the long request is running: send the short one now
+                joined = pool.submit(client.completions.create, **short)
+            if chunk.choices:
+                pieces.append(chunk.choices[0].text)
+        assert ["".join(pieces), joined.result().choices[0].text] == alone
+    entries = list(server.batcher.log)[before:]
+    # The short one (16 steps) shared the long one's (64) forward passes and left with its answer first.
+    assert [(e["steps"], e["batch"], e["status"]) for e in entries] == [(16, 2, "ok"), (64, 2, "ok")]
+
+
+@pytest.mark.parametrize("body, param", [
+    (b'{"model": "m", "messages": [', None),                                                # malformed JSON
+    (b'{"messages": [{"role": "user", "content": "  "}]}', "messages"),                     # empty prompt
+    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}', "max_tokens"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "10"}', "max_tokens"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "scheduler": "fastest"}', "scheduler"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 9}', "n"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', "temperature"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "tools": []}', "tools"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0.5}', "presence_penalty"),
+    (b'{"messages": "hi"}', "messages"),
+    (b'[1, 2]', None),
+])
+def test_bad_chat_requests_get_400(server, body, param):
+    status, answer = post(server, "/chat/completions", body)
+    assert status == 400
+    assert set(answer["error"]) == {"message", "type", "param", "code"}
+    assert answer["error"]["param"] == param and answer["error"]["message"]
+
+
+def test_bad_requests_through_the_client_then_still_serving(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="m", prompt="x " * 300, max_tokens=16)     # longer than the context
+    assert e.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="m", prompt="", max_tokens=16)
+    # Parameters OpenAI clients send by default are fine at their neutral value.
+    assert client.completions.create(model="m", prompt="Still", max_tokens=8, presence_penalty=0,
+                                     logprobs=None, echo=False).choices[0].text
+
+
+def test_api_key(server):
+    for key in (None, "wrong"):
+        status, answer = post(server, "/completions", b'{"prompt": "hi"}', key=key)
+        assert status == 401 and answer["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url, api_key="wrong", max_retries=0).models.list()
+
+
+def test_disconnect_cancels_within_a_step(client, server):
+    before = len(server.batcher.log)
+    # 192 positions, one step each: seconds of work unless the disconnect stops it.
+    stream = client.completions.create(model="m", prompt="Long ago", max_tokens=192, stream=True,
+                                       extra_body={"steps": 192, "cache": False, "diffusion_events": True})
+    for n, _ in enumerate(stream):
+        if n == 3:
+            break
+    stream.close()
+    deadline = time.monotonic() + 10
+    while len(server.batcher.log) == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    entry = server.batcher.log[-1]
+    assert entry["status"] == "cancelled" and entry["steps"] < 192
+    assert entry["steps_after_cancel"] <= 1
+    assert client.completions.create(model="m", prompt="After", max_tokens=8).choices[0].text
+
+
+def test_a_plain_request_whose_client_leaves_is_cancelled(server):
+    before = len(server.batcher.log)
+    body = json.dumps({"prompt": "Long ago", "max_tokens": 192, "steps": 192, "cache": False})
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.request("POST", "/v1/completions", body, {"Authorization": f"Bearer {KEY}",
+                                                   "Content-Type": "application/json"})
+    time.sleep(0.2)
+    conn.close()
+    deadline = time.monotonic() + 10
+    while len(server.batcher.log) == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.batcher.log[-1]["status"] == "cancelled" and server.batcher.log[-1]["steps"] < 192
+
+
+def test_cli_serves_until_interrupted():
+    command = [sys.executable, "-m", "diffuse.cli", "serve", "-m", str(DEMO), "--port", "0", "--threads", "1"]
+    with subprocess.Popen(command, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            url = re.search(r"at (http://\S+/v1),", proc.stderr.readline()).group(1)
+            client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+            assert client.completions.create(model="m", prompt="It was", max_tokens=8).usage.completion_tokens > 0
+            assert "completion: ok" in proc.stderr.readline()
+            proc.send_signal(signal.SIGINT)     # Ctrl-C: uvicorn closes, then the command ends as interrupted
+            assert proc.wait(timeout=15) == 130
+            assert "Traceback" not in proc.stderr.read()
+        finally:
+            proc.kill()
+
+
+def test_cli_refuses_a_taken_port(server, capsys):
+    from diffuse.cli import main
+    assert main(["serve", "-m", str(DEMO), "--port", str(server.port), "--threads", "1"]) == 1
+    assert "cannot listen" in capsys.readouterr().err
