@@ -1,4 +1,5 @@
-"""Download a model's checkpoint folder from the Hugging Face hub: resumable and checksummed.
+"""Download a model's checkpoint folder, or one ready GGUF file, from the Hugging Face hub:
+resumable and checksummed.
 
 Needs the optional `huggingface_hub` package (extra "hub"). The file list, sizes and checksums
 come from the hub's model info at one commit, so a push during a long download cannot mix two
@@ -8,9 +9,11 @@ sha1 for small ones) and only then renamed to NAME. A cancelled or interrupted d
 `.part` files, and the next call continues from there. A file already in the folder is kept only
 when it matches the checksum (so a repository that changed since is fetched anew), and links in the
 folder are never followed: a .part or file that is a link is replaced, not written through.
+download_file() fetches one file the same way, but never replaces a file at its destination.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import os
@@ -91,19 +94,25 @@ def offline_reason(endpoint: str | None = None) -> str | None:
 def list_files(repo_id: str, revision: str = "main", endpoint: str | None = None
                ) -> tuple[str, list[RemoteFile]]:
     """(commit sha, the files diffuse needs) of a model repository."""
-    endpoint = endpoint or default_endpoint()
+    commit, files = _repo_files(repo_id, revision, endpoint or default_endpoint(),
+                                lambda name: any(fnmatch(name, p) for p in WANTED))
+    if not any(f.path.endswith(".safetensors") for f in files):
+        raise DiffuseError(f"{repo_id}: the repository has no .safetensors weights to download")
+    return commit, files
+
+
+def _repo_files(repo_id: str, revision: str, endpoint: str, wanted: Callable[[str], bool]
+                ) -> tuple[str, list[RemoteFile]]:
+    """(commit sha, the repository's files whose names `wanted` accepts) at one commit."""
     info = _call(repo_id, endpoint, lambda api: api.model_info(repo_id, revision=revision,
                                                                files_metadata=True))
     files = [RemoteFile(s.rfilename, int(s.size), s.lfs.sha256 if s.lfs else None, s.blob_id)
-             for s in info.siblings or []
-             if any(fnmatch(s.rfilename, p) for p in WANTED)]
+             for s in info.siblings or [] if wanted(s.rfilename)]
     for f in files:
         if not _safe_name(f.path):
             raise DiffuseError(f"{repo_id}: refusing the file name {f.path!r}")
     if not info.sha:    # without a commit, each file would come from whatever the branch is then
         raise DiffuseError(f"{repo_id}: the hub did not say which commit {revision} is")
-    if not any(f.path.endswith(".safetensors") for f in files):
-        raise DiffuseError(f"{repo_id}: the repository has no .safetensors weights to download")
     return info.sha, files
 
 
@@ -168,6 +177,57 @@ def download(repo_id: str, dest, revision: str = "main", endpoint: str | None = 
     return dest
 
 
+def download_file(repo_id: str, filename: str, out, revision: str = "main",
+                  sha256: str | None = None, size: int | None = None,
+                  endpoint: str | None = None,
+                  progress: Progress | None = None,
+                  cancel: Callable[[], bool] | None = None) -> Path | None:
+    """Download one file of `repo_id` (a ready GGUF) to the path `out`, the same way as download().
+
+    `sha256` and `size`, when given, pin the file: the hub must list exactly those, or nothing is
+    fetched (the repository changed since the pin was written). Without them the file is still
+    verified against the hub's own checksum. A file already at `out` is kept when it matches and
+    otherwise refused, never overwritten: it may be the user's. Returns `out`, or None when
+    cancel() returned True (`out.part` stays, so calling again resumes).
+    """
+    endpoint = endpoint or default_endpoint()
+    out = Path(out)
+    commit, files = _repo_files(repo_id, revision, endpoint, lambda name: name == filename)
+    if not files:
+        raise DiffuseError(f"{repo_id}: the repository has no file {filename!r} at {revision}")
+    f = files[0]
+    for what, listed, pinned in (("sha256", f.sha256, sha256), ("size", f.size, size)):
+        if pinned is not None and listed != pinned:
+            raise DiffuseError(f"{repo_id}/{filename}: the hub lists another file than the pinned "
+                               f"one ({what} {listed}, expected {pinned}); nothing was "
+                               f"downloaded")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DiffuseError(f"{out.parent}: cannot create the download folder ({e})") from e
+    part = _regular(out.with_name(out.name + ".part"))
+    if os.path.lexists(out):
+        if _regular(out) is not None and out.stat().st_size == f.size:
+            if progress is not None:
+                progress(0, f.size, f"verifying {out.name}")
+            if f.verify(out):     # downloaded before
+                return out
+        raise DiffuseError(f"{out}: a different file is already there; refusing to overwrite it "
+                           f"(move it away or choose another folder)")
+    have = part.st_size if part is not None and part.st_size <= f.size else 0
+    free = shutil.disk_usage(out.parent).free
+    if f.size - have > free:
+        raise DiffuseError(f"{out.parent}: {filename} needs {(f.size - have) / 1e9:.1f} GB more "
+                           f"disk, only {free / 1e9:.1f} GB are free")
+    try:
+        _fetch(repo_id, commit, f, out, endpoint, have, f.size, progress, cancel)
+    except _Cancelled:
+        return None
+    if progress is not None:
+        progress(f.size, f.size, "done")
+    return out
+
+
 def _regular(path: Path) -> os.stat_result | None:
     """path's stat when it is a plain file of its own: not a link (symbolic or hard), which
     writing or appending to would change some other file too."""
@@ -220,7 +280,14 @@ def _fetch(repo_id: str, commit: str, f: RemoteFile, target: Path, endpoint: str
             raise DiffuseError(f"{repo_id}/{f.path}: the downloaded file does not match the "
                                f"hub's checksum and was deleted; start the download again")
         replace_durably(part, target)   # replaces a link at target, never its target
-    except (httpx2.HTTPError, OSError) as e:   # hub errors subclass httpx2's; disk full
+    except OSError as e:
+        if e.errno == errno.ENOSPC:    # the free-space check ran, but others write too
+            raise DiffuseError(f"{repo_id}/{f.path}: the disk is full; what arrived is kept in "
+                               f"{part}. Free some space and start the download again to "
+                               f"resume it.") from e
+        raise DiffuseError(f"{repo_id}/{f.path}: download failed, {_reason(e)}. "
+                           f"Start the download again to resume it.") from e
+    except httpx2.HTTPError as e:   # hub errors subclass httpx2's
         raise DiffuseError(f"{repo_id}/{f.path}: download failed, {_reason(e)}. "
                            f"Start the download again to resume it.") from e
 

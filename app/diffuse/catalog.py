@@ -1,0 +1,154 @@
+"""The real models diffuse knows (models/catalog.json): facts, sizes, and the ready GGUF each
+can be downloaded as instead of its whole Hugging Face checkpoint.
+
+A catalog entry is checked when it is read, so a damaged or hand-edited catalog is refused with
+the entry and field named instead of failing later in the middle of a download. A ready GGUF is
+one file: `download_ready_gguf` fetches it with diffuse.hub (resumable, checked against the hub's
+sha256 and against the sha256 and size the catalog pins, where it pins them) and then reads its
+header to make sure it is a model of the architecture the catalog names.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Callable
+
+from diffuse import DiffuseError, gguf_file, hub
+from diffuse.generation import OPTION_NAMES
+
+_MODEL_FIELDS = {"id": str, "name": str, "family": str, "hf_repo": str, "url": str,
+                 "license": str, "params": int, "context_length": int, "download_bytes": int,
+                 "download_files": str, "quantizations": dict, "recommended": str}
+_OPTIONAL_MODEL_FIELDS = {"active_params": int, "experts": int, "experts_per_token": int,
+                          "ready_gguf": dict, "suggested": dict}
+_GGUF_FIELDS = {"repo": str, "file": str, "quantization": str, "architecture": str,
+                "file_gb": (int, float), "ram_gb": (int, float)}
+_OPTIONAL_GGUF_FIELDS = {"file_bytes": int, "sha256": str}
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def default_path() -> Path:
+    """models/catalog.json where it ships: a PyInstaller bundle, the package, or the checkout."""
+    here = Path(__file__).resolve().parent
+    bundle = getattr(sys, "_MEIPASS", None)
+    candidates = ([Path(bundle) / "models"] if bundle else []) + [here / "models",
+                                                                 here.parents[1] / "models"]
+    folder = next((d for d in candidates if (d / "catalog.json").is_file()), None)
+    if folder is None:
+        raise DiffuseError("models/catalog.json is not part of this installation")
+    return folder / "catalog.json"
+
+
+def load(path: str | Path | None = None) -> list[dict]:
+    """The real models of the catalog, each checked (DiffuseError names what is wrong)."""
+    path = Path(path) if path is not None else default_path()
+    try:
+        models = json.loads(path.read_text(encoding="utf-8"))["models"]
+        if not isinstance(models, list):
+            raise TypeError("'models' is not a list")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DiffuseError(f"{path}: unreadable model catalog ({e})") from e
+    for i, model in enumerate(models):
+        problem = _problem(model)
+        if problem:
+            name = model.get("id", f"entry {i}") if isinstance(model, dict) else f"entry {i}"
+            raise DiffuseError(f"{path}: {name}: {problem}")
+    return models
+
+
+def find(models: list[dict], model_id: str) -> dict:
+    for m in models:
+        if m["id"] == model_id:
+            return m
+    raise DiffuseError(f"no model {model_id!r} in the catalog; known: "
+                       + ", ".join(m["id"] for m in models))
+
+
+def _problem(model) -> str | None:
+    """What is wrong with one catalog entry, or None."""
+    if not isinstance(model, dict):
+        return "not an object"
+    problem = _fields(model, _MODEL_FIELDS, _OPTIONAL_MODEL_FIELDS)
+    if problem:
+        return problem
+    for q, need in model["quantizations"].items():
+        if not isinstance(need, dict) or _fields(need, {"file_gb": (int, float),
+                                                        "ram_gb": (int, float)}, {}):
+            return f"quantizations.{q} needs file_gb and ram_gb (numbers)"
+    if model["recommended"] not in model["quantizations"]:
+        return f"recommended {model['recommended']!r} is none of its quantizations"
+    unknown = set(model.get("suggested", {})) - set(OPTION_NAMES)
+    if unknown:
+        return f"suggested has unknown options {sorted(unknown)}"
+    gguf = model.get("ready_gguf")
+    if gguf is not None:
+        problem = _fields(gguf, _GGUF_FIELDS, _OPTIONAL_GGUF_FIELDS)
+        if problem:
+            return f"ready_gguf: {problem}"
+        if "/" in gguf["file"] or not gguf["file"].endswith(".gguf"):
+            return f"ready_gguf: file {gguf['file']!r} is not a .gguf name at the repository root"
+        if gguf["quantization"] not in model["quantizations"]:
+            return f"ready_gguf: quantization {gguf['quantization']!r} is none of its quantizations"
+        if "sha256" in gguf and not _SHA256.fullmatch(gguf["sha256"]):
+            return "ready_gguf: sha256 is not 64 lower-case hex digits"
+    return None
+
+
+def _fields(obj: dict, required: dict, optional: dict) -> str | None:
+    missing = [key for key in required if key not in obj]
+    if missing:
+        return f"the field {missing[0]!r} is missing"
+    for key, value in obj.items():
+        kind = required.get(key) or optional.get(key)
+        if kind is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            return f"the field {key!r} has the wrong type ({type(value).__name__})"
+    return None
+
+
+def gguf_size_text(gguf: dict) -> str:
+    """The ready GGUF's size as exactly as the catalog knows it."""
+    if "file_bytes" in gguf:
+        return f"{gguf['file_bytes'] / 1e9:.2f} GB"
+    return f"about {gguf['file_gb']:.1f} GB"
+
+
+def gguf_checks_text(gguf: dict) -> str:
+    """What a download of the ready GGUF is checked against, said plainly."""
+    if "sha256" in gguf:
+        return "checked against the sha256 pinned in the catalog and its GGUF header"
+    pinned = "the size pinned in the catalog, " if "file_bytes" in gguf else ""
+    return (f"checked against {pinned}the hub's sha256 (the catalog pins none) "
+            f"and its GGUF header")
+
+
+def download_ready_gguf(model: dict, folder, endpoint: str | None = None,
+                        progress: hub.Progress | None = None,
+                        cancel: Callable[[], bool] | None = None) -> Path | None:
+    """Download `model`'s ready GGUF into `folder`; the path, or None when cancelled (the .part
+    stays and the next call resumes). The file's header must name the catalog's architecture:
+    a file that does not is deleted if this call fetched it."""
+    gguf = model.get("ready_gguf")
+    if gguf is None:
+        raise DiffuseError(f"{model['name']}: the catalog offers no ready GGUF; download the "
+                           f"checkpoint and convert it")
+    out = Path(folder) / gguf["file"]
+    fetched = not out.exists()
+    path = hub.download_file(gguf["repo"], gguf["file"], out, sha256=gguf.get("sha256"),
+                             size=gguf.get("file_bytes"), endpoint=endpoint, progress=progress,
+                             cancel=cancel)
+    if path is None:
+        return None
+    try:
+        arch = gguf_file.read(path).architecture
+    except DiffuseError as e:
+        arch, reason = None, str(e)
+    else:
+        reason = f"its architecture is {arch!r}"
+    if arch != gguf["architecture"]:
+        if fetched:
+            path.unlink(missing_ok=True)
+        raise DiffuseError(f"{gguf['repo']}/{gguf['file']} is not a {gguf['architecture']} "
+                           f"model: {reason}" + (" (deleted)" if fetched else ""))
+    return path

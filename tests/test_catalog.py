@@ -1,0 +1,90 @@
+"""models/catalog.json: every entry complete and consistent (LLaDA-MoE among them), each offering a
+ready GGUF, and a damaged catalog refused with the entry and field named."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diffuse import DiffuseError, catalog
+from diffuse.generation import OPTION_NAMES
+
+
+def test_every_entry_is_complete_and_consistent():
+    models = catalog.load()
+    ids = [m["id"] for m in models]
+    assert len(set(ids)) == len(ids)
+    assert {"llada-8b-instruct", "dream-v0-instruct-7b", "llada-moe-7b-a1b-instruct"} <= set(ids)
+    for m in models:
+        for need in m["quantizations"].values():
+            assert 0 < need["file_gb"] < need["ram_gb"]
+        gguf = m["ready_gguf"]            # every model can be fetched as one file
+        assert gguf["quantization"] in m["quantizations"] and gguf["file"].endswith(".gguf")
+        assert gguf["file_gb"] < gguf["ram_gb"] < gguf["file_gb"] + 2
+        assert gguf["file_gb"] * 1e9 < m["download_bytes"] / 3     # the point: 4-5 GB, not 15
+        if "file_bytes" in gguf:
+            assert abs(gguf["file_bytes"] / 1e9 - gguf["file_gb"]) < 0.05
+        assert set(m.get("suggested", {})) <= set(OPTION_NAMES)
+
+
+def test_the_mixture_of_experts_model():
+    moe = catalog.find(catalog.load(), "llada-moe-7b-a1b-instruct")
+    assert (moe["family"], moe["hf_repo"]) == ("llada-moe", "inclusionAI/LLaDA-MoE-7B-A1B-Instruct")
+    assert (moe["experts"], moe["experts_per_token"], moe["context_length"]) == (64, 8, 4096)
+    assert 7.3e9 < moe["params"] < 7.4e9 and 1.3e9 < moe["active_params"] < 1.5e9
+    assert moe["ready_gguf"]["architecture"] == "llada-moe"
+    assert moe["suggested"]["block_length"] <= moe["suggested"]["gen_length"]
+
+
+def test_unknown_model_is_named():
+    with pytest.raises(DiffuseError, match="no model 'nope'.*llada-8b-instruct"):
+        catalog.find(catalog.load(), "nope")
+
+
+def _damage(entry: dict, how: str) -> None:
+    gguf = entry["ready_gguf"]
+    if how == "missing field":
+        del entry["hf_repo"]
+    elif how == "wrong type":
+        entry["params"] = "8B"
+    elif how == "bool as number":
+        gguf["file_gb"] = True
+    elif how == "recommended unknown":
+        entry["recommended"] = "q2_k"
+    elif how == "quantization without RAM":
+        del entry["quantizations"]["f16"]["ram_gb"]
+    elif how == "unknown suggested option":
+        entry["suggested"] = {"steps": 8, "speed": 11}
+    elif how == "gguf field missing":
+        del gguf["architecture"]
+    elif how == "gguf in a subfolder":
+        gguf["file"] = "../evil.gguf"
+    elif how == "not a gguf":
+        gguf["file"] = "model.safetensors"
+    elif how == "bad sha256":
+        gguf["sha256"] = "ABC"
+    elif how == "gguf quantization unknown":
+        gguf["quantization"] = "iq2_xs"
+
+
+DAMAGES = ["missing field", "wrong type", "bool as number", "recommended unknown",
+           "quantization without RAM", "unknown suggested option", "gguf field missing",
+           "gguf in a subfolder", "not a gguf", "bad sha256", "gguf quantization unknown"]
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_damaged_entry_is_refused_with_its_name(tmp_path, how):
+    data = json.loads(catalog.default_path().read_text())
+    _damage(data["models"][1], how)
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(DiffuseError, match=f"catalog.json: {data['models'][1]['id']}: "):
+        catalog.load(path)
+
+
+@pytest.mark.parametrize("text", ["", "{}", '{"models": 3}', '{"models": [7]}'])
+def test_an_unreadable_catalog_is_refused(tmp_path, text):
+    path = tmp_path / "catalog.json"
+    path.write_text(text)
+    with pytest.raises(DiffuseError, match="catalog.json: "):
+        catalog.load(path)

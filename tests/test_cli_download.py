@@ -1,0 +1,42 @@
+"""`diffuse download`: the catalog listed, the ready GGUF by default, the checkpoint folder with
+--format hf (or when the catalog has no ready GGUF), against tests/fixtures/fake_hub.py."""
+from __future__ import annotations
+
+import pytest
+from fixtures.fake_hub import GGUF_FILE, GGUF_REPO, REPO, FakeHub
+
+from diffuse import catalog
+from diffuse.cli import main
+
+
+@pytest.fixture
+def hub_with_both(gguf_repo, repo_dir, small_chunks, monkeypatch, ready_model):
+    """One fake hub with the ready-GGUF repository and the checkpoint; the catalog's LLaDA entry
+    points at both."""
+    with FakeHub({GGUF_REPO: gguf_repo, REPO: repo_dir}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        model = dict(ready_model, hf_repo=REPO)
+        monkeypatch.setattr(catalog, "load", lambda path=None: [model])
+        yield server
+
+
+def test_lists_the_catalog(capsys):
+    assert main(["download"]) == 0
+    out = capsys.readouterr().out
+    assert "llada-moe-7b-a1b-instruct" in out and "ready GGUF Q4_K_M 4.52 GB, RAM 5.5 GB" in out
+
+
+def test_the_ready_gguf_is_the_default(hub_with_both, gguf_repo, tmp_path, capsys):
+    assert main(["download", "llada-8b-instruct", "-o", str(tmp_path / "m")]) == 0
+    path = tmp_path / "m" / GGUF_FILE
+    assert path.read_bytes() == (gguf_repo / GGUF_FILE).read_bytes()
+    assert f"wrote {path} (Q4_K_M" in capsys.readouterr().out
+    assert not [p for m, p, _ in hub_with_both.requests if f"/{REPO}/" in p]   # no checkpoint
+
+
+def test_the_checkpoint_folder_on_request(hub_with_both, repo_dir, tmp_path, capsys):
+    assert main(["download", "llada-8b-instruct", "--format", "hf", "-o", str(tmp_path)]) == 0
+    folder = tmp_path / REPO.split("/")[-1]
+    assert (folder / "config.json").read_bytes() == (repo_dir / "config.json").read_bytes()
+    assert "diffuse convert" in capsys.readouterr().out
+    assert not hub_with_both.ranges(GGUF_FILE)
