@@ -2,27 +2,31 @@
 
 Masked cells are dark and hatched, with a thin bar showing their current uncertainty; decided
 cells carry their token and are coloured by the entropy (or top-1 probability) they had when
-committed; cells committed at the shown step get a white ring; block starts get a vertical bar,
-and the current block is underlined. Hover a cell for its token, entropy, probability and the
-step it was decided. `paint_cells` draws into any QPainter, so exports reuse it.
+committed; cells committed at the shown step get a white ring and flash, fading while the step
+is shown; block starts get a vertical bar, and the current block is underlined. Colours use an
+absolute scale or one fitted to the run (its 5th-95th percentiles), as the legend says. Hover a
+cell for its token, entropy, probability and the step it was decided. `paint_cells` draws into any
+QPainter, so exports reuse it.
 """
 from __future__ import annotations
 
 import html
 import math
+import time
 from functools import lru_cache
 
 import numpy as np
-from PySide6.QtCore import QEvent, QRectF, QSize, Qt, Signal
+from PySide6.QtCore import QEvent, QRectF, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import (QBrush, QColor, QFontMetrics, QImage, QLinearGradient, QPainter,
                            QPen)
 from PySide6.QtWidgets import (QButtonGroup, QHBoxLayout, QLabel, QScrollArea, QSizePolicy,
                                QToolButton, QToolTip, QVBoxLayout, QWidget)
 
-from diffuse.studio import theme
-from diffuse.studio.run_state import RunState
+from diffuse.studio import storage, theme
+from diffuse.studio.run_state import FIT_PERCENTILES, RunState
 
 MODES = ("entropy", "confidence")
+FLASH_MS = 450       # cells committed at the shown step flash, fading over this time
 
 
 class CellLayout:
@@ -58,19 +62,32 @@ def display_text(piece: str, special: bool = False) -> str:
     return shown if shown else ("␣" if piece else "∅")
 
 
-def value_colors(values: np.ndarray, mode: str, vmax: float) -> list[QColor | None]:
-    """A QColor per value through the mode's colour map; None where the value is NaN."""
+def value_colors(values: np.ndarray, mode: str,
+                 scale: tuple[float, float]) -> list[QColor | None]:
+    """A QColor per value through the mode's colour map over `scale` (low, high); None where the
+    value is NaN."""
     table = theme.lut(theme.ENTROPY_CMAP if mode == "entropy" else theme.CONFIDENCE_CMAP)
-    norm = np.clip(np.nan_to_num(values / vmax, nan=0.0), 0.0, 1.0)
+    lo, hi = scale
+    norm = np.clip(np.nan_to_num((values - lo) / (hi - lo), nan=0.0), 0.0, 1.0)
     idx = (norm * (len(table) - 1)).astype(np.int64)
     finite = np.isfinite(values)
     return [QColor(*table[j]) if ok else None for j, ok in zip(idx.tolist(), finite.tolist())]
 
 
-def value_range(run: RunState, mode: str) -> float:
-    """Upper end of the colour scale: 1 for probabilities, the run's largest entropy for entropy
-    (set by the first, most uncertain step, so colours stay put while a run goes on)."""
-    return 1.0 if mode == "confidence" else max(run.entropy_max, 1e-3)
+def value_range(run: RunState, mode: str, fitted: bool = False) -> tuple[float, float]:
+    """The colour scale (low, high). Absolute: 0 to 1 for probabilities, 0 to the run's largest
+    entropy (set by the first, most uncertain step, so colours stay put while a run goes on).
+    Fitted: the FIT_PERCENTILES of the run's committed text so far (RunState.fitted_range), so
+    that a model whose values crowd into a narrow band still shows differences."""
+    if fitted and (scale := run.fitted_range(mode)) is not None:
+        return scale
+    return 0.0, 1.0 if mode == "confidence" else max(run.entropy_max, 1e-3)
+
+
+def scale_name(fitted: bool) -> str:
+    """What the legends say of the colour scale in use."""
+    lo, hi = FIT_PERCENTILES
+    return f"fitted {lo}–{hi}%" if fitted else "absolute"
 
 
 RADIUS = 4.0
@@ -103,16 +120,18 @@ def _cell_text(piece: str, special: bool, width: int, point_size: float) -> str:
 
 def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode: str,
                 diff: np.ndarray | None = None, hover: int = -1,
-                clip: QRectF | None = None) -> None:
+                clip: QRectF | None = None, scale: tuple[float, float] | None = None,
+                flash: float = 0.0) -> None:
     """Draw the canvas of `run` at `step` with `layout`'s geometry (background not included);
-    with `clip`, only the rows that reach into it."""
+    with `clip`, only the rows that reach into it; colours over `scale` (default: absolute);
+    `flash` (0..1) lights the cells committed at `step`."""
     if not run.events:
         return
     event = run.events[step]
     pl = run.prompt_length
     masked = event.gen_mask.tolist()
     tokens = event.gen_tokens.tolist()
-    colors = value_colors(run.cell_values(step, mode), mode, value_range(run, mode))
+    colors = value_colors(run.cell_values(step, mode), mode, scale or value_range(run, mode))
     fresh = set((np.asarray(event.unmasked) - pl).tolist())
     block_lo, block_hi = event.block_start - pl, event.block_end - pl
     block_len = max(1, block_hi - block_lo)
@@ -123,6 +142,8 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
     mask_pix = _masked_cell(layout.cell_w, layout.cell_h)
     text_w = layout.cell_w - 6
     ring, diff_pen = QPen(theme.HIGHLIGHT, 2.2), QPen(theme.DIFF, 2.0, Qt.PenStyle.DashLine)
+    glow = QColor(theme.HIGHLIGHT)
+    glow.setAlphaF(0.55 * flash)
     p.setRenderHint(QPainter.RenderHint.Antialiasing, True)
     first, last = 0, run.gen_length
     if clip is not None:          # rows are cell_h + gap apart, starting at the margin
@@ -152,7 +173,7 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
             p.drawText(r, Qt.AlignmentFlag.AlignCenter, text)
         if i in fresh:
             p.setPen(ring)
-            p.setBrush(Qt.BrushStyle.NoBrush)
+            p.setBrush(glow if flash > 0 else Qt.BrushStyle.NoBrush)
             p.drawRoundedRect(r.adjusted(-1.5, -1.5, 1.5, 1.5), RADIUS + 1, RADIUS + 1)
         if diff is not None and i < diff.shape[0] and diff[i]:
             p.setPen(diff_pen)
@@ -186,9 +207,10 @@ def tooltip_html(run: RunState, step: int, i: int) -> str:
     event = run.events[step]
     pl = run.prompt_length
     pos = pl + i
-    block = (i // max(1, event.block_end - event.block_start))
+    block = i // max(1, event.block_end - event.block_start)
+    # counted from 1, like the header's "block k/n"
     lines = [f"<b>position {i}</b> &nbsp;<span style='color:#8a90a2'>(sequence {pos}, "
-             f"block {block})</span>"]
+             f"block {block + 1}/{event.n_blocks})</span>"]
     decided = run.decided_step[i]
     if event.gen_mask[i]:
         lines.append("<i>still masked</i>")
@@ -223,9 +245,15 @@ class DenoisingCanvas(QWidget):
         self.run: RunState | None = None
         self.step = -1
         self.mode = "entropy"
+        self.fitted = False
+        self.scale = (0.0, 1.0)          # of the colours: value_range for the mode and fitted
         self.diff: np.ndarray | None = None
         self.hover = -1
         self._layout = CellLayout(0, 100, cell_w, cell_h)
+        self._flash_start = 0.0          # when the shown step was first drawn
+        self._flash = QTimer(self)       # repaints the committed cells while their flash fades
+        self._flash.setInterval(40)
+        self._flash.timeout.connect(self._fade)
         self.setMouseTracking(True)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Minimum)
         self.setAttribute(Qt.WidgetAttribute.WA_OpaquePaintEvent)
@@ -233,17 +261,42 @@ class DenoisingCanvas(QWidget):
     def set_run(self, run: RunState | None) -> None:
         self.run, self.step, self.diff, self.hover = run, -1, None, -1
         self._relayout()
-        self.update()
+        self._rescale()
 
     def show_step(self, step: int) -> None:
         if self.run is not None and self.run.gen_length != self._layout.n:
             self._relayout()
+        if self.run is not None and self.run.events and (
+                self.run.clamp(step) != self.run.clamp(self.step)):
+            self._flash_start = time.monotonic()
+            self._flash.start()
         self.step = step
+        self._rescale()
+
+    def _rescale(self) -> None:
+        if self.run is not None and self.run.events:
+            self.scale = value_range(self.run, self.mode, self.fitted)
         self.update()
+
+    def flash(self) -> float:
+        """How strongly the cells committed at the shown step flash now: 1 fading to 0."""
+        return max(0.0, 1.0 - (time.monotonic() - self._flash_start) * 1000.0 / FLASH_MS)
+
+    def _fade(self) -> None:
+        run = self.run
+        if self.flash() <= 0.0 or run is None or not run.events:
+            self._flash.stop()
+        if run is not None and run.events:
+            for i in np.asarray(run.events[run.clamp(self.step)].unmasked) - run.prompt_length:
+                self.update(self._layout.rect(int(i)).adjusted(-3, -3, 3, 3).toAlignedRect())
 
     def set_mode(self, mode: str) -> None:
         self.mode = mode
-        self.update()
+        self._rescale()
+
+    def set_fitted(self, fitted: bool) -> None:
+        self.fitted = fitted
+        self._rescale()
 
     def set_diff(self, diff: np.ndarray | None) -> None:
         self.diff = diff
@@ -274,7 +327,7 @@ class DenoisingCanvas(QWidget):
                        "Generate, or open a recorded run, to watch the denoising here")
         else:
             paint_cells(p, self._layout, run, run.clamp(self.step), self.mode, self.diff,
-                        self.hover, QRectF(event.rect()))
+                        self.hover, QRectF(event.rect()), self.scale, self.flash())
         p.end()
 
     def mouseMoveEvent(self, event) -> None:
@@ -301,17 +354,21 @@ class DenoisingCanvas(QWidget):
 
 
 class ColorLegend(QWidget):
-    """A small horizontal gradient with its range, for the canvas header."""
+    """A small horizontal gradient with its range and which scale it is, for the canvas header."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.mode, self.vmax = "entropy", 1.0
-        self.setFixedSize(170, 26)
+        self.mode, self.scale, self.fitted = "entropy", (0.0, 1.0), False
+        self.setFixedSize(190, 26)
 
-    def set_scale(self, mode: str, vmax: float) -> None:
-        if (mode, vmax) != (self.mode, self.vmax):
-            self.mode, self.vmax = mode, vmax
+    def set_scale(self, mode: str, scale: tuple[float, float], fitted: bool) -> None:
+        if (mode, scale, fitted) != (self.mode, self.scale, self.fitted):
+            self.mode, self.scale, self.fitted = mode, scale, fitted
             self.update()
+
+    def caption(self) -> str:
+        what = "entropy (nats)" if self.mode == "entropy" else "top-1 probability"
+        return f"{what} · {scale_name(self.fitted)}"
 
     def paintEvent(self, event) -> None:
         p = QPainter(self)
@@ -327,21 +384,26 @@ class ColorLegend(QWidget):
         p.drawRoundedRect(bar, 3, 3)
         p.setPen(theme.MUTED)
         p.setFont(theme.mono_font(7.5))
-        unit = " nats" if self.mode == "entropy" else ""
-        p.drawText(QRectF(0, 0, 42, 18), Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, "0")
+        lo, hi = self.scale
+        p.drawText(QRectF(0, 0, 42, 18),
+                   Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, f"{lo:.2g}")
         p.drawText(QRectF(bar.right() + 4, 0, 60, 18),
                    Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
-                   f"{self.vmax:.2g}{unit}")
-        p.drawText(QRectF(0, 14, self.width(), 12), Qt.AlignmentFlag.AlignCenter,
-                   "entropy" if self.mode == "entropy" else "top-1 probability")
+                   f"{hi:.2g}")
+        p.drawText(QRectF(0, 14, self.width(), 12), Qt.AlignmentFlag.AlignCenter, self.caption())
         p.end()
 
 
 class CanvasPanel(QWidget):
-    """Canvas with its header: colour-mode switch, legend and a one-line status."""
+    """Canvas with its header: colour-mode and colour-scale switches, legend and a one-line
+    status. With `remember`, the mode and scale are kept in the settings."""
 
-    def __init__(self, parent=None, cell_w: int = 60, cell_h: int = 30, title: str = ""):
+    scale_changed = Signal(bool)        # fitted
+
+    def __init__(self, parent=None, cell_w: int = 60, cell_h: int = 30, title: str = "",
+                 remember: bool = False):
         super().__init__(parent)
+        self.remember = remember
         self.canvas = DenoisingCanvas(cell_w=cell_w, cell_h=cell_h)
         self.status = QLabel()
         self.status.setObjectName("Muted")
@@ -363,6 +425,16 @@ class CanvasPanel(QWidget):
             self.mode_buttons.addButton(b, k)
             header.addWidget(b)
         self.mode_buttons.idClicked.connect(self._mode_clicked)
+        self.fit_button = QToolButton()
+        self.fit_button.setText("Fitted")
+        self.fit_button.setCheckable(True)
+        lo, hi = FIT_PERCENTILES
+        self.fit_button.setToolTip(
+            f"Fit the colours to this run: from the {lo}th to the {hi}th percentile of its "
+            f"text tokens when committed (on), or the absolute scale: entropy from 0 to the "
+            f"run's largest, probability 0 to 1 (off)")
+        self.fit_button.toggled.connect(self.set_fitted)
+        header.addWidget(self.fit_button)
         header.addWidget(self.legend)
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
@@ -373,6 +445,11 @@ class CanvasPanel(QWidget):
         layout.addLayout(header)
         layout.addWidget(self.status)
         layout.addWidget(scroll, 1)
+        if remember:        # fitted by default: on small models every absolute colour looks alike
+            s = storage.settings()
+            mode = s.value("view/colour_mode", MODES[0])
+            self.set_mode(mode if mode in MODES else MODES[0])
+            self.fit_button.setChecked(s.value("view/colour_fitted", "true") != "false")
 
     def _mode_clicked(self, k: int) -> None:
         self.set_mode(MODES[k])
@@ -380,7 +457,20 @@ class CanvasPanel(QWidget):
     def set_mode(self, mode: str) -> None:
         self.mode_buttons.button(MODES.index(mode)).setChecked(True)
         self.canvas.set_mode(mode)
+        self._remember("view/colour_mode", mode)
         self._update_header()
+
+    def set_fitted(self, fitted: bool) -> None:
+        self.fit_button.setChecked(fitted)
+        if fitted != self.canvas.fitted:
+            self.canvas.set_fitted(fitted)
+            self._remember("view/colour_fitted", "true" if fitted else "false")
+            self._update_header()
+            self.scale_changed.emit(fitted)
+
+    def _remember(self, key: str, value: str) -> None:
+        if self.remember:
+            storage.settings().setValue(key, value)
 
     def set_run(self, run: RunState | None) -> None:
         self.canvas.set_run(run)
@@ -392,12 +482,15 @@ class CanvasPanel(QWidget):
 
     def _update_header(self) -> None:
         run = self.canvas.run
+        mode, fitted = self.canvas.mode, self.canvas.fitted
         if run is None or not run.events:
+            self.legend.set_scale(mode, self.legend.scale, fitted)
             self.status.setText("")
             return
-        self.legend.set_scale(self.canvas.mode, value_range(run, self.canvas.mode))
-        e = run.events[run.clamp(self.canvas.step)]
+        self.legend.set_scale(mode, self.canvas.scale, fitted)
+        k = run.clamp(self.canvas.step)
+        e = run.events[k]
         self.status.setText(
-            f"step {e.step + 1}/{e.steps_allowed} · block {e.block + 1}/{e.n_blocks} · "
+            f"{run.step_label(k)} · block {e.block + 1}/{e.n_blocks} · "
             f"{int(e.gen_mask.sum())} of {run.gen_length} masked · "
             f"{len(e.unmasked)} decided this step")

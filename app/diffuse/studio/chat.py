@@ -1,17 +1,21 @@
 """Chat panel: the conversation, the prompt box and the run buttons.
 
-While a run goes, the answer being denoised is shown as it stands (committed tokens, masks as
-░); when it ends the decoded answer replaces it and is saved with a link to the run's recording.
+While a run goes, the answer being denoised is shown as it stands (committed text, masks as ░);
+when it ends the decoded answer replaces it and is saved with a link to the run's recording. The
+conversation goes into the prompt with its oldest turns left out as far as the model's context
+requires (the chat says so); a message whose run failed stays on screen, marked, and is not sent
+again. Clear and Delete ask first.
 """
 from __future__ import annotations
 
 import html
 import time
+from typing import Callable
 
 from PySide6.QtCore import QUrl, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QMessageBox, QPlainTextEdit,
-                               QPushButton, QTextBrowser, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QComboBox, QGridLayout, QHBoxLayout, QLabel, QMessageBox,
+                               QPlainTextEdit, QPushButton, QTextBrowser, QVBoxLayout, QWidget)
 
 from diffuse import DiffuseError
 from diffuse.studio.conversations import Conversation, ConversationStore, Message
@@ -24,11 +28,32 @@ def _text_html(text: str) -> str:
     return f"<span style='white-space:pre-wrap'>{body}</span>"
 
 
+def fit_history(tokenizer, messages: list[dict], gen_length: int,
+                n_ctx: int) -> tuple[list[int], int]:
+    """Token ids of the templated conversation with its oldest turns left out, whole exchanges
+    at a time, until the prompt and `gen_length` fit in the model's `n_ctx` positions; and how
+    many messages were left out. DiffuseError if the latest message alone does not fit."""
+    room = n_ctx - gen_length
+    for start in (i for i, m in enumerate(messages) if m["role"] == "user"):
+        ids = tokenizer.encode(tokenizer.apply_chat_template(messages[start:]))
+        if len(ids) <= room:
+            return ids, start
+    raise DiffuseError(f"the prompt takes {len(ids)} tokens: with gen_length {gen_length} it "
+                       f"exceeds the model's context of {n_ctx}; shorten it or lower gen_length")
+
+
+def left_out_note(n: int) -> str:
+    return (f"The {n} oldest message{'s' * (n != 1)} of this conversation were left out of the "
+            f"prompt to fit the model's context.")
+
+
 def answer_meta(run: RunState, recording: str | None) -> dict:
     """What an answer remembers of its run."""
     res = run.result
     meta = {"options": run.options, "model": run.recording.model.get("name", ""),
             "recording": recording, "time": time.time()}
+    if run.left_out:
+        meta["left_out"] = run.left_out
     if res is not None:
         meta.update(steps=res.steps, steps_allowed=res.steps_allowed, total_ms=res.total_ms,
                     stop_reason=res.stop_reason,
@@ -46,7 +71,11 @@ class ChatPanel(QWidget):
         self.store = store or ConversationStore()
         self.conversation = Conversation()
         self._pending: str | None = None       # the answer being denoised, as it stands
-        self._error: str | None = None
+        self._pending_left_out = 0             # messages its prompt left out
+        self._progress_of: tuple | None = None  # (run, step) the pending answer shows
+        self._asking: Message | None = None    # the user's message of the run going
+        self._error: str | None = None         # a failure no message of the chat asked for
+        self.confirm_box: QMessageBox | None = None
         self.busy = False
         self.model_ready = False
 
@@ -54,7 +83,7 @@ class ChatPanel(QWidget):
         self.picker.setToolTip("Saved conversations")
         self.picker.setSizeAdjustPolicy(
             QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.picker.setMinimumContentsLength(12)
+        self.picker.setMinimumContentsLength(6)
         self.picker.activated.connect(self._picked)
         new = QPushButton("New")
         new.setToolTip("Start a new conversation")
@@ -90,12 +119,12 @@ class ChatPanel(QWidget):
         self.clear_button.clicked.connect(self.clear)
         self.hint = QLabel()
         self.hint.setObjectName("Muted")
-        buttons = QHBoxLayout()
-        for b in (self.copy_button, self.regenerate_button, self.clear_button):
-            buttons.addWidget(b)
-        buttons.addStretch(1)
-        buttons.addWidget(self.stop_button)
-        buttons.addWidget(self.generate_button)
+        # Two rows, so that the panel fits beside the canvas on a 1024-pixel screen.
+        buttons = QGridLayout()
+        for k, b in enumerate((self.copy_button, self.regenerate_button, self.clear_button)):
+            buttons.addWidget(b, 0, k)
+        buttons.addWidget(self.stop_button, 1, 0)
+        buttons.addWidget(self.generate_button, 1, 1, 1, 2)
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
@@ -158,9 +187,34 @@ class ChatPanel(QWidget):
     def delete_conversation(self) -> None:
         if self.busy:
             return
-        self.store.delete(self.conversation.id)
-        self.conversation = Conversation()
-        self._restore()
+        conv = self.conversation
+
+        def delete():
+            self.store.delete(conv.id)
+            self.conversation = Conversation()
+            self._restore()
+        if conv.messages:
+            self._confirm(f"Delete the conversation “{conv.title}”? This cannot be undone.",
+                          "Delete", delete)
+        else:                # nothing to lose: no question
+            delete()
+
+    def _confirm(self, question: str, verb: str, action: Callable[[], None]) -> None:
+        """Ask before anything is lost; window-modal (the conversation cannot change meanwhile)
+        without blocking the event loop, so runs keep drawing. Nothing changes, on screen or on
+        disk, unless the user says yes."""
+        box = QMessageBox(QMessageBox.Icon.Question, "Diffuse Studio", question,
+                          QMessageBox.StandardButton.Cancel, self)
+        yes = box.addButton(verb, QMessageBox.ButtonRole.DestructiveRole)
+        box.setDefaultButton(QMessageBox.StandardButton.Cancel)
+        yes.clicked.connect(action)
+        box.finished.connect(self._confirmed)
+        box.finished.connect(box.deleteLater)     # once answered and its handlers have returned
+        self.confirm_box = box
+        box.open()
+
+    def _confirmed(self) -> None:
+        self.confirm_box = None
 
     def _save(self) -> None:
         self.store.save(self.conversation)
@@ -173,26 +227,29 @@ class ChatPanel(QWidget):
         if not text or self.busy or not self.model_ready:
             return
         self.prompt.clear()
-        self.conversation.messages.append(Message("user", text))
+        message = Message("user", text)
+        self.conversation.messages.append(message)
         self._save()
-        self._request(text)
+        self._request(message)
 
     def regenerate(self) -> None:
-        """Drop the last answer and ask again with the same prompt."""
+        """Drop the last answer and ask again with the same prompt (a failed one included)."""
         msgs = self.conversation.messages
         if self.busy or not self.model_ready or not msgs:
             return
         if msgs[-1].role == "assistant":
             msgs.pop()
-            self._save()
         if msgs and msgs[-1].role == "user":
-            self._request(msgs[-1].text)
+            msgs[-1].meta.pop("failed", None)
+            self._save()
+            self._request(msgs[-1])
 
-    def _request(self, text: str) -> None:
+    def _request(self, message: Message) -> None:
         self._error = None
-        self._pending = ""
+        self._asking = message
+        self._pending, self._pending_left_out = "", 0
         self.render()
-        self.generate_requested.emit(text, self.conversation.chat_messages())
+        self.generate_requested.emit(message.text, self.conversation.chat_messages())
 
     def copy_answer(self) -> None:
         answer = next((m.text for m in reversed(self.conversation.messages)
@@ -202,12 +259,15 @@ class ChatPanel(QWidget):
             self.hint.setText("Answer copied to the clipboard")
 
     def clear(self) -> None:
-        if self.busy:
+        if self.busy or not self.conversation.messages:
             return
-        self.conversation.messages.clear()
-        self._error = None
-        self._save()
-        self.render()
+        def clear():
+            self.conversation.messages.clear()
+            self._error = None
+            self._save()
+            self.render()
+        self._confirm(f"Remove all {len(self.conversation.messages)} messages of "
+                      f"“{self.conversation.title}”?", "Clear", clear)
 
     def _link(self, url: QUrl) -> None:
         kind, _, index = url.toString().partition(":")
@@ -232,13 +292,15 @@ class ChatPanel(QWidget):
         self.hint.setText(f"Model: {name}" if ready else "Load a model in the Models tab first")
         self._update_buttons()
 
-    def show_progress(self, run: RunState) -> None:
-        if run.events:
-            self._pending = run.text_at(run.n_steps - 1)
+    def show_progress(self, run: RunState, step: int) -> None:
+        """The answer as it stands at the shown `step` of the run going."""
+        if run.events and (run, run.clamp(step)) != self._progress_of:
+            self._progress_of = (run, run.clamp(step))    # decoding and layout take a while
+            self._pending, self._pending_left_out = run.text_at(run.clamp(step)), run.left_out
             self.render()
 
     def add_answer(self, run: RunState, recording: str | None) -> None:
-        self._pending = None
+        self._pending, self._asking = None, None
         res = run.result
         self.conversation.messages.append(Message("assistant", res.text if res else "",
                                                   answer_meta(run, recording)))
@@ -246,8 +308,14 @@ class ChatPanel(QWidget):
         self.render()
 
     def show_error(self, message: str) -> None:
+        """The run asked for failed: its message is marked, kept on screen, never sent again."""
         self._pending = None
-        self._error = message
+        if self._asking is not None:
+            self._asking.meta["failed"] = message
+            self._asking = None
+            self._save()
+        else:
+            self._error = message
         self.render()
 
     def _update_buttons(self) -> None:
@@ -265,11 +333,19 @@ class ChatPanel(QWidget):
         at_bottom = bar.value() >= bar.maximum() - 4
         parts = []
         for i, m in enumerate(self.conversation.messages):
-            if m.role == "user":
+            if m.role == "user" and "failed" in m.meta:
+                why = f"<br><span style='color:#ff5c7a'>{html.escape(m.meta['failed'])}</span>"
+                parts.append(self._bubble("You · run failed, not sent again", "#ff5c7a",
+                                          "#2a1a20", _text_html(m.text) + why))
+            elif m.role == "user":
                 parts.append(self._bubble("You", "#5ad1c8", "#1b2430", _text_html(m.text)))
             else:
+                if m.meta.get("left_out"):
+                    parts.append(self._notice(left_out_note(m.meta["left_out"])))
                 parts.append(self._bubble(m.meta.get("model") or "Answer", "#f2a541", "#1a1d25",
                                           _text_html(m.text), self._answer_note(i, m)))
+        if self._pending_left_out and self._pending is not None:
+            parts.append(self._notice(left_out_note(self._pending_left_out)))
         if self._pending is not None:
             body = _text_html(self._pending or MASK_GLYPH * 3)
             parts.append(self._bubble("Denoising…", "#f2a541", "#1a1d25", body))
@@ -282,6 +358,10 @@ class ChatPanel(QWidget):
         self.view.setHtml("".join(parts))
         if at_bottom:
             bar.setValue(bar.maximum())
+
+    @staticmethod
+    def _notice(text: str) -> str:
+        return f"<p style='color:#8a90a2'><i>{html.escape(text)}</i></p>"
 
     @staticmethod
     def _bubble(who: str, color: str, background: str, body: str, note: str = "") -> str:

@@ -27,14 +27,16 @@ MAX_FILE_BYTES = 64 * 2**20         # far more than any chat; a bigger file is n
 # What answers' meta may hold that the chat panel reads, and the types it needs.
 _META_TYPES = {"model": (str,), "recording": (str, type(None)), "options": (dict, type(None)),
                "steps": (int,), "steps_allowed": (int,), "total_ms": (int, float),
-               "stop_reason": (str,)}
+               "stop_reason": (str,), "failed": (str,), "left_out": (int,)}
 
 
 @dataclass
 class Message:
     role: str                      # "user" | "assistant"
     text: str
-    meta: dict = field(default_factory=dict)   # answers: steps, total_ms, options, recording
+    # answers: steps, total_ms, options, recording, left_out (oldest messages not in the prompt);
+    # a user's message whose run failed: failed (why)
+    meta: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -45,8 +47,10 @@ class Conversation:
     messages: list[Message] = field(default_factory=list)
 
     def chat_messages(self) -> list[dict]:
-        """The turns as chat-template messages ({role, content})."""
-        return [{"role": m.role, "content": m.text} for m in self.messages]
+        """The turns as chat-template messages ({role, content}); a message whose run failed
+        stays on screen but is not sent again."""
+        return [{"role": m.role, "content": m.text} for m in self.messages
+                if "failed" not in m.meta]
 
 
 class ConversationStore:

@@ -16,6 +16,7 @@ from diffuse.events import GenerateResult, StepEvent
 from diffuse.recording import Recording
 
 MASK_GLYPH = "░"
+FIT_PERCENTILES = (5, 95)     # a fitted colour scale spans these percentiles of the run's values
 
 
 class RunState:
@@ -31,6 +32,9 @@ class RunState:
         self.gen_length = 0
         self.n_steps = 0
         self.failed: str | None = None
+        self.left_out = 0     # oldest chat messages left out of the prompt to fit the context
+        self.cpu_percent: np.ndarray | None = None    # per core, over the run (set when it ends)
+        self._fitted: dict[str, tuple[float, float] | None] = {}    # fitted_range, by mode
 
     @classmethod
     def from_recording(cls, rec: Recording) -> RunState:
@@ -67,6 +71,12 @@ class RunState:
     @property
     def steps_allowed(self) -> int:
         return self.events[-1].steps_allowed if self.events else 0
+
+    def step_label(self, step: int) -> str:
+        """"step k/n" for every view: n is the steps used once the run is over, the budget while
+        it goes."""
+        total = self.n_steps if self.done else max(self.steps_allowed, self.n_steps)
+        return f"step {self.events[step].step + 1}/{total}"
 
     def piece(self, token_id: int) -> str:
         """Text of one token; cached in the recording so replays need no tokenizer."""
@@ -139,6 +149,7 @@ class RunState:
         if still.size:
             self.masked_min[k], self.masked_median[k] = still.min(), np.median(still)
         self.n_steps += 1
+        self._fitted = {}
 
     def finish(self, result: GenerateResult | None) -> None:
         self.recording.finish(result)
@@ -161,18 +172,47 @@ class RunState:
         decided = (self.decided_step >= 0) & (self.decided_step <= self.events[step].step)
         return np.where(decided, commit, latest[step])
 
+    def fitted_range(self, mode: str) -> tuple[float, float] | None:
+        """The FIT_PERCENTILES of the entropy (or top-1 probability) the answer's text tokens had
+        when committed, or None before any; special tokens (end-of-text, near 0 nats) are left
+        out, so the band of the text fills the colours. Kept until the next step (views ask on
+        every redraw)."""
+        if mode not in self._fitted:
+            values = self.commit_entropy if mode == "entropy" else self.commit_confidence
+            special = np.isin(self.events[-1].gen_tokens, list(self.special_ids))
+            values = values[~special & np.isfinite(values)]
+            self._fitted[mode] = None
+            if values.size:
+                lo, hi = (float(v) for v in np.percentile(values, FIT_PERCENTILES))
+                self._fitted[mode] = (lo, max(hi, lo + 1e-3))
+        return self._fitted[mode]
+
     def text_at(self, step: int) -> str:
-        """The answer as it stands after `step`: committed pieces, masks as MASK_GLYPH."""
+        """The answer as it stands after `step`, as a reader sees it: committed text without
+        special tokens, masks as MASK_GLYPH. Each stretch of committed tokens is decoded at once
+        (a character may span tokens), and a character cut by a mask is held back."""
         event = self.events[step]
-        out = []
+        stretches, stretch = [], []          # token ids of the committed text between masks
         for tid, masked in zip(event.gen_tokens.tolist(), event.gen_mask.tolist()):
             if masked:
-                out.append(MASK_GLYPH)
+                stretches.append(stretch)
+                stretch = []
             elif tid in self.eos_ids:
                 break
-            else:
-                out.append(self.piece(tid))
-        return "".join(out).rstrip(MASK_GLYPH)
+            elif tid not in self.special_ids:
+                stretch.append(tid)
+        texts = [self._decode_stretch(s) for s in stretches + [stretch]]
+        if len(texts) > 1:      # a character cut by a mask decodes to U+FFFD at its edges
+            texts = [t.strip("\ufffd") for t in texts]
+        return MASK_GLYPH.join(texts).rstrip(MASK_GLYPH)
+
+    def _decode_stretch(self, ids: list[int]) -> str:
+        if self._decode is not None and ids:
+            try:
+                return self._decode(ids)
+            except DiffuseError:   # a damaged tokenizer: the pieces as recorded
+                pass
+        return "".join(self.piece(t) for t in ids)
 
     def differs_from(self, other: RunState) -> np.ndarray:
         """bool (G,): generated positions whose final tokens differ between two runs."""

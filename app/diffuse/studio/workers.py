@@ -13,6 +13,8 @@ import logging
 import threading
 from typing import Any, Callable
 
+import numpy as np
+import psutil
 from PySide6.QtCore import (QCoreApplication, QDeadlineTimer, QMetaObject, QObject, Qt,
                             QThread, Signal, Slot)
 
@@ -27,6 +29,15 @@ def _message(exc: BaseException) -> str:
     except BaseException:         # a hostile __str__ must not hide the failure itself
         text = "(no message)"
     return text if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {text}"
+
+
+def cpu_busy(before: list, after: list) -> np.ndarray:
+    """Per-core busy percent between two psutil.cpu_times(percpu=True) readings."""
+    out = []
+    for a, b in zip(before, after):
+        total = sum(b) - sum(a)
+        out.append(100.0 * (1.0 - (b.idle - a.idle) / total) if total > 0 else 0.0)
+    return np.clip(np.array(out), 0.0, 100.0)
 
 
 def _call(fn: Callable, what: str, finished: Signal, failed: Signal) -> None:
@@ -54,7 +65,7 @@ class _GenerateWorker(QObject):
     """Lives on the engine thread."""
 
     stepped = Signal(object)      # StepEvent
-    finished = Signal(object)     # GenerateResult
+    finished = Signal(object)     # (GenerateResult, per-core CPU percent over the run)
     failed = Signal(str)
 
     def __init__(self):
@@ -66,7 +77,10 @@ class _GenerateWorker(QObject):
         def generate():
             # A chat template or tokenizer can hang or panic: call it here, off the GUI thread.
             text = prompt() if callable(prompt) else prompt
-            return model.generate(text, on_step=self._on_step, **options)
+            # Read around the run itself: a sub-second run falls between a GUI timer's samples.
+            before = psutil.cpu_times(percpu=True)
+            result = model.generate(text, on_step=self._on_step, **options)
+            return result, cpu_busy(before, psutil.cpu_times(percpu=True))
         _call(generate, "generation", self.finished, self.failed)
 
     def _on_step(self, event) -> bool:
@@ -134,8 +148,9 @@ class Engine(QObject):
             self.run.add(event)
             self.run_stepped.emit(self.run)
 
-    def _on_finished(self, result) -> None:
+    def _on_finished(self, value) -> None:
         run, self.run = self.run, None
+        result, run.cpu_percent = value
         run.finish(result)
         self.busy_changed.emit(False)
         self.run_finished.emit(run)
