@@ -60,18 +60,22 @@ def _use_more_bits(layer: int, n_layer: int) -> bool:
     return layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
 
 
-def tensor_type(name: str, shape: tuple, qtype: str, n_layer: int, has_output: bool) -> T:
+def tensor_type(name: str, shape: tuple, qtype: str, n_layer: int, has_output: bool, n_expert: int = 0) -> T:
     """The output type of one tensor (shape in ggml order), following llama.cpp's
     llama_tensor_get_type for the roles our models have (src/llama-quant.cpp):
 
-    - 1-D tensors (norms, Dream's q/k/v biases) and norm weights stay F32;
+    - 1-D tensors (norms, Dream's q/k/v biases), norm weights and the MoE router (ffn_gate_inp,
+      which llama.cpp never quantises: a rounded router flips expert choices) stay F32;
     - F16/BF16: every matrix in that type;
     - output.weight (or token_embd.weight when tied to the output) goes to Q6_K, except Q8_0 stays
       Q8_0, and a row length that is no multiple of the default type's block gives Q8_0;
-    - Q4_K_M / Q5_K_M: attn_v and ffn_down go to Q6_K on the layers use_more_bits selects;
+    - Q4_K_M / Q5_K_M: attn_v and ffn_down (the 3-D ffn_down_exps of MoE too) go to Q6_K on the
+      layers use_more_bits selects; 3-D expert tensors are quantised row by row like any matrix;
+    - models of exactly 8 experts (llama.cpp's rule for Mixtral-like MoE): attn_v and attn_k go to
+      Q8_0, and with Q4_K_M attn_output to Q5_K (LLaDA-MoE has 64: no change);
     - everything else takes the default type; then the block-size fallback applies.
     """
-    if len(shape) < 2 or not name.endswith("weight") or name.endswith("_norm.weight"):
+    if len(shape) < 2 or not name.endswith("weight") or name.endswith(("_norm.weight", "ffn_gate_inp.weight")):
         return T.F32
     q = QTYPES[qtype]
     if q.default in _FLOAT_TYPES:
@@ -83,9 +87,13 @@ def tensor_type(name: str, shape: tuple, qtype: str, n_layer: int, has_output: b
             t = T.Q8_0
         elif q.default != T.Q8_0:
             t = T.Q6_K
-    elif q.k_mix and (m := _LAYER.match(name)) and (".attn_v." in name or ".ffn_down." in name):
+    elif q.k_mix and (m := _LAYER.match(name)) and (".attn_v." in name or ".ffn_down" in name):
         if _use_more_bits(int(m.group(1)), n_layer):
             t = T.Q6_K
+    if n_expert == 8 and (".attn_v." in name or ".attn_k." in name):
+        t = T.Q8_0
+    elif n_expert == 8 and qtype == "Q4_K_M" and ".attn_output." in name:
+        t = T.Q5_K
     if ncols % _block(t) != 0:
         t = _FALLBACK.get(t, t)
         if ncols % _block(t) != 0:
@@ -98,8 +106,9 @@ def plan(info: gguf_file.GGUFInfo, qtype: str) -> list[gguf_file.OutTensor]:
     layers = [int(m.group(1)) for t in info.tensors if (m := _LAYER.match(t.name))]
     n_layer = max(layers) + 1 if layers else 0
     has_output = info.tensor("output.weight") is not None
-    return [gguf_file.OutTensor(t.name, int(tensor_type(t.name, t.shape, qtype, n_layer, has_output)), t.shape)
-            for t in info.tensors]
+    n_expert = info.kv.get(f"{info.architecture}.expert_count", 0)
+    return [gguf_file.OutTensor(t.name, int(tensor_type(t.name, t.shape, qtype, n_layer, has_output, n_expert)),
+                                t.shape) for t in info.tensors]
 
 
 def quantize_file(in_path: str | os.PathLike, out_path: str | os.PathLike, qtype: str,
@@ -109,7 +118,8 @@ def quantize_file(in_path: str | os.PathLike, out_path: str | os.PathLike, qtype
     """Write `in_path` (any GGUF model, any weight types) to `out_path` in `qtype`
     (F16, BF16, Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K).
 
-    progress(done_bytes, total_bytes, tensor_name) is called as input is consumed; warn(text) gets
+    progress(done_bytes, total_bytes, tensor_name) counts the output file's tensor bytes as they are
+    made, chunk by chunk (each tensor is written once made); warn(text) gets
     what the user should know about the result (a re-quantised input, a tokenizer carried along).
     Returns the output path, or None when cancel() returned True (nothing is left behind). The file
     appears under its name only when complete.
@@ -145,7 +155,7 @@ def quantize_file(in_path: str | os.PathLike, out_path: str | os.PathLike, qtype
     if QTYPES[qtype].default not in _FLOAT_TYPES:
         kv["general.quantization_version"], kv_types["general.quantization_version"] = 2, "u32"
 
-    total = sum(t.nbytes for t in info.tensors)
+    total = sum(t.nbytes for t in out_tensors)   # output bytes: the percentage follows the file
     done = 0
 
     def report(n: int, name: str) -> None:
@@ -195,10 +205,11 @@ _CHUNK_FLOATS = 1 << 20
 
 def _convert(src: gguf_file.TensorInfo, dst: gguf_file.OutTensor, pool: ThreadPoolExecutor,
              report: Callable[[int, str], None]) -> np.ndarray:
-    """One tensor in its output type: uint8 (rows, bytes per row)."""
+    """One tensor in its output type: uint8 (rows, bytes per row); report(n, name) counts its
+    output bytes as they are made."""
     raw = src.raw()                                   # uint8 (rows, bytes per row), memory-mapped
     if src.type == dst.type:
-        report(src.nbytes, src.name)
+        report(dst.nbytes, src.name)
         return raw
     src_type = T(src.type)   # the engine accepted the file, so a type gguf-py decodes
     rows, cols = raw.shape[0], src.shape[0]
@@ -214,5 +225,5 @@ def _convert(src: gguf_file.TensorInfo, dst: gguf_file.OutTensor, pool: ThreadPo
 
     # Results in order, so that progress and cancellation advance as chunks finish.
     for n in pool.map(work, range(0, rows, step)):
-        report(n * raw.shape[1], src.name)
+        report(n * out_row_bytes, src.name)
     return out

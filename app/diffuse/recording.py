@@ -15,6 +15,8 @@ N = prompt + generated positions:
     entropy, confidence  float32 (S, N), NaN where not evaluated
     <ragged>_values      int32 (sum of lengths,) for unmasked, active, cached ...
     <ragged>_offsets     int64 (S + 1,) ... event k owns values[offsets[k]:offsets[k + 1]]
+    experts_values       int16, MoE runs only: every event's experts (n_layer, n_active, k), flat
+    experts_offsets      int64 (S + 1,), experts_dims int32 (S, 2): (n_layer, k), (0, 0) = none
     result_<array>       the result's arrays (tokens, prompt_tokens, step_ms, ...)
 """
 from __future__ import annotations
@@ -47,6 +49,8 @@ _DENSE_DTYPES = {"tokens": np.int32, "mask": np.bool_, "entropy": np.float32,
                  "confidence": np.float32}
 _RAGGED = ("unmasked", "active", "cached")
 _RESULT_ARRAYS = ("tokens", "prompt_tokens", "step_ms", "forward_ms", "sample_ms", "decided_step")
+_EXPERTS = {"experts_values": (np.int16, 1), "experts_offsets": (np.int64, 1), "experts_dims": (np.int32, 2)}
+_MAX_EXPERT = 4096      # the engine's bound on experts per layer
 _RESULT_SCALARS = ("text", "steps", "steps_allowed", "stop_reason", "total_ms", "gen_length",
                    "useful_length")
 
@@ -56,7 +60,8 @@ _SCHEMA = ({"meta": (np.uint8, 1)} | {f"step_{n}": (np.float64, 1) for n in _SCA
            | {f"{n}_values": (np.int32, 1) for n in _RAGGED}
            | {f"{n}_offsets": (np.int64, 1) for n in _RAGGED}
            | {f"result_{n}": (np.float64 if n.endswith("_ms") else np.int32, 1)
-              for n in _RESULT_ARRAYS})
+              for n in _RESULT_ARRAYS}
+           | _EXPERTS)     # optional: only runs of MoE models have them
 MAX_BYTES = 256 * 2**20     # the most a recording may hold, loaded (a long real run is ~50 MB)
 # A replay's view keeps four float32 and one int8 per allowed step and position
 # (studio.run_state): steps_allowed is bounded so that this fits in MAX_BYTES too.
@@ -147,6 +152,8 @@ class Recording:
                                         else np.zeros(0, np.int32))
             arrays[f"{name}_offsets"] = np.concatenate(
                 [[0], np.cumsum([len(p) for p in parts], dtype=np.int64)]).astype(np.int64)
+        if any(e.experts is not None for e in ev):
+            arrays.update(_experts_arrays(ev))
         result = None
         if self.result is not None:
             result = {name: getattr(self.result, name) for name in _RESULT_SCALARS}
@@ -240,8 +247,21 @@ def _events_from(data: dict[str, np.ndarray]) -> list[StepEvent]:
         for name in _RAGGED:
             off = data[f"{name}_offsets"]
             kw[name] = data[f"{name}_values"][off[k]:off[k + 1]]
+        if "experts_dims" in data and data["experts_dims"][k, 0] > 0:
+            off, (n_layer, used) = data["experts_offsets"], data["experts_dims"][k]
+            kw["experts"] = data["experts_values"][off[k]:off[k + 1]].astype(np.int32).reshape(
+                n_layer, len(kw["active"]), used)
         events.append(StepEvent(**kw))
     return events
+
+
+def _experts_arrays(events: list[StepEvent]) -> dict[str, np.ndarray]:
+    """The events' expert routing as the experts_* members (an event without any: dims (0, 0))."""
+    parts = [np.zeros(0, np.int16) if e.experts is None else np.asarray(e.experts, np.int16).ravel() for e in events]
+    dims = [(0, 0) if e.experts is None else (e.experts.shape[0], e.experts.shape[2]) for e in events]
+    return {"experts_values": np.concatenate(parts),
+            "experts_offsets": np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64),
+            "experts_dims": np.asarray(dims, np.int32).reshape(len(events), 2)}
 
 
 def _read_members(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -267,12 +287,14 @@ def _read_members(path: str | os.PathLike) -> dict[str, np.ndarray]:
 def _read_npy(fp, name: str, size: int) -> np.ndarray:
     """One .npy member, its header checked against _SCHEMA and `size` before reading data."""
     version = np.lib.format.read_magic(fp)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(fp)
-    elif version == (2, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(fp)
-    else:
+    if version not in ((1, 0), (2, 0)):
         raise ValueError(f"{name}: .npy format {version}")
+    try:
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        shape, fortran, dtype = read_header(fp)
+    except ValueError:     # numpy's own text advises unsafe loading options: not for our users
+        raise ValueError(f"{name}: an array header we do not write") from None
     want, ndim = _SCHEMA[name]
     if dtype != np.dtype(want) or len(shape) != ndim or fortran or min(shape, default=0) < 0:
         raise ValueError(f"{name}: {dtype.str} {shape}{' (Fortran order)' if fortran else ''}, "
@@ -302,7 +324,7 @@ def _check(data: dict[str, np.ndarray]) -> dict:
     for k, v in meta["pieces"].items():
         if not (k.isascii() and k.isdigit() and len(k) < 12 and isinstance(v, str)):
             raise ValueError(f"piece {k[:20]!r}: expected a token id and its text")
-    missing = [n for n in _SCHEMA if n not in data
+    missing = [n for n in _SCHEMA if n not in data and n not in _EXPERTS
                and not (n.startswith("result_") and meta.get("result") is None)]
     if missing:
         raise ValueError(f"missing members {', '.join(missing)}")
@@ -331,6 +353,8 @@ def _check(data: dict[str, np.ndarray]) -> dict:
             raise ValueError(f"{name}_offsets do not split {name}_values")
         if values.size and (values.min() < 0 or values.max() >= n):
             raise ValueError(f"{name}_values are not positions in [0, {n})")
+    if any(name in data for name in _EXPERTS):
+        _check_experts(data, s)
     result = meta.get("result")
     if result is not None:
         if not isinstance(result, dict) or set(result) != set(_RESULT_SCALARS):
@@ -346,6 +370,21 @@ def _check(data: dict[str, np.ndarray]) -> dict:
             raise ValueError(f"result steps_allowed {result['steps_allowed']} is more than "
                              f"{steps_cap} for {n} positions")
     return meta
+
+
+def _check_experts(data: dict[str, np.ndarray], s: int) -> None:
+    """Each event's routing fills (n_layer, its active count, k) exactly, with ids in [-1, 4096)."""
+    if any(name not in data for name in _EXPERTS):
+        raise ValueError(f"expected all of {', '.join(_EXPERTS)}")
+    dims, off, values = _shape(data, "experts_dims", (s, 2)), _shape(data, "experts_offsets", (s + 1,)), \
+        data["experts_values"]
+    active = np.diff(data["active_offsets"])
+    size = dims[:, 0].astype(np.int64) * dims[:, 1] * active
+    if (dims < 0).any() or (dims > _MAX_EXPERT).any() or off[0] != 0 or (np.diff(off) != size).any() \
+            or off[-1] != values.shape[0]:
+        raise ValueError("experts_offsets and experts_dims do not split experts_values")
+    if values.size and (values.min() < -1 or values.max() >= _MAX_EXPERT):
+        raise ValueError(f"experts_values are not expert ids in [-1, {_MAX_EXPERT})")
 
 
 def _want(d: dict, key: str, kind: type) -> None:

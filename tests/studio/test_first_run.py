@@ -1,15 +1,17 @@
-"""The "Getting real models" dialog: catalog facts against this computer's RAM, the three ways
-to a real model (convert + quantise a folder, pick a GGUF, download from a local stand-in hub),
-cancel and refusals, and when it opens at start. No network: the hub is tests/fixtures/fake_hub."""
+"""The "Getting real models" dialog: catalog facts against this computer's RAM, the ways to a
+real model (the ready GGUF or the checkpoint folder downloaded from a local stand-in hub, convert
++ quantise a folder, pick a GGUF), cancel and refusals, and when it opens at start. No network:
+the hub is tests/fixtures/fake_hub."""
 from __future__ import annotations
 
 import shutil
 import socket
 
 import pytest
-from fixtures.fake_hub import FakeHub
+from fixtures.fake_hub import GGUF_FILE, GGUF_REPO, FakeHub
 
-from diffuse.studio import first_run, storage
+from diffuse import catalog
+from diffuse.studio import first_run, storage, theme
 from diffuse.studio.first_run import FirstRunDialog
 from diffuse.studio.model_panel import inspect_model
 
@@ -52,26 +54,38 @@ def test_catalog_facts_against_this_computers_ram(dialog, monkeypatch):
     ram = psutil.virtual_memory()._replace(total=int(8 * GB))
     monkeypatch.setattr(psutil, "virtual_memory", lambda: ram)
     d = dialog()
-    catalog = first_run.load_catalog()
-    assert [c.model["name"] for c in d.cards] == [m["name"] for m in catalog]
-    assert {"LLaDA-8B-Instruct", "Dream-v0-Instruct-7B"} <= {m["name"] for m in catalog}
+    models = catalog.load()
+    assert [c.model["name"] for c in d.cards] == [m["name"] for m in models]
+    assert {"LLaDA-8B-Instruct", "Dream-v0-Instruct-7B",
+            "LLaDA-MoE-7B-A1B-Instruct"} <= {m["name"] for m in models}
     llada = card(d, "llada")
     text = llada.findChildren(first_run.QLabel)[0].text()
     q = llada.model["quantizations"]
     for name, need in q.items():
-        assert f"{name.upper()}" in text and f"{need['ram_gb']:.1f} GB" in text
+        assert f"{name.upper()}" in text and theme.gib(need["ram_gb"] * GB) in text
     # 8 GB of RAM: Q4_K_M (6 GB) fits, F16 (17 GB) does not.
     rows = {line.split("</td>")[0]: line for line in text.split("<tr><td>")[1:]}
     assert "fits" in rows["Q4_K_M (recommended)"]
-    assert "more than this computer's 8 GB" in rows["F16"]
+    assert f"more than this computer's {theme.gib(8 * GB)}" in rows["F16"]
     assert llada.qtype.currentData() == "Q4_K_M"
+    # The ready GGUF beside the folder: its own file size and the RAM that file needs.
+    gguf = llada.model["ready_gguf"]
+    ready = text.split("<b>Ready GGUF</b>")[1].split("<br>")[0]
+    assert gguf["file"] in ready and f"about {gguf['file_gb']:.1f} GB" in ready
+    assert f"needs {theme.gib(gguf['ram_gb'] * GB)} of RAM" in ready and "fits" in ready
+    assert "Download the ready GGUF (about 4.9 GB)" == llada.gguf_button.text()
+    moe = card(d, "llada-moe")
+    moe_text = moe.findChildren(first_run.QLabel)[0].text()
+    assert f"4.52 GB · needs {theme.gib(5.5 * GB)} of RAM" in moe_text
+    assert "8 of 64 experts" in moe_text
 
 
 def test_offline_says_so_and_turns_download_off(dialog):
     d = dialog()
     assert d.online_label.text().startswith("This computer is offline")
     assert "Convert a downloaded folder" in d.online_label.text()
-    assert all(not c.download_button.isEnabled() for c in d.cards)
+    assert all(not b.isEnabled() for c in d.cards for b in c.download_buttons())
+    assert all(c.gguf_button is not None for c in d.cards)
     assert all(c.convert_button.isEnabled() for c in d.cards)
 
 
@@ -184,3 +198,34 @@ def test_first_start_opens_the_demo_with_its_suggested_settings():
     assert demo is not None and demo.name == "diffuse-demo-3m.gguf"
     suggested = storage.demo_options()
     assert suggested["temperature"] > 0 and suggested["gen_length"] <= 128
+
+
+def test_download_the_ready_gguf(dialog, qtbot, gguf_repo, ready_model, small_chunks,
+                                 monkeypatch):
+    with FakeHub({GGUF_REPO: gguf_repo}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        d = dialog()
+        assert all(c.gguf_button.isEnabled() for c in d.cards)
+        seen = []
+        with qtbot.waitSignal(d.model_ready, timeout=JOB_TIMEOUT_MS) as ready:
+            assert d.download_gguf(ready_model)
+            d.job.progressed.connect(lambda done, total, what: seen.append(done))
+            assert not d.cards[0].gguf_button.isEnabled()       # one job at a time
+    out = first_run.models_dir() / GGUF_FILE
+    assert ready.args == [str(out)]
+    assert out.read_bytes() == (gguf_repo / GGUF_FILE).read_bytes()
+    assert inspect_model(out).family == "llada"
+    assert seen == sorted(seen) and "Ready" in d.message.text()
+    assert "no longer needed" not in d.message.text()           # no folder to delete
+
+
+def test_a_refused_ready_gguf_says_why(dialog, qtbot, gguf_repo, ready_model, monkeypatch):
+    with FakeHub({GGUF_REPO: gguf_repo}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        d = dialog()
+        model = dict(ready_model, ready_gguf=dict(ready_model["ready_gguf"], sha256="0" * 64))
+        assert d.download_gguf(model)
+        qtbot.waitUntil(lambda: d.job is None, timeout=JOB_TIMEOUT_MS)
+    assert "another file than the pinned one" in d.message.text()
+    assert d.message.objectName() == "Warning"
+    assert not list(first_run.models_dir().iterdir())

@@ -179,7 +179,7 @@ def test_chat_flow_saves_every_message(qtbot, recorded_run):
     chat.set_busy(True)
     assert not chat.generate_button.isEnabled() and chat.stop_button.isEnabled()
     run = finished_run(recorded_run)
-    chat.show_progress(run)
+    chat.show_progress(run, -1)
     assert "Denoising" in chat.view.toPlainText()
     chat.set_busy(False)
     chat.add_answer(run, "/tmp/run.npz")
@@ -210,7 +210,8 @@ def test_multi_turn_regenerate_copy_clear(qtbot, recorded_run):
     with qtbot.waitSignal(chat.replay_requested) as replay:
         chat._link(QUrl("replay:3"))
     assert replay.args == ["/tmp/r.npz"]
-    chat.clear()
+    chat.clear()                                          # asks first
+    next(b for b in chat.confirm_box.buttons() if b.text() == "Clear").click()
     assert chat.conversation.messages == []
     assert ChatPanel().conversation.messages == []
 

@@ -64,7 +64,8 @@ def test_a_prompt_too_long_for_the_context_is_refused_in_the_chat(qtbot, window,
     window.set_model(model)
     window.settings_panel.set_options({"gen_length": 224, "block_length": 16, "steps": 224})
     window.chat.prompt.setPlainText("a long prompt " * 10)
-    window.chat.submit()
+    with qtbot.waitSignal(window.engine.run_failed, timeout=5000):   # measured where encoded
+        window.chat.submit()
     assert "exceeds the model's context of 256" in window.chat.view.toPlainText()
     assert model.calls == [] and not window.engine.busy
 

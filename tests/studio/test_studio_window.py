@@ -44,7 +44,7 @@ def test_generate_streams_steps_into_every_view(qtbot, window, fake_model):
     assert model.calls[0]["gen_length"] == 48 and model.calls[0]["scheduler"] is None
     qtbot.waitUntil(lambda: window.timeline.slider.maximum() == res.steps - 1)
     assert window.canvas_panel.canvas.run is run and window.heatmap.run is run
-    assert window.timeline.step() == res.steps - 1
+    qtbot.waitUntil(lambda: window.timeline.step() == res.steps - 1)   # paced: catches up
     # the answer is saved with its recording, which replays the same run
     answer = window.chat.conversation.messages[-1]
     assert answer.role == "assistant" and answer.text == res.text
@@ -130,9 +130,10 @@ def test_multi_turn_prompts_go_in_as_the_templated_conversation(qtbot, window, f
     window.settings_panel.set_options(SMALL)
     generate(qtbot, window, "first")
     generate(qtbot, window, "second")
-    assert model.calls[0]["prompt"] == "first" and model.calls[0]["chat"] is True
-    expected = model.tokenizer.encode(model.tokenizer.apply_chat_template(
-        window.chat.conversation.chat_messages()[:3]))
+    tok = model.tokenizer
+    assert model.calls[0]["prompt"] == tok.encode(tok.apply_chat_template(
+        [{"role": "user", "content": "first"}])) and model.calls[0]["chat"] is True
+    expected = tok.encode(tok.apply_chat_template(window.chat.conversation.chat_messages()[:3]))
     assert model.calls[1]["prompt"] == expected
 
 
@@ -150,7 +151,7 @@ def test_replay_scrub_and_play(qtbot, window, recorded_run, tmp_path):
     qtbot.waitUntil(lambda: window.canvas_panel.canvas.step == 4)
     window.show_step(5)
     qtbot.waitUntil(lambda: window.canvas_panel.canvas.step == 5)
-    assert window.timeline.label.text() == "step 6 / 24"
+    assert window.timeline.label.text() == "step 6/24"
     assert "step 6/24" in window.canvas_panel.status.text()
     window.timeline.play_button.setChecked(True)
     qtbot.waitUntil(lambda: not window.timeline.play_button.isChecked(), timeout=10000)
@@ -215,13 +216,16 @@ def test_entry_point_replays_a_file_and_quits_cleanly(qapp, recorded_run, tmp_pa
                                                       monkeypatch):
     import signal
 
-    from PySide6.QtCore import QTimer
+    from PySide6.QtCore import QCoreApplication, QEvent, QTimer
 
     from diffuse.studio.__main__ import main
     monkeypatch.setattr(signal, "signal", lambda *a: None)    # keep pytest's Ctrl+C handler
     recorded_run("no_cache").save(tmp_path / "run.npz")
     QTimer.singleShot(1500, qapp.quit)
     assert main([str(tmp_path / "run.npz")]) == 0
+    # Closing the window while quitting posted a second Quit: handled after exec() returned, it
+    # would end every later event loop at once (qtbot.wait, waitSignal) for the tests that follow.
+    QCoreApplication.removePostedEvents(qapp, QEvent.Type.Quit)
     window = next(w for w in qapp.topLevelWidgets() if isinstance(w, MainWindow)
                   and w.run is not None and w.run.n_steps == 16)
     assert not window.engine._thread.isRunning()               # quitting stopped the engine

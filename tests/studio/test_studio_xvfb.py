@@ -1,7 +1,10 @@
 """A real window on a real X server (Xvfb): the app starts from its entry point, replays a
-recording, and the screen shows the canvas with the right colours."""
+recording, and the screen shows the canvas with the right colours; the demo model generates for
+real on a small and a large screen with no button text clipped and the canvas in view."""
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -26,20 +29,34 @@ sys.exit(0 if image.save(sys.argv[1]) else 1)
 """
 
 
-@pytest.fixture
-def xserver():
+@contextlib.contextmanager
+def xvfb(size: str = "1600x1000"):
     """Xvfb on a display it picks itself (-displayfd), so parallel runs never collide."""
-    proc = subprocess.Popen(["Xvfb", "-displayfd", "1", "-screen", "0", "1600x1000x24",
+    proc = subprocess.Popen(["Xvfb", "-displayfd", "1", "-screen", "0", f"{size}x24",
                              "-nolisten", "tcp"], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
     display = proc.stdout.readline().decode().strip()     # written once the server is ready
     if not display:
         proc.kill()
         pytest.fail("Xvfb did not start")
-    yield f":{display}"
-    proc.terminate()
-    proc.wait(timeout=10)
-    proc.stdout.close()
+    try:
+        yield f":{display}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        proc.stdout.close()
+
+
+@pytest.fixture
+def xserver():
+    with xvfb() as display:
+        yield display
+
+
+def x_env(display: str, home) -> dict:
+    env = dict(os.environ, DISPLAY=display, QT_QPA_PLATFORM="xcb", DIFFUSE_STUDIO_HOME=str(home))
+    env.pop("WAYLAND_DISPLAY", None)
+    return env
 
 
 def screen_rgb(env, path) -> np.ndarray | None:
@@ -59,12 +76,10 @@ def test_real_window_shows_the_replayed_run(xserver, recorded_run, tmp_path):
     rec.save(tmp_path / "run.npz")
     run = RunState.from_recording(rec)
     colors = value_colors(run.cell_values(run.n_steps - 1, "entropy"), "entropy",
-                          value_range(run, "entropy"))
+                          value_range(run, "entropy", fitted=True))    # the window's default
     expected = {(c.red(), c.green(), c.blue()) for c in colors if c is not None}
 
-    env = dict(os.environ, DISPLAY=xserver, QT_QPA_PLATFORM="xcb",
-               DIFFUSE_STUDIO_HOME=str(tmp_path / "home"))
-    env.pop("WAYLAND_DISPLAY", None)
+    env = x_env(xserver, tmp_path / "home")
     app = subprocess.Popen([sys.executable, "-m", "diffuse.studio", str(tmp_path / "run.npz")],
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -94,3 +109,64 @@ def test_real_window_shows_the_replayed_run(xserver, recorded_run, tmp_path):
         dark |= np.all(np.abs(pixels.astype(int) - [c.red(), c.green(), c.blue()]) <= 2, axis=2)
     assert 0.25 < dark.mean() < 0.95, dark.mean()
     assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 500
+
+
+# Runs in the app's process on the X server: the demo model generates a short answer, the window
+# fills the screen (no window manager here), then it reports what a user could not read or see.
+GENERATE = r"""
+import json, sys, time
+from PySide6.QtCore import QEventLoop, QPoint, QRect
+from PySide6.QtWidgets import QAbstractButton, QApplication
+from diffuse.studio import storage, theme
+from diffuse.studio.main_window import MainWindow
+
+app = QApplication(sys.argv[:1])
+theme.apply(app)
+window = MainWindow()
+window.setGeometry(app.primaryScreen().geometry())
+window.show()
+
+def wait_for(done, seconds):
+    end = time.monotonic() + seconds
+    while not done() and time.monotonic() < end:
+        app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 20)
+    return done()
+
+window.model_panel.load(storage.demo_model())
+assert wait_for(lambda: window.engine.model is not None, 60), "the demo model did not load"
+window.settings_panel.set_options(dict(storage.demo_options(), gen_length=32, steps=16))
+finished = []
+window.engine.run_finished.connect(finished.append)
+window.chat.prompt.setPlainText("Tell me about Mr. Darcy.")
+window.chat.submit()
+assert wait_for(lambda: finished, 60), "the run did not finish"
+wait_for(lambda: False, 1.0)           # the views catch up, the window settles
+canvas = window.canvas_panel
+at = canvas.mapTo(window, QPoint(0, 0))
+print(json.dumps({
+    "steps": finished[0].n_steps,
+    "window": [window.width(), window.height()],
+    "screen": [app.primaryScreen().geometry().width(), app.primaryScreen().geometry().height()],
+    "clipped": [f"{b.text()!r} {b.width()} < {b.sizeHint().width()}"
+                for b in window.findChildren(QAbstractButton)
+                if b.isVisible() and b.text() and b.width() < b.sizeHint().width()],
+    "canvas_in_window": window.rect().contains(QRect(at, canvas.size())),
+    "canvas_min_met": canvas.width() >= canvas.minimumSizeHint().width()
+                      and canvas.height() >= canvas.minimumSizeHint().height(),
+}))
+window.close()
+"""
+
+
+@pytest.mark.parametrize("size", ["1024x700", "1600x1000"])
+def test_demo_model_generates_with_nothing_clipped(tmp_path, size):
+    with xvfb(size) as display:
+        done = subprocess.run([sys.executable, "-c", GENERATE], env=x_env(display, tmp_path),
+                              capture_output=True, timeout=180)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    report = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    width, height = map(int, size.split("x"))
+    assert report["steps"] > 0
+    assert report["window"] == report["screen"] == [width, height], report
+    assert report["clipped"] == [], report
+    assert report["canvas_in_window"] and report["canvas_min_met"], report

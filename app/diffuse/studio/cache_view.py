@@ -1,8 +1,8 @@
 """Cache view: which positions went through the network each step, which came from the cache.
 
-Top: steps x sequence positions (prompt included), orange = recomputed (active), blue = K/V
-served from the inter-step cache, dark = not run. Bottom: the active fraction per step; without
-the cache every step is at 1.
+Top: steps used x sequence positions (prompt included, its end marked), orange = recomputed
+(active), blue = K/V served from the inter-step cache, dark = not run; the legend is the title.
+Bottom: the active fraction per step; without the cache every step is at 1.
 """
 from __future__ import annotations
 
@@ -21,8 +21,11 @@ class CacheView(pg.GraphicsLayoutWidget):
         self.plot = self.addPlot(row=0, col=0)
         self.plot.invertY(True)
         self.plot.setLabel("left", "step")
-        self.plot.setLabel("bottom", "sequence position (prompt, then generated)")
+        # Named here, not on the line: a label on it would sit on the data.
+        self.plot.setLabel("bottom", "sequence position (the white line ends the prompt)")
         self.plot.setMenuEnabled(False)
+        self.plot.setTitle(theme.legend_html([("recomputed", theme.ACTIVE),
+                                              ("from cache", theme.CACHED)]), size="9pt")
         self.image = pg.ImageItem(axisOrder="row-major")   # [step, position]
         table = np.array([[theme.BG.red(), theme.BG.green(), theme.BG.blue()],
                           [theme.CACHED.red(), theme.CACHED.green(), theme.CACHED.blue()],
@@ -30,16 +33,10 @@ class CacheView(pg.GraphicsLayoutWidget):
                          np.uint8)
         self.image.setLookupTable(table)
         self.plot.addItem(self.image)
-        self.prompt_line = pg.InfiniteLine(angle=90, pen=pg.mkPen(theme.HIGHLIGHT, width=1.5),
-                                           label="prompt | generated",
-                                           labelOpts={"position": 0.97, "color": theme.MUTED})
+        self.prompt_line = pg.InfiniteLine(angle=90, pen=pg.mkPen(theme.HIGHLIGHT, width=1.5))
         self.plot.addItem(self.prompt_line)
         self.step_line = pg.InfiniteLine(angle=0, pen=pg.mkPen(theme.ACCENT, width=1.5))
         self.plot.addItem(self.step_line)
-        legend = self.plot.addLegend(offset=(-6, 6), labelTextSize="8pt")
-        for name, color in (("recomputed", theme.ACTIVE), ("from cache", theme.CACHED)):
-            legend.addItem(pg.PlotDataItem(pen=None, symbol="s", symbolSize=10,
-                                           symbolBrush=color, symbolPen=None), name)
 
         self.fraction = self.addPlot(row=1, col=0)
         self.fraction.setLabel("left", "active fraction")
@@ -55,6 +52,7 @@ class CacheView(pg.GraphicsLayoutWidget):
                                         symbolPen=None)
         self.fraction_marker = pg.InfiniteLine(angle=90, pen=pg.mkPen(theme.ACCENT, width=1.5))
         self.fraction.addItem(self.fraction_marker)
+        self.empty = theme.EmptyState(self.plot, also=(self.fraction,))
         self.summary = pg.LabelItem(justify="left", color=theme.MUTED)
         self.addItem(self.summary, row=2, col=0)
         self.set_run(None)
@@ -62,14 +60,13 @@ class CacheView(pg.GraphicsLayoutWidget):
     def set_run(self, run: RunState | None) -> None:
         self.run = run
         self._rows = 0
-        if run is None or not run.events:
-            self.image.clear()
-            self.curve.setData([], [])
-            self.summary.setText("")
-            self.step_line.setVisible(False)
-            self.fraction_marker.setVisible(False)
-            return
-        self.prompt_line.setValue(run.prompt_length)
+        # A live run has no events yet when it is shown: the first step brings its sizes.
+        self.empty.show(True)
+        self.image.clear()
+        self.curve.setData([], [])
+        self.summary.setText("")
+        for line in (self.step_line, self.fraction_marker, self.prompt_line):
+            line.setVisible(False)
         self.show_step(-1)
 
     def show_step(self, step: int) -> None:
@@ -77,10 +74,15 @@ class CacheView(pg.GraphicsLayoutWidget):
         if run is None or not run.events:
             return
         k = run.clamp(step)
-        rows = max(run.steps_allowed, run.n_steps)
+        # The budget while the run goes (one range change, not one per step), then the steps
+        # used: an early stop must not leave the data in a sliver.
+        rows = run.n_steps if run.done else max(run.steps_allowed, run.n_steps)
         self.image.setImage(run.cache[:rows], levels=(0, 2), autoLevels=False)
         if rows != self._rows:
             self._rows = rows
+            self.empty.show(False)
+            self.prompt_line.setValue(run.prompt_length)
+            self.prompt_line.setVisible(True)
             self.plot.setRange(xRange=(0, run.cache.shape[1]), yRange=(0, rows), padding=0.01)
         frac = run.active_fraction[:run.n_steps]
         self.curve.setData(np.arange(run.n_steps), frac)
@@ -93,4 +95,4 @@ class CacheView(pg.GraphicsLayoutWidget):
         cache_on = run.options.get("cache") is not False     # None: the default, on
         self.summary.setText(
             f"step {k + 1}: {frac[k]:.0%} of positions recomputed · run average {mean:.0%} · "
-            f"cache {'on' if cache_on else 'off'}")
+            f"cache {'on' if cache_on else 'off'} · prompt {run.prompt_length} positions")

@@ -1,8 +1,10 @@
 """Compare mode: one prompt, two settings, side by side.
 
 The two runs go one after the other on the same engine (running them at once would make each
-slower and the timing meaningless). When both are done the window shows steps, time and speed-up,
-and rings the positions where the answers differ, in both canvases and both texts.
+slower and the timing meaningless). Both take the loaded model and the main window's settings,
+which the window shows, with the one setting A and B change. When both are done it shows steps,
+time and speed-up, and rings the positions where the answers differ, in both canvases and texts.
+Results of another model than the loaded one are cleared when the model changes.
 """
 from __future__ import annotations
 
@@ -30,6 +32,16 @@ PRESETS = {
 def _label(overrides: dict) -> str:
     return ", ".join(f"{k} {'on' if v is True else 'off' if v is False else v}"
                      for k, v in overrides.items())
+
+
+def shared_text(model: str, options: dict, overrides: tuple[dict, dict]) -> str:
+    """The model and the settings both runs take from the main window; the values left to the
+    model ("auto") are not listed."""
+    varied = {k for over in overrides for k in over}
+    shared = ", ".join(f"{k} {'on' if v is True else 'off' if v is False else v}"
+                       for k, v in options.items() if v is not None and k not in varied)
+    return (f"Model: {model or 'none loaded'} · both runs use the Settings tab: "
+            f"{shared or 'the model defaults'}")
 
 
 def answer_html(run: RunState, diff: np.ndarray | None) -> str:
@@ -90,6 +102,12 @@ class _Side(QWidget):
             self.stats.setText(f"step {run.n_steps}…")
         self.text.setHtml(answer_html(run, diff))
 
+    def clear(self) -> None:
+        self.canvas.canvas.set_diff(None)
+        self.canvas.set_run(None)
+        self.stats.clear()
+        self.text.clear()
+
 
 class CompareWindow(QWidget):
     """Needs the shared engine and a callable giving the current generation options."""
@@ -121,6 +139,9 @@ class CompareWindow(QWidget):
         top.addWidget(self.preset)
         top.addWidget(self.run_button)
         top.addWidget(self.stop_button)
+        self.context = QLabel()      # the model and the shared settings
+        self.context.setObjectName("Muted")
+        self.context.setWordWrap(True)
         self.sides = (_Side("A"), _Side("B"))
         grid = QGridLayout()
         grid.addWidget(self.sides[0], 0, 0)
@@ -129,6 +150,7 @@ class CompareWindow(QWidget):
         self.summary.setWordWrap(True)
         layout = QVBoxLayout(self)
         layout.addLayout(top)
+        layout.addWidget(self.context)
         layout.addLayout(grid, 1)
         layout.addWidget(self.summary)
 
@@ -150,11 +172,27 @@ class CompareWindow(QWidget):
     def _update_titles(self) -> None:
         for side, letter, over in zip(self.sides, "AB", self._overrides()):
             side.title.setText(f"{letter} · {_label(over)}")
+        self.update_context()
+
+    def update_context(self) -> None:
+        """Show the model and shared settings now in force; drop results of another model."""
+        model = self.model_info()
+        name = model.get("name", "")
+        self.context.setText(shared_text(name, self.base_options(), self._overrides()))
+        shown = self.runs[0].recording.model if self.runs else model
+        if shown.get("path") != model.get("path") and not any(r is self.engine.run
+                                                              for r in self.runs):
+            self.runs, self._queue = [], []
+            for side in self.sides:
+                side.clear()
+            self.summary.setText(f"The results of {shown.get('name')} were cleared: the model "
+                                 f"is now {name or 'unloaded'}.")
 
     def start(self) -> None:
         text = self.prompt.text().strip()
         if not text or self.engine.busy or self.engine.model is None:
             return
+        self.update_context()
         base = dict(self.base_options())
         self.runs = [RunState(text, {**base, **over}, self.model_info(),
                               self.engine.model.tokenizer.decode)
@@ -214,6 +252,12 @@ class CompareWindow(QWidget):
     def _busy_changed(self, busy: bool) -> None:
         self.run_button.setEnabled(not busy and self.engine.model is not None)
         self.stop_button.setEnabled(busy and bool(self.runs))
+
+    def keyPressEvent(self, event) -> None:
+        if event.key() == Qt.Key.Key_Escape:       # as a dialog closes
+            self.close()
+        else:
+            super().keyPressEvent(event)
 
     def closeEvent(self, event) -> None:
         if any(r is self.engine.run for r in self.runs):

@@ -46,7 +46,7 @@ def frame(run: RunState, step: int, mode: str = "entropy", width: int = 960,
     p.setPen(theme.TEXT)
     p.setFont(theme.mono_font(9))
     p.drawText(QRectF(10, 0, width - 20, CAPTION_H), Qt.AlignmentFlag.AlignVCenter,
-               f"step {e.step + 1}/{e.steps_allowed}   block {e.block + 1}/{e.n_blocks}   "
+               f"{run.step_label(step)}   block {e.block + 1}/{e.n_blocks}   "
                f"{int(e.gen_mask.sum())} masked   {len(e.unmasked)} decided this step")
     p.translate(0, CAPTION_H)
     paint_cells(p, layout, run, step, mode)

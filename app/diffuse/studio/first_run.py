@@ -1,15 +1,15 @@
 """The "Getting real models" dialog: shown at start while only the demo model is known, and
 from Help at any time.
 
-It says what LLaDA-8B-Instruct and Dream-v0-Instruct-7B are, what each weight type costs in disk
-and RAM against this computer's memory, and offers the three ways to get one: convert (and
-quantise) a folder downloaded from Hugging Face, pick a GGUF file, or download here when the hub
-can be reached. Model facts come from models/catalog.json, the one place they are written down.
+It says what the real models of the catalog are, what each weight type costs in disk and RAM
+against this computer's memory, and offers the ways to get one: download its ready GGUF (one file
+of 4-5 GB) or its whole folder to convert here when the hub can be reached, convert (and quantise)
+a folder downloaded from Hugging Face, or pick a GGUF file. Model facts come from
+models/catalog.json (diffuse.catalog), the one place they are written down.
 Jobs run on a worker thread; closing the dialog leaves them running, reopening shows them.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import psutil
@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (QApplication, QCheckBox, QComboBox, QDialog, QFil
                                QGroupBox, QHBoxLayout, QLabel, QPushButton,
                                QScrollArea, QVBoxLayout, QWidget)
 
-from diffuse import DiffuseError, hub
+from diffuse import DiffuseError, catalog, hub
 from diffuse.convert.families import read_config
 from diffuse.convert.hf_to_gguf import convert_hf
 from diffuse.quantize import quantize_file
@@ -32,19 +32,6 @@ SHOW_AT_START = "first_run/show_at_start"
 DIRECT = ("F16", "Q8_0")     # types the converter writes itself; others go through F16
 
 
-def load_catalog(path: Path | None = None) -> list[dict]:
-    """The real models of models/catalog.json."""
-    if path is None:
-        folder = storage.repo_models_dir()
-        if folder is None:
-            raise DiffuseError("models/catalog.json is not part of this installation")
-        path = folder / "catalog.json"
-    try:
-        return list(json.loads(Path(path).read_text(encoding="utf-8"))["models"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DiffuseError(f"{path}: unreadable model catalog ({e})") from e
-
-
 def has_real_model(entries, demo_dir: Path | None) -> bool:
     """Whether the model panel knows a usable diffusion model outside the demo folder."""
     demo = demo_dir.resolve() if demo_dir else None
@@ -52,8 +39,8 @@ def has_real_model(entries, demo_dir: Path | None) -> bool:
 
 
 def models_dir() -> Path:
-    """Where made and downloaded models go: the app's own folder, kept across reinstalls."""
-    return storage.home_dir() / "models"
+    """Where made and downloaded models go (storage.models_dir)."""
+    return storage.models_dir()
 
 
 def _stage(progress, lo: float, hi: float, label: str):
@@ -98,6 +85,7 @@ class ModelCard(QGroupBox):
 
     convert_requested = Signal(dict, str)     # catalog entry, qtype
     download_requested = Signal(dict, str)
+    gguf_requested = Signal(dict)             # catalog entry: download its ready GGUF
 
     def __init__(self, model: dict, ram_total: int, parent=None):
         super().__init__(model["name"], parent)
@@ -105,19 +93,17 @@ class ModelCard(QGroupBox):
         quants = model["quantizations"]
         rows = []
         for q, need in quants.items():
-            fits = need["ram_gb"] * GB <= ram_total
-            verdict = (f"<span style='color:{theme.ACCENT.name()}'>fits</span>" if fits else
-                       f"<span style='color:#ff9e7a'>more than this computer's "
-                       f"{ram_total / GB:.0f} GB</span>")
+            verdict = _verdict(need["ram_gb"], ram_total)
             star = " (recommended)" if q == model.get("recommended") else ""
             rows.append(f"<tr><td>{q.upper()}{star}</td><td align=right>{need['file_gb']:.1f} GB"
-                        f"</td><td align=right>{need['ram_gb']:.1f} GB</td><td>{verdict}</td></tr>")
+                        f"</td><td align=right>{theme.gib(need['ram_gb'] * GB)}</td><td>{verdict}</td></tr>")
         facts = QLabel(
             f"<a href='{model['url']}' style='color:{theme.ACCENT.name()}'>{model['hf_repo']}</a>"
             f" · {model['family']} family · "
-            f"{model['params'] / 1e9:.1f} billion parameters · {model['license']} licence<br>"
-            f"Hugging Face download: {model['download_bytes'] / GB:.1f} GB "
-            f"({model['download_files']})"
+            f"{model['params'] / 1e9:.1f} billion parameters{_active(model)} · "
+            f"{model['license']} licence<br>{_ready_line(model, ram_total)}"
+            f"Hugging Face checkpoint: {model['download_bytes'] / GB:.1f} GB "
+            f"({model['download_files']}), made into a GGUF here:"
             "<table cellspacing=6><tr><th align=left>weights</th><th>file</th>"
             "<th>RAM needed</th><th></th></tr>" + "".join(rows) + "</table>")
         facts.setOpenExternalLinks(True)
@@ -134,19 +120,63 @@ class ModelCard(QGroupBox):
                                        f"(config.json and *.safetensors inside)")
         self.convert_button.clicked.connect(
             lambda: self.convert_requested.emit(self.model, self.qtype.currentData()))
-        self.download_button = QPushButton(f"Download ({model['download_bytes'] / GB:.0f} GB)")
-        self.download_button.setEnabled(False)       # until the hub is known to answer
+        self.download_button = QPushButton(
+            f"Download and make ({model['download_bytes'] / GB:.0f} GB)")
+        self.download_button.setToolTip("Download the whole checkpoint folder, then make the "
+                                        "GGUF of the chosen weight type from it")
         self.download_button.clicked.connect(
             lambda: self.download_requested.emit(self.model, self.qtype.currentData()))
+        gguf = model.get("ready_gguf")
+        self.gguf_button = None
+        if gguf is not None:
+            self.gguf_button = QPushButton(f"Download the ready GGUF "
+                                           f"({catalog.gguf_size_text(gguf)})")
+            self.gguf_button.setObjectName("Primary")
+            self.gguf_button.setToolTip(f"{gguf['repo']}/{gguf['file']}: one file, resumable, "
+                                        f"{catalog.gguf_checks_text(gguf)}")
+            self.gguf_button.clicked.connect(lambda: self.gguf_requested.emit(self.model))
+        for b in self.download_buttons():
+            b.setEnabled(False)       # until the hub is known to answer
         buttons = QHBoxLayout()
-        buttons.addWidget(QLabel("Make:"))
-        buttons.addWidget(self.qtype)
+        if self.gguf_button is not None:
+            buttons.addWidget(self.gguf_button)
         buttons.addStretch(1)
+        buttons.addWidget(QLabel("Or make:"))
+        buttons.addWidget(self.qtype)
         buttons.addWidget(self.convert_button)
         buttons.addWidget(self.download_button)
         layout = QVBoxLayout(self)
         layout.addWidget(facts)
         layout.addLayout(buttons)
+
+    def download_buttons(self) -> list[QPushButton]:
+        """The buttons that need the hub."""
+        return [b for b in (self.gguf_button, self.download_button) if b is not None]
+
+
+def _verdict(ram_gb: float, ram_total: int) -> str:
+    if ram_gb * GB <= ram_total:
+        return f"<span style='color:{theme.ACCENT.name()}'>fits</span>"
+    return f"<span style='color:#ff9e7a'>more than this computer's {theme.gib(ram_total)}</span>"
+
+
+def _active(model: dict) -> str:
+    """How much of a mixture-of-experts model one token uses, where the catalog says."""
+    if "active_params" not in model:
+        return ""
+    experts = (f": {model['experts_per_token']} of {model['experts']} experts"
+               if "experts" in model and "experts_per_token" in model else "")
+    return f" ({model['active_params'] / 1e9:.1f} billion used per token{experts})"
+
+
+def _ready_line(model: dict, ram_total: int) -> str:
+    """The ready GGUF: its file, size and the RAM that file needs, against this computer's."""
+    gguf = model.get("ready_gguf")
+    if gguf is None:
+        return ""
+    return (f"<b>Ready GGUF</b> ({gguf['quantization'].upper()}): {gguf['repo']}/{gguf['file']}"
+            f" · {catalog.gguf_size_text(gguf)} · needs {theme.gib(gguf['ram_gb'] * GB)} of RAM, "
+            f"{_verdict(gguf['ram_gb'], ram_total)} · {catalog.gguf_checks_text(gguf)}<br>")
 
 
 class FirstRunDialog(QDialog):
@@ -160,24 +190,27 @@ class FirstRunDialog(QDialog):
         self.check: Job | None = None
         self.online = False
         self._downloaded: Path | None = None     # the folder the running job downloads into
+        self._resumes = False                    # the running job is a download (it resumes)
         self.cards: list[ModelCard] = []
         ram = psutil.virtual_memory().total
 
         intro = QLabel(
             "<h3>The demo model is small; the real ones write real answers</h3>"
             "Diffuse Studio comes with a tiny demo model so you can watch diffusion at once. "
-            "The models from the research papers are below. Each is a 15-16 GB download from "
-            "Hugging Face, made into one GGUF file here: Q4_K_M needs the least memory and "
-            "is what we recommend; F16 is exact but needs about 17 GB of RAM. "
-            f"This computer has <b>{ram / GB:.0f} GB</b> of RAM.")
+            "The models from the research papers are below. Each comes as a ready GGUF file of "
+            "4-5 GB (Q4_K_M, what we recommend), or as its 15-16 GB Hugging Face checkpoint "
+            "made into one GGUF file here: Q4_K_M needs the least memory, F16 is exact but "
+            "needs about 16 GiB of RAM. "
+            f"This computer has <b>{theme.gib(ram)}</b> of RAM.")
         intro.setWordWrap(True)
         cards = QWidget()
         cards_layout = QVBoxLayout(cards)
         try:
-            for model in load_catalog():
+            for model in catalog.load():
                 card = ModelCard(model, ram)
                 card.convert_requested.connect(self._convert_clicked)
                 card.download_requested.connect(self.download)
+                card.gguf_requested.connect(self.download_gguf)
                 self.cards.append(card)
                 cards_layout.addWidget(card)
         except DiffuseError as e:
@@ -195,7 +228,7 @@ class FirstRunDialog(QDialog):
                                "diffuse-cpp")
         gguf_button.clicked.connect(self._gguf_clicked)
         self.buttons = [gguf_button] + [b for c in self.cards
-                                        for b in (c.convert_button, c.download_button)]
+                                        for b in (c.convert_button, *c.download_buttons())]
 
         self.message = QLabel()
         self.message.setWordWrap(True)
@@ -228,7 +261,7 @@ class FirstRunDialog(QDialog):
             app.aboutToQuit.connect(self.shutdown)
         self.check_online()
 
-    # -- the three ways -----------------------------------------------------------------------
+    # -- the ways to a model ------------------------------------------------------------------
 
     def use_gguf(self, path) -> bool:
         entry = inspect_model(path)
@@ -261,7 +294,21 @@ class FirstRunDialog(QDialog):
                            lambda progress, cancel: download_and_make(
                                model["hf_repo"], folder, out, qtype, progress, cancel))
         if started and self.job is not None:
-            self._downloaded = folder
+            self._downloaded, self._resumes = folder, True
+        return started
+
+    def download_gguf(self, model: dict) -> bool:
+        """Download the model's ready GGUF into models_dir() (resumable, checksummed)."""
+        out = models_dir() / model["ready_gguf"]["file"]
+        # Disk space is checked by the download itself, against the hub's exact size and
+        # whatever part of the file is already here.
+        started = self._start(f"Downloading {out.name}", out, 0,
+                              lambda progress, cancel: catalog.download_ready_gguf(
+                                  model, out.parent, progress=_stage(progress, 0.0, 1.0,
+                                                                     "downloading"),
+                                  cancel=cancel))
+        if started and self.job is not None:
+            self._resumes = True
         return started
 
     def cancel(self) -> None:
@@ -329,8 +376,9 @@ class FirstRunDialog(QDialog):
     def _finished(self, out) -> None:
         job = self._job_done()
         downloaded, self._downloaded = self._downloaded, None
+        resumes, self._resumes = self._resumes, False
         if out is None or job.cancelled:
-            kept = " The download resumes where it stopped." if downloaded else ""
+            kept = " The download resumes where it stopped." if resumes else ""
             self._say(f"{job.title}: cancelled.{kept}")
             return
         note = (f" The downloaded folder {downloaded} is no longer needed; delete it to free "
@@ -340,7 +388,7 @@ class FirstRunDialog(QDialog):
 
     def _failed(self, message: str) -> None:
         job = self._job_done()
-        self._downloaded = None
+        self._downloaded, self._resumes = None, False
         self._say(f"{job.title} failed: {message}", error=True)
 
     def _job_done(self) -> Job:
@@ -353,7 +401,8 @@ class FirstRunDialog(QDialog):
         for b in self.buttons:
             b.setEnabled(on)
         for card in self.cards:
-            card.download_button.setEnabled(on and self.online)
+            for b in card.download_buttons():
+                b.setEnabled(on and self.online)
 
     def _say(self, text: str, error: bool = False) -> bool:
         self.message.setObjectName("Warning" if error else "")

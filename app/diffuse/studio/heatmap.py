@@ -1,9 +1,11 @@
 """Entropy heatmap: steps x positions, filled row by row as the run goes.
 
 Left: the image (row = step, column = generated position; transparent where a position was not
-evaluated at that step) with a colour bar. Right, on the same step axis: the smallest and the
-median entropy over still-masked positions, with the tau line of entropy-exit (positions left of
-it are committed at once). Items are made once per run and fed with setData/setImage.
+evaluated at that step; as many rows as steps used) with a colour bar, on the canvas's colour
+scale (absolute or fitted to the run, as the bar's label says). Right, on the same step axis:
+the smallest and the median entropy over still-masked positions, with the tau line of
+entropy-exit (positions left of it are committed at once). Items are made once per run and fed
+with setData/setImage.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from PySide6.QtCore import Qt, Signal
 
 from diffuse.generation import default_options
 from diffuse.studio import theme
+from diffuse.studio.canvas import scale_name, value_range
 from diffuse.studio.run_state import RunState
 
 
@@ -31,6 +34,8 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.run: RunState | None = None
+        self.fitted = False
+        self.step = -1
         self.plot = self.addPlot(row=0, col=0)
         self.plot.invertY(True)
         self.plot.setLabel("bottom", "generated position")
@@ -39,7 +44,7 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         self.image = pg.ImageItem(axisOrder="row-major")   # [step, position]
         self.plot.addItem(self.image)
         self.bar = pg.ColorBarItem(values=(0, 1), colorMap=theme.ENTROPY_CMAP,
-                                   label="entropy (nats)", interactive=False, width=14,
+                                   label=self._bar_label(), interactive=False, width=14,
                                    colorMapMenu=False)
         self.bar.setImageItem(self.image, insert_in=self.plot)
         # The colour bar draws its gradient over y in [0, 256]; the tau mark is placed in those units.
@@ -56,9 +61,11 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         self.side.hideAxis("left")
         self.side.setMenuEnabled(False)
         self.side.setMaximumWidth(200)
-        self.side.addLegend(offset=(-4, 4), labelTextSize="8pt")
-        self.min_curve = self.side.plot(pen=pg.mkPen(theme.ACCENT, width=2), name="min")
-        self.median_curve = self.side.plot(pen=pg.mkPen(theme.MUTED, width=1.5), name="median")
+        self.side.setTitle(theme.legend_html([("min", theme.ACCENT), ("median", theme.MUTED)],
+                                             glyph="━"), size="8pt")
+        self.min_curve = self.side.plot(pen=pg.mkPen(theme.ACCENT, width=2))
+        self.median_curve = self.side.plot(pen=pg.mkPen(theme.MUTED, width=1.5))
+        self.empty = theme.EmptyState(self.plot, also=(self.bar, self.side))
         self.tau_line = pg.InfiniteLine(angle=90, pen=pg.mkPen(theme.HIGHLIGHT, width=1.5,
                                                                style=Qt.PenStyle.DashLine),
                                         label="τ={value:.2f}",
@@ -66,6 +73,14 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         self.side.addItem(self.tau_line)
         self.scene().sigMouseClicked.connect(self._clicked)
         self.set_run(None)
+
+    def _bar_label(self) -> str:
+        return f"entropy (nats), {scale_name(self.fitted)}"
+
+    def set_fitted(self, fitted: bool) -> None:
+        self.fitted = fitted
+        self.bar.setLabel("left", self._bar_label())
+        self.show_step(self.step)
 
     def set_run(self, run: RunState | None) -> None:
         self.run = run
@@ -83,6 +98,7 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
             self.min_curve.setData([], [])
             self.median_curve.setData([], [])
             self.step_line.setVisible(False)
+            self.empty.show(True)
             return
         e = run.events[0]
         block = e.block_end - e.block_start
@@ -95,24 +111,26 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         self.show_step(-1)
 
     def show_step(self, step: int) -> None:
+        self.step = step
         run = self.run
         if run is None or not run.events:
             return
         k = run.clamp(step)
-        rows = max(run.steps_allowed, run.n_steps)
-        vmax = max(run.entropy_max, 1e-3)
-        self.image.setImage(run.entropy[:rows], levels=(0.0, vmax), autoLevels=False)
-        self.bar.setLevels((0.0, vmax))
+        rows = run.n_steps          # the steps used: an early stop must not leave a sliver
+        lo, hi = value_range(run, "entropy", self.fitted)
+        self.image.setImage(run.entropy[:rows], levels=(lo, hi), autoLevels=False)
+        self.bar.setLevels((lo, hi))
         tau = tau_of(run)
         if tau is not None:
-            self.bar_tau.setValue(256.0 * min(tau / vmax, 1.0))
+            self.bar_tau.setValue(256.0 * min(max((tau - lo) / (hi - lo), 0.0), 1.0))
         if rows != self._rows:
             self._rows = rows
+            self.empty.show(False)
             self.plot.setRange(xRange=(0, run.gen_length), yRange=(0, rows), padding=0.01)
         steps = np.arange(run.n_steps) + 0.5
         self.min_curve.setData(run.masked_min[:run.n_steps], steps, connect="finite")
         self.median_curve.setData(run.masked_median[:run.n_steps], steps, connect="finite")
-        self.side.setXRange(0, vmax, padding=0.02)
+        self.side.setXRange(0, max(run.entropy_max, 1e-3), padding=0.02)
         self.step_line.setVisible(True)
         self.step_line.setValue(k + 0.5)
 

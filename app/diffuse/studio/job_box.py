@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (QHBoxLayout, QLabel, QProgressBar, QPushButton, QSizePolicy,
+                               QVBoxLayout, QWidget)
 
 
 class JobBox(QWidget):
@@ -13,6 +14,10 @@ class JobBox(QWidget):
         super().__init__(parent)
         self.label = QLabel()
         self.label.setObjectName("Muted")
+        # Wrapped within the width it is given: a long tensor or file name must not widen the
+        # panel while the job runs.
+        self.label.setWordWrap(True)
+        self.label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.progress = QProgressBar()
         self.progress.setTextVisible(False)       # the label says how far
         self.cancel_button = QPushButton("Cancel")

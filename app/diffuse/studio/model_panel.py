@@ -2,8 +2,9 @@
 
 Models are found in the repository's models/ folder and in folders or files the user added
 (remembered). Each row says the family, weight type, size and RAM needed against RAM available;
-a file that cannot run here is marked and refused with the reason. Loading, converting a Hugging
-Face folder and quantising run as background jobs with a progress bar and Cancel.
+a file that cannot run here is marked and refused with the reason. Loading, downloading the ready
+GGUF of a catalog model (diffuse.catalog), converting a Hugging Face folder and quantising run as
+background jobs with a progress bar and Cancel.
 """
 from __future__ import annotations
 
@@ -14,22 +15,22 @@ from pathlib import Path
 import psutil
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QHBoxLayout, QHeaderView,
-                               QInputDialog, QLabel, QPushButton, QTableWidget,
+from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGridLayout, QHeaderView,
+                               QInputDialog, QLabel, QPushButton, QSizePolicy, QTableWidget,
                                QTableWidgetItem, QTextBrowser, QVBoxLayout, QWidget)
 
 import diffuse
-from diffuse import DiffuseError, gguf_file
+from diffuse import DiffuseError, catalog, gguf_file
 from diffuse.convert import OUTTYPES, convert_hf
 from diffuse.convert.families import read_config
 from diffuse.info import ftype_name
 from diffuse.quantize import QTYPES, quantize_file
-from diffuse.studio import storage
+from diffuse.studio import storage, theme
 from diffuse.studio.job_box import JobBox
 from diffuse.studio.workers import Job
 
 GiB = 2**30
-PLAN_POSITIONS = 1024     # prompt + answer positions the RAM estimate plans for
+PLAN_POSITIONS = 1024     # prompt + answer positions the RAM estimate plans for, at most
 OFFERED_QTYPES = ("F16", "Q8_0", "Q4_K_M")
 FLOAT_TYPES = ("F32", "F16", "BF16")
 
@@ -45,15 +46,24 @@ class ModelEntry:
     size: int                   # file bytes
     ram_needed: int
     error: str | None = None    # why it cannot be used
+    positions: int = 0          # prompt + answer positions ram_needed plans for
 
     @property
     def name(self) -> str:
         return self.path.name
 
 
-def estimate_ram(info: gguf_file.GGUFInfo, positions: int = PLAN_POSITIONS) -> int:
+def plan_positions(info: gguf_file.GGUFInfo) -> int:
+    """Positions a run of this model is planned for: its context, at most PLAN_POSITIONS."""
+    ctx = info.kv.get(f"{info.architecture}.context_length")
+    return min(int(ctx), PLAN_POSITIONS) if isinstance(ctx, int) and ctx > 0 else PLAN_POSITIONS
+
+
+def estimate_ram(info: gguf_file.GGUFInfo) -> int:
     """Bytes of RAM a run needs: the weights (memory-mapped, all read every step) plus logits,
-    K/V rows and feed-forward activations for `positions` (float32), plus graph overhead."""
+    K/V rows and feed-forward activations for `plan_positions` (float32), plus graph overhead.
+    The one estimate of the app: the list, its details and the refusal to load all show it."""
+    positions = plan_positions(info)
     embd = info.tensor("token_embd.weight")
     n_embd, n_vocab = (embd.shape[0], embd.shape[1]) if embd else (4096, 32000)
     layers = {t.name.split(".")[1] for t in info.tensors if t.name.startswith("blk.")}
@@ -79,11 +89,26 @@ def inspect_model(path: str | Path) -> ModelEntry:
     weight_type = max(by_type, key=by_type.get).upper() if by_type else "?"
     file_type = (ftype_name(info.kv.get("general.file_type")) or weight_type).removeprefix("ALL_")
     entry = ModelEntry(path, info.family, info.dialect, info.architecture, weight_type,
-                       file_type, info.file_size, estimate_ram(info))
+                       file_type, info.file_size, estimate_ram(info),
+                       positions=plan_positions(info))
     if info.family is None:
         entry.error = (f"architecture '{info.architecture}' is not a diffusion model "
                        f"(diffuse runs LLaDA and Dream)")
     return entry
+
+
+def distinct_names(paths: list[Path]) -> list[str]:
+    """Each file's name, followed by as many of its folders as it takes to tell it apart from
+    the other files of the same name."""
+    names = []
+    for p in paths:
+        same = [q for q in paths if q.name == p.name and q != p]
+        depth = 1
+        while same and depth < len(p.parts) - 1 and any(
+                q.parts[-depth - 1:] == p.parts[-depth - 1:] for q in same):
+            depth += 1
+        names.append(f"{p.name} ({Path(*p.parts[-depth - 1:-1])})" if same else p.name)
+    return names
 
 
 def _size_of(path: Path) -> int:
@@ -99,8 +124,8 @@ def fit_problem(entry: ModelEntry, available: int | None = None) -> str | None:
         return entry.error
     available = psutil.virtual_memory().available if available is None else available
     if entry.ram_needed > available:
-        return (f"{entry.name} needs about {entry.ram_needed / GiB:.1f} GiB of RAM, only "
-                f"{available / GiB:.1f} GiB are available. Close other programs or use a "
+        return (f"{entry.name} needs about {theme.gib(entry.ram_needed)} of RAM, only "
+                f"{theme.gib(available)} are available. Close other programs or use a "
                 f"smaller quantisation (Q4_K_M).")
     return None
 
@@ -164,6 +189,7 @@ class ModelPanel(QWidget):
         self.entries: list[ModelEntry] = []
         self.job: Job | None = None
         self.job_output: Path | None = None     # the file the running job writes, if any
+        self.job_resumes = False                # the running job is a download that resumes
         self.loaded_path: Path | None = None
         self.engine_busy = False                # set by the window: no model swap mid-run
         self._scan: Job | None = None           # the header-reading job, while it runs
@@ -193,6 +219,8 @@ class ModelPanel(QWidget):
         for text, slot, tip in (
                 ("Add GGUF…", self._add_file_clicked, "Add one .gguf file to the list"),
                 ("Add folder…", self._add_folder_clicked, "Watch a folder of .gguf files"),
+                ("Download GGUF…", self._download_clicked,
+                 "Download the ready GGUF of a real model (one file of 4-5 GB)"),
                 ("Convert HF…", self._convert_clicked,
                  "Convert a Hugging Face LLaDA or Dream folder to GGUF"),
                 ("Quantise…", self._quantise_clicked, "Write the selected model as F16/Q8_0/Q4_K_M"),
@@ -202,14 +230,14 @@ class ModelPanel(QWidget):
             b.clicked.connect(slot)
             buttons.append(b)
         self.buttons = buttons
-        row1, row2 = QHBoxLayout(), QHBoxLayout()
-        for b in buttons[:3]:
-            row1.addWidget(b)
-        for b in buttons[3:]:
-            row2.addWidget(b)
+        grid = QGridLayout()        # two columns: the panel stays narrow on small screens
+        for k, b in enumerate(buttons):
+            grid.addWidget(b, k // 2, k % 2)
 
         self.message = QLabel()
         self.message.setWordWrap(True)
+        # wrapped within the panel's width: a long path must not widen the panel
+        self.message.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.message.setObjectName("Warning")
         self.message.hide()
         self.job_box = JobBox(self.cancel_job)
@@ -221,8 +249,7 @@ class ModelPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.table, 1)
-        layout.addLayout(row1)
-        layout.addLayout(row2)
+        layout.addLayout(grid)
         layout.addWidget(self.message)
         layout.addWidget(self.job_box)
         layout.addWidget(self.details)
@@ -277,33 +304,39 @@ class ModelPanel(QWidget):
             self._scan_again = False
             self.rescan()
             return
+        # Rows move when files come or go: keep the highlighted file, not the row number.
+        shown = self.selected()
+        keep = self._select_after_scan or (shown.path if shown else None)
+        self._select_after_scan = None
         self.entries = entries
+        self.table.clearSelection()
         self._fill_table()
-        if self._select_after_scan is not None:
-            self.select_path(self._select_after_scan)
-            self._select_after_scan = None
+        if keep is not None:
+            self.select_path(keep)
+        if self.entries and not self.table.selectedItems():
+            self.table.selectRow(0)
+        self._selected()      # the details follow the row even when the row number did not change
         self.scanned.emit()
 
     def _fill_table(self) -> None:
         available = psutil.virtual_memory().available
         self.table.setRowCount(len(self.entries))
-        for r, e in enumerate(self.entries):
+        names = distinct_names([e.path for e in self.entries])
+        for r, (e, name) in enumerate(zip(self.entries, names)):
             problem = fit_problem(e, available)
             status = ("loaded" if e.path == self.loaded_path else
                       "ready" if problem is None else
                       "not a dLLM" if e.error else "too big")
             mark, color = self.STATUS[status]
-            cells = (f"{mark} {e.name}", e.family or e.architecture or "?", e.file_type,
-                     f"{e.size / GiB:.2f} GiB", f"{e.ram_needed / GiB:.1f} / {available / GiB:.0f} GiB")
+            cells = (f"{mark} {name}", e.family or e.architecture or "?", e.file_type,
+                     f"{e.size / GiB:.2f} GiB", f"{e.ram_needed / GiB:.1f} / {theme.gib(available)}")
             for c, text in enumerate(cells):
                 item = QTableWidgetItem(text)
-                item.setToolTip(f"{status}: {problem or e.path}")
+                item.setToolTip(f"{e.path}\n{status}" + (f": {problem}" if problem else ""))
                 item.setData(Qt.ItemDataRole.UserRole, status)
                 if c == 0 or problem:
                     item.setForeground(QColor(color))
                 self.table.setItem(r, c, item)
-        if self.entries and not self.table.selectedItems():
-            self.table.selectRow(0)
 
     def selected(self) -> ModelEntry | None:
         rows = self.table.selectionModel().selectedRows()
@@ -322,7 +355,8 @@ class ModelPanel(QWidget):
         lines = [f"<b>{e.name}</b>", f"{e.path}",
                  f"family <b>{e.family or '-'}</b> · dialect {e.dialect} · weights "
                  f"{e.weight_type} · file type {e.file_type}",
-                 f"RAM needed ≈ {e.ram_needed / GiB:.2f} GiB for {PLAN_POSITIONS} positions"]
+                 f"RAM needed ≈ {theme.gib(e.ram_needed)} for {e.positions} positions "
+                 f"(prompt + answer)"]
         problem = fit_problem(e)
         if problem:
             lines.append(f"<span style='color:#ff9e7a'>{problem}</span>")
@@ -385,6 +419,15 @@ class ModelPanel(QWidget):
                                lambda progress, cancel: convert_hf(hf_dir, out, outtype,
                                                                   progress, cancel), out)
 
+    def download_gguf(self, model: dict, folder: str | Path) -> bool:
+        """Download the ready GGUF of `model` (a catalog entry) into `folder`: resumable, checked
+        (the download itself refuses a full disk or a file of the user's in the way)."""
+        out = Path(folder) / model["ready_gguf"]["file"]
+        return self._start_job(f"Downloading {out.name}",
+                               lambda progress, cancel: catalog.download_ready_gguf(
+                                   model, out.parent, progress=progress, cancel=cancel),
+                               out, resumes=True)
+
     def quantise(self, src: str | Path, qtype: str, out: str | Path) -> bool:
         entry, out = inspect_model(src), Path(out)
         problem = quantise_problem(entry, qtype, out)
@@ -412,13 +455,15 @@ class ModelPanel(QWidget):
 
     # -- jobs ---------------------------------------------------------------------------------
 
-    def _start_job(self, title: str, fn, output: Path | None = None) -> bool:
+    def _start_job(self, title: str, fn, output: Path | None = None,
+                   resumes: bool = False) -> bool:
+        """`resumes`: a download, whose cancelled part the next try continues."""
         if self.job is not None:
             self.refuse(f"Wait for '{self.job.title}' to finish (or cancel it) first.")
             return False
         self._clear_message()
         self.job = Job(title, fn)
-        self.job_output = output
+        self.job_output, self.job_resumes = output, resumes
         self.job.progressed.connect(self._job_progress)
         self.job.finished.connect(self._job_finished)
         self.job.failed.connect(self._job_failed)
@@ -448,7 +493,9 @@ class ModelPanel(QWidget):
     def _job_finished(self, value) -> None:
         job, output = self._job_done(), self.job_output
         if job.cancelled or (output is not None and not output.exists()):
-            self.refuse(f"{job.title}: cancelled, nothing was written.")
+            self.refuse(f"{job.title}: cancelled; " + ("the download resumes where it stopped."
+                                                        if self.job_resumes else
+                                                        "nothing was written."))
             self.job_finished.emit(job.title, None)
             return
         if isinstance(value, diffuse.Model):
@@ -469,10 +516,6 @@ class ModelPanel(QWidget):
 
     # -- dialogs ------------------------------------------------------------------------------
 
-    def _default_dir(self) -> str:
-        folders = self.folders()
-        return str(folders[0]) if folders else str(Path.home())
-
     def _rescan_clicked(self) -> None:
         self.rescan()
 
@@ -487,31 +530,55 @@ class ModelPanel(QWidget):
         self.load(self.entries[row].path)
 
     def _add_file_clicked(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Add a GGUF model", self._default_dir(),
-                                              "GGUF models (*.gguf)")
+        path, _ = QFileDialog.getOpenFileName(self, "Add a GGUF model",
+                                              storage.dialog_dir("models"), "GGUF models (*.gguf)")
         if path:
+            storage.remember_dialog_dir("models", path)
             self.add_file(path)
 
     def _add_folder_clicked(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Add a folder of GGUF models",
-                                                  self._default_dir())
+                                                  storage.dialog_dir("models"))
         if folder:
+            storage.remember_dialog_dir("models", folder)
             self.add_folder(folder)
+
+    def _save_model_as(self, title: str, name: str) -> str:
+        """Where to write a new model: asked, starting in the user's models folder."""
+        out, _ = QFileDialog.getSaveFileName(self, title,
+                                             str(Path(storage.dialog_dir("models")) / name),
+                                             "GGUF models (*.gguf)")
+        if out:
+            storage.remember_dialog_dir("models", out)
+        return out
 
     def _convert_clicked(self) -> None:
         hf_dir = QFileDialog.getExistingDirectory(
-            self, "Hugging Face model folder (config.json + *.safetensors)", str(Path.home()))
+            self, "Hugging Face model folder (config.json + *.safetensors)",
+            storage.dialog_dir("checkpoints"))
         if not hf_dir:
             return
+        storage.remember_dialog_dir("checkpoints", hf_dir)
         outtype, ok = QInputDialog.getItem(self, "Convert", "Weight type of the GGUF file:",
                                            list(OUTTYPES), 1, False)
         if not ok:
             return
-        default = Path(self._default_dir()) / f"{Path(hf_dir).name}-{outtype}.gguf"
-        out, _ = QFileDialog.getSaveFileName(self, "Save the GGUF file as", str(default),
-                                             "GGUF models (*.gguf)")
+        out = self._save_model_as("Save the GGUF file as", f"{Path(hf_dir).name}-{outtype}.gguf")
         if out:
             self.convert(hf_dir, outtype, out)
+
+    def _download_clicked(self) -> None:
+        try:
+            offered = [m for m in catalog.load() if "ready_gguf" in m]
+        except DiffuseError as e:
+            self.refuse(str(e))
+            return
+        available = psutil.virtual_memory().available
+        labels = [_gguf_offer(m, available) for m in offered]
+        label, ok = QInputDialog.getItem(self, "Download a ready GGUF",
+                                         f"Into {storage.models_dir()}:", labels, 0, False)
+        if ok and label in labels:
+            self.download_gguf(offered[labels.index(label)], storage.models_dir())
 
     def _quantise_clicked(self) -> None:
         e = self.selected()
@@ -525,8 +592,15 @@ class ModelPanel(QWidget):
         stem = e.path.stem
         for t in (e.file_type, e.weight_type):
             stem = stem.replace(f"-{t.lower()}", "").replace(f"-{t}", "")
-        default = e.path.with_name(f"{stem}-{qtype.lower()}.gguf")
-        out, _ = QFileDialog.getSaveFileName(self, "Save the quantised model as", str(default),
-                                             "GGUF models (*.gguf)")
+        out = self._save_model_as("Save the quantised model as", f"{stem}-{qtype.lower()}.gguf")
         if out:
             self.quantise(e.path, qtype, out)
+
+
+def _gguf_offer(model: dict, available: int) -> str:
+    """One ready GGUF as the download dialog lists it: the file's size and the RAM it needs."""
+    gguf = model["ready_gguf"]
+    ram = gguf["ram_gb"] * 1e9
+    fits = "fits" if ram <= available else f"more than the {theme.gib(available)} available"
+    return (f"{model['name']} · {gguf['quantization'].upper()} · "
+            f"{catalog.gguf_size_text(gguf)} · needs {theme.gib(ram)} of RAM ({fits})")

@@ -264,9 +264,10 @@ class SettingsPanel(QWidget):
         opts = {name: defaults[name] if isinstance(box, QCheckBox) else None for name, box in self.fields.items()}
         self.set_options(opts | {"threads": None, "chat": True} | self.suggested)
 
-    def refusal(self, prompt_tokens: int = 0) -> str | None:
-        """Why the engine would refuse the settings with a prompt of `prompt_tokens`, or None."""
-        return schedule_check(self.options(), self.arch or FAMILIES[0], self.n_ctx, prompt_tokens)[1]
+    def refusal(self) -> str | None:
+        """Why the engine would refuse the settings, or None (the prompt is measured where it is
+        encoded, on the engine thread)."""
+        return schedule_check(self.options(), self.arch or FAMILIES[0], self.n_ctx)[1]
 
     def show_defaults(self, arch: str | None, n_ctx: int | None = None,
                       suggested: dict | None = None) -> None:

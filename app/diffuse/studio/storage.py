@@ -1,4 +1,5 @@
-"""Where the app keeps its files: settings, conversations and recorded runs.
+"""Where the app keeps its files (settings, conversations, recorded runs, made models) and where
+its file dialogs open.
 
 The folder is Qt's per-user app data location, or $DIFFUSE_STUDIO_HOME when set (tests, portable
 installs). Settings are an INI file in that folder, so one variable moves everything.
@@ -102,6 +103,35 @@ def runs_dir() -> Path:
     d = home_dir() / "runs"
     d.mkdir(exist_ok=True)
     return d
+
+
+def models_dir() -> Path:
+    """Where made and downloaded models go: the app's own folder, kept across reinstalls."""
+    d = home_dir() / "models"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def dialog_dir(kind: str) -> str:
+    """The folder a file dialog for `kind` opens in: the one last chosen for that kind, else
+    for "models" the app's models folder, for "recordings" (runs to open) the folder every run
+    is recorded in, for the rest (runs saved, exports, checkpoints) the user's Documents. Files
+    are never offered a place in the installed package or among the app's own recordings."""
+    last = settings().value(f"dialogs/{kind}")
+    if isinstance(last, str) and Path(last).is_dir():
+        return last
+    if kind in ("models", "recordings"):
+        return str(models_dir() if kind == "models" else runs_dir())
+    docs = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
+    return docs if docs and Path(docs).is_dir() else str(Path.home())
+
+
+def remember_dialog_dir(kind: str, chosen: str | Path) -> None:
+    """Remember where the user put or took a file of `kind` (a file's folder, or a folder)."""
+    chosen = Path(chosen)
+    s = settings()
+    s.setValue(f"dialogs/{kind}", str(chosen if chosen.is_dir() else chosen.parent))
+    s.sync()
 
 
 def conversations_dir() -> Path:

@@ -69,7 +69,10 @@ def apply(app: QApplication) -> None:
     font = QFont(UI_FAMILY)
     font.setPointSizeF(9.5)
     app.setFont(font)
-    app.setStyleSheet((resources_dir() / "style.qss").read_text(encoding="utf-8"))
+    # The sheet names its images relative to the resources folder; Qt resolves them from the
+    # working directory.
+    sheet = (resources_dir() / "style.qss").read_text(encoding="utf-8")
+    app.setStyleSheet(sheet.replace("url(icons/", f"url({resources_dir().as_posix()}/icons/"))
     app.setWindowIcon(icon("diffuse"))
     pg.setConfigOptions(antialias=True, background=PANEL, foreground=MUTED)
 
@@ -82,6 +85,45 @@ def icon(name: str) -> QIcon:
 def lut(name: str, n: int = 256) -> np.ndarray:
     """uint8 (n, 3) lookup table of a pyqtgraph colour map."""
     return pg.colormap.get(name).getLookupTable(0.0, 1.0, n, alpha=False)
+
+
+def gib(n_bytes: float) -> str:
+    """An amount of memory as every view of the app writes it (binary GiB, as system monitors
+    count RAM: the same machine must not read 25 in one place and 23.5 in another)."""
+    return f"{n_bytes / 2**30:.1f} GiB"
+
+
+def legend_html(entries: list[tuple[str, QColor]], glyph: str = "■") -> str:
+    """A one-line legend for a plot's title: a filled swatch in each drawn colour, then its
+    name. Above the plot, it never covers the data (pyqtgraph's legends sit on top of it)."""
+    return " &nbsp; ".join(f"<span style='color:{c.name()}'>{glyph}</span>"
+                           f"<span style='color:{MUTED.name()}'> {name}</span>"
+                           for name, c in entries)
+
+
+class EmptyState:
+    """A message in a plot while there is nothing to show: its axes and `also` (a colour bar,
+    a second plot) are hidden, since bare axes show pyqtgraph's default range (-0.5...0.5),
+    which reads as data. Keep the message short: a plot may be narrow."""
+
+    def __init__(self, plot: pg.PlotItem, message: str = "No run yet", also: tuple = ()):
+        self.plot, self.also = plot, also
+        self.note = pg.TextItem(message, color=MUTED, anchor=(0.5, 0.5))
+        plot.addItem(self.note, ignoreBounds=True)
+        self.empty: bool | None = None
+
+    def show(self, empty: bool) -> None:
+        if empty == self.empty:         # views call this on every step
+            return
+        self.empty = empty
+        for axis in ("left", "bottom"):
+            self.plot.showAxis(axis, not empty)
+        for item in self.also:
+            item.setVisible(not empty)
+        self.note.setVisible(empty)
+        if empty:
+            self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
+            self.note.setPos(0.5, 0.5)
 
 
 def text_on(color: QColor) -> QColor:

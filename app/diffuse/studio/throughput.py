@@ -1,9 +1,11 @@
 """Throughput: per-core CPU load, milliseconds per step, tokens per second, steps used.
 
-CPU bars are sampled by psutil twice a second whether or not a run is going (so you see what
-else loads the machine). Per-step time is a stacked bar: network forward pass, then sampling.
-Tokens per second come in the two flavours that matter: buffer (every generated position,
-end-of-text padding included, the paper's figure) and useful (positions before the end of text).
+CPU bars show the load now, sampled by psutil twice a second whether or not a run is going (so
+you see what else loads the machine), until a run of this session ends: then its own figure,
+read by the engine thread at the run's start and end (a sub-second run falls between the
+samples). Per-step time is a stacked bar: network forward pass, then sampling. Tokens per second
+come in the two flavours that matter: buffer (every generated position, end-of-text padding
+included, the paper's figure) and useful (positions before the end of text).
 """
 from __future__ import annotations
 
@@ -69,7 +71,7 @@ class ThroughputView(QWidget):
         self.cpu_plot.setMenuEnabled(False)
         self.cpu_plot.setMouseEnabled(x=False, y=False)
         self.cpu_plot.setYRange(0, 100, padding=0.02)
-        self.cpu_plot.setLabel("left", "CPU %")
+        self.cpu_plot.setLabel("left", "CPU % now")
         self.cpu_plot.setLabel("bottom", "core")
         self.cpu_plot.getAxis("bottom").setTicks([[(i, str(i)) for i in range(n_cpu)]])
         self.cpu_bars = pg.BarGraphItem(x=np.arange(n_cpu), height=np.zeros(n_cpu), width=0.7,
@@ -81,14 +83,13 @@ class ThroughputView(QWidget):
         self.ms_plot.setMenuEnabled(False)
         self.ms_plot.setLabel("left", "ms per step")
         self.ms_plot.setLabel("bottom", "step")
-        legend = self.ms_plot.addLegend(offset=(-6, 6), labelTextSize="8pt")
+        self.ms_plot.setTitle(theme.legend_html([("forward", theme.CACHED),
+                                                 ("sampling + rest", theme.ACTIVE)]), size="8pt")
         self.fwd_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=theme.CACHED, pen=None)
         self.smp_bars = pg.BarGraphItem(x=[], height=[], y0=[], width=0.8, brush=theme.ACTIVE,
                                         pen=None)
         self.ms_plot.addItem(self.fwd_bars)
         self.ms_plot.addItem(self.smp_bars)
-        legend.addItem(self.fwd_bars, "forward")
-        legend.addItem(self.smp_bars, "sampling + rest")
         self.step_marker = pg.InfiniteLine(angle=90, pen=pg.mkPen(theme.HIGHLIGHT, width=1))
         self.ms_plot.addItem(self.step_marker)
 
@@ -122,6 +123,7 @@ class ThroughputView(QWidget):
         layout.addLayout(plots, 1)
         layout.addWidget(self.memory)
 
+        self._cpu_of: RunState | None = None    # the run whose own CPU figure the bars show
         self._process = psutil.Process()
         psutil.cpu_percent(percpu=True)      # the first call only starts the measurement
         self.cpu_timer = QTimer(self)
@@ -131,12 +133,25 @@ class ThroughputView(QWidget):
 
     def sample_cpu(self) -> None:
         loads = np.array(psutil.cpu_percent(percpu=True), float)
-        self.cpu_bars.setOpts(height=loads)
+        if self.run is None or self.run.cpu_percent is None:
+            self._cpu_of = None
+            self._draw_cpu(loads, "CPU % now")
         vm = psutil.virtual_memory()
         rss = self._process.memory_info().rss
-        self.memory.setText(f"this process {rss / 2**30:.2f} GiB · RAM available "
-                            f"{vm.available / 2**30:.1f} of {vm.total / 2**30:.1f} GiB · "
+        self.memory.setText(f"this process {theme.gib(rss)} · RAM available "
+                            f"{theme.gib(vm.available)} of {theme.gib(vm.total)} · "
                             f"{len(loads)} cores")
+
+    def _draw_cpu(self, loads: np.ndarray, title: str) -> None:
+        self.cpu_bars.setOpts(height=loads)
+        self.cpu_plot.setLabel("left", title)
+
+    def _show_run_cpu(self) -> None:
+        run = self.run
+        if run is not None and run.cpu_percent is not None and self._cpu_of is not run:
+            self._cpu_of = run
+            self._draw_cpu(run.cpu_percent,
+                           f"CPU % over the run's {run.result.total_ms / 1000:.2f} s")
 
     def set_run(self, run: RunState | None) -> None:
         self.run = run
@@ -176,5 +191,6 @@ class ThroughputView(QWidget):
         self.useful_tps.setText("…" if np.isnan(useful) else f"{useful:.1f}")
         self.ms_step.setText(f"{run.step_ms[:k + 1].mean():.0f}")
         self.total_time.setText(f"{total_s:.2f} s")
+        self._show_run_cpu()
         self.steps_bar.set_fraction((k + 1) / max(run.steps_allowed, 1))
         self.steps_label.setText(f"steps used {k + 1} of {run.steps_allowed} allowed")
