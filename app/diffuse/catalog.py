@@ -29,13 +29,18 @@ _OPTIONAL_GGUF_FIELDS = {"file_bytes": int, "sha256": str}
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def default_path() -> Path:
-    """models/catalog.json where it ships: a PyInstaller bundle, the package, or the checkout."""
+def shipped_models_dir() -> Path | None:
+    """The shipped models/ folder (demo model, catalog): the bundle's copy, the installed
+    package's, or the checkout's."""
+    bundle = getattr(sys, "_MEIPASS", None)     # set inside a PyInstaller bundle
     here = Path(__file__).resolve().parent
-    bundle = getattr(sys, "_MEIPASS", None)
-    candidates = ([Path(bundle) / "models"] if bundle else []) + [here / "models",
-                                                                 here.parents[1] / "models"]
-    folder = next((d for d in candidates if (d / "catalog.json").is_file()), None)
+    candidates = [Path(bundle) / "models"] if bundle else [here / "models", here.parents[1] / "models"]
+    return next((d for d in candidates if (d / "catalog.json").is_file()), None)
+
+
+def default_path() -> Path:
+    """models/catalog.json where it ships."""
+    folder = shipped_models_dir()
     if folder is None:
         raise DiffuseError("models/catalog.json is not part of this installation")
     return folder / "catalog.json"

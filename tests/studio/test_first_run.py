@@ -176,7 +176,7 @@ def test_opens_at_start_only_without_a_real_model(qtbot, dialog, tiny_gguf):
     path = tiny_gguf("llada", "q8_0")
     with qtbot.waitSignal(window.model_panel.model_loaded, timeout=60_000):
         d.use_gguf(path)
-    assert first_run.has_real_model(window.model_panel.entries, storage.repo_models_dir())
+    assert first_run.has_real_model(window.model_panel.entries, catalog.shipped_models_dir())
     d.close()
     assert first_run.open_at_start(window) is None
     d.shutdown()

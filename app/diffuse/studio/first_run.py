@@ -459,6 +459,6 @@ def open_for(window) -> FirstRunDialog:
 def open_at_start(window) -> FirstRunDialog | None:
     """On start: the dialog, unless a real model is already known or the user opted out."""
     if not show_at_start() or has_real_model(window.model_panel.entries,
-                                             storage.repo_models_dir()):
+                                             catalog.shipped_models_dir()):
         return None
     return open_for(window)

@@ -259,7 +259,7 @@ class ModelPanel(QWidget):
 
     def folders(self) -> list[Path]:
         user = [Path(p) for p in _setting_list("models/folders")]
-        repo = storage.repo_models_dir()
+        repo = catalog.shipped_models_dir()
         return ([repo] if repo else []) + [f for f in user if f != repo]
 
     def files(self) -> list[Path]:

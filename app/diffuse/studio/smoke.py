@@ -29,11 +29,11 @@ def since_start() -> float:
 
 
 def demo_model() -> Path:
-    from diffuse import DiffuseError
+    from diffuse import DiffuseError, catalog
     from diffuse.studio import storage
     found = storage.demo_model()
     if found is None:
-        raise DiffuseError(f"no demo model (*.gguf) in {storage.repo_models_dir() or 'models/'}")
+        raise DiffuseError(f"no demo model (*.gguf) in {catalog.shipped_models_dir() or 'models/'}")
     return found
 
 

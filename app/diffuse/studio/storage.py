@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSettings, QStandardPaths
+
+from diffuse import catalog
 
 MAX_SETTINGS_BYTES = 1 << 20        # a real settings file is a few kB
 # Settings read outside the settings panel, and the type each must have.
@@ -140,17 +141,9 @@ def conversations_dir() -> Path:
     return d
 
 
-def repo_models_dir() -> Path | None:
-    """The shipped models/ folder: the bundle's copy, the installed package's, or the checkout's."""
-    bundle = getattr(sys, "_MEIPASS", None)     # set inside a PyInstaller bundle
-    here = Path(__file__).resolve()
-    candidates = [Path(bundle) / "models"] if bundle else [here.parents[1] / "models", here.parents[3] / "models"]
-    return next((d for d in candidates if d.is_dir()), None)
-
-
 def _demo_entry() -> tuple[Path, dict] | None:
     """The shipped models/ folder and the "demo" entry of its catalog.json."""
-    d = repo_models_dir()
+    d = catalog.shipped_models_dir()
     if d is None:
         return None
     try:
