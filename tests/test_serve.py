@@ -246,3 +246,29 @@ def test_cli_refuses_a_taken_port(server, capsys):
     from diffuse.cli import main
     assert main(["serve", "-m", str(DEMO), "--port", str(server.port), "--threads", "1"]) == 1
     assert "cannot listen" in capsys.readouterr().err
+
+
+def test_an_engine_failure_answers_the_waiting_requests_and_serving_goes_on(model):
+    class FailsOnce:
+        """The model, except that its first stream fails before admitting anything."""
+        failed = False
+
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+        def generate_stream(self, *args, **kw):
+            if not self.failed:
+                self.failed = True
+                raise RuntimeError("engine broke")
+            return model.generate_stream(*args, **kw)
+
+    s = Server(FailsOnce(), port=0, max_batch=2)
+    s.start()
+    try:
+        body = json.dumps({"prompt": "It was", "max_tokens": 8}).encode()
+        status, answer = post(s, "/completions", body, key=None)
+        assert status == 500 and "engine broke" in answer["error"]["message"]
+        status, answer = post(s, "/completions", body, key=None)
+        assert status == 200 and answer["choices"][0]["finish_reason"]
+    finally:
+        s.stop()

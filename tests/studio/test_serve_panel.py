@@ -61,3 +61,29 @@ def test_a_taken_port_is_said_not_raised(panel, model):
         panel.switch.setChecked(True)
     assert not panel.serving() and not panel.switch.isChecked()
     assert "cannot listen" in panel.status.text()
+
+
+def test_the_live_views_follow_a_served_request(qtbot, window, model):
+    window.set_model(model)
+    panel = window.serve_panel
+    panel.port.setValue(0)
+    panel.switch.setChecked(True)
+    try:
+        body = json.dumps({"prompt": "It was", "max_tokens": 16, "steps": 8}).encode()
+        request = urllib.request.Request(panel.server.url + "/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as r:
+            text = json.loads(r.read())["choices"][0]["text"]
+        qtbot.waitUntil(lambda: window.run is not None and window.run.done, timeout=10000)
+        run = window.run
+        assert window.served[1] is run and run.n_steps == run.result.steps > 0
+        assert run.result.text.startswith(text) and "served request" in window.statusBar().currentMessage()
+
+        panel.follow.setChecked(False)      # switched off: the next request leaves the views alone
+        with urllib.request.urlopen(request, timeout=30) as r:
+            r.read()
+        qtbot.waitUntil(lambda: "#2 completion ok" in panel.log.toPlainText(), timeout=5000)
+        assert window.run is run
+    finally:
+        panel.stop()
+        qtbot.waitUntil(lambda: not panel.serving(), timeout=10000)

@@ -13,6 +13,7 @@ from diffuse import DiffuseError
 from diffuse.recording import Recording
 from diffuse.studio import storage, theme
 from diffuse.studio.main_window import MainWindow
+from diffuse.studio.run_state import RunState
 
 SMALL = {"gen_length": 48, "steps": 24, "block_length": 16, "threads": 1}
 
@@ -185,6 +186,14 @@ def test_export_png_strip_and_gif(qtbot, window, recorded_run, tmp_path):
     with Image.open(tmp_path / "run.gif") as gif:
         assert gif.n_frames == 24 and gif.info["loop"] == 0
     assert not list(tmp_path.glob("*.part"))
+
+
+def test_exports_use_the_colour_scale_on_screen(recorded_run):
+    from diffuse.studio import export
+    run = RunState.from_recording(recorded_run("blocks_cache"))
+    last = run.n_steps - 1
+    absolute, fitted = export.frame(run, last), export.frame(run, last, fitted=True)
+    assert absolute.size() == fitted.size() and absolute != fitted
 
 
 def test_compare_mode(qtbot, window, fake_model):

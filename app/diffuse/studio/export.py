@@ -16,7 +16,7 @@ from PySide6.QtGui import QImage, QPainter
 from diffuse import DiffuseError
 from diffuse.recording import write_atomic
 from diffuse.studio import theme
-from diffuse.studio.canvas import CellLayout, paint_cells
+from diffuse.studio.canvas import CellLayout, paint_cells, scale_name, value_range
 from diffuse.studio.run_state import RunState
 
 try:
@@ -36,8 +36,9 @@ def strip_steps(run: RunState, n_frames: int = 8) -> list[int]:
 
 
 def frame(run: RunState, step: int, mode: str = "entropy", width: int = 960,
-          cell_w: int = 52, cell_h: int = 26) -> QImage:
-    """The canvas at `step` with a caption line: step, block, masked count."""
+          cell_w: int = 52, cell_h: int = 26, fitted: bool = False) -> QImage:
+    """The canvas at `step` with a caption line: step, block, masked count, colour scale
+    (`fitted`: the run's own percentiles, as the canvas shows them)."""
     layout = CellLayout(run.gen_length, width, cell_w, cell_h, margin=8)
     image = QImage(width, CAPTION_H + layout.height, QImage.Format.Format_RGB32)
     image.fill(theme.BG)
@@ -47,9 +48,10 @@ def frame(run: RunState, step: int, mode: str = "entropy", width: int = 960,
     p.setFont(theme.mono_font(9))
     p.drawText(QRectF(10, 0, width - 20, CAPTION_H), Qt.AlignmentFlag.AlignVCenter,
                f"{run.step_label(step)}   block {e.block + 1}/{e.n_blocks}   "
-               f"{int(e.gen_mask.sum())} masked   {len(e.unmasked)} decided this step")
+               f"{int(e.gen_mask.sum())} masked   {len(e.unmasked)} decided this step   "
+               f"{mode}, {scale_name(fitted)}")
     p.translate(0, CAPTION_H)
-    paint_cells(p, layout, run, step, mode)
+    paint_cells(p, layout, run, step, mode, scale=value_range(run, mode, fitted))
     p.end()
     return image
 
@@ -60,10 +62,10 @@ def _check(run: RunState) -> None:
 
 
 def png_strip(run: RunState, path: str | Path, steps: list[int] | None = None,
-              mode: str = "entropy", width: int = 960) -> Path:
+              mode: str = "entropy", width: int = 960, fitted: bool = False) -> Path:
     """Stack the canvas at `steps` (default: 8 spread over the run) into one PNG."""
     _check(run)
-    frames = [frame(run, k, mode, width) for k in (steps or strip_steps(run))]
+    frames = [frame(run, k, mode, width, fitted=fitted) for k in (steps or strip_steps(run))]
     gap = 6
     height = sum(f.height() for f in frames) + gap * (len(frames) - 1)
     strip = QImage(width, height, QImage.Format.Format_RGB32)
@@ -90,14 +92,14 @@ def _to_pil(image: QImage):
 
 
 def gif(run: RunState, path: str | Path, mode: str = "entropy", frame_ms: int = 120,
-        width: int = 720, max_frames: int = 240) -> Path:
+        width: int = 720, max_frames: int = 240, fitted: bool = False) -> Path:
     """An animated GIF of the run, one frame per step (evenly thinned past `max_frames`);
     the last frame is held for two seconds."""
     _check(run)
     if Image is None:
         raise DiffuseError("GIF export needs Pillow (pip install Pillow)")
     steps = strip_steps(run, max_frames)
-    frames = [_to_pil(frame(run, k, mode, width, cell_w=44, cell_h=22)) for k in steps]
+    frames = [_to_pil(frame(run, k, mode, width, cell_w=44, cell_h=22, fitted=fitted)) for k in steps]
     # One palette for every frame keeps colours steady; taken from the first, middle and last
     # frames so that both masked and decided cells are in it.
     picks = [frames[0], frames[len(frames) // 2], frames[-1]]

@@ -116,9 +116,11 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         if run is None or not run.events:
             return
         k = run.clamp(step)
-        rows = run.n_steps          # the steps used: an early stop must not leave a sliver
+        # The range: the step budget while the run goes (one change per run, not one per step),
+        # then the steps used, so that an early stop does not leave the data in a sliver.
+        rows = run.n_steps if run.done else max(run.steps_allowed, run.n_steps)
         lo, hi = value_range(run, "entropy", self.fitted)
-        self.image.setImage(run.entropy[:rows], levels=(lo, hi), autoLevels=False)
+        self.image.setImage(run.entropy[:run.n_steps], levels=(lo, hi), autoLevels=False)
         self.bar.setLevels((lo, hi))
         tau = tau_of(run)
         if tau is not None:

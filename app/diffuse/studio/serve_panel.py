@@ -36,6 +36,8 @@ def client_snippet(url: str, model_id: str, api_key: str | None) -> str:
 
 class ServePanel(QWidget):
     log_entry = Signal(dict)     # emitted on the batcher's thread, delivered on the GUI thread
+    # (Job, StepEvent): a step of a served request's first answer, for the live views to follow
+    served_step = Signal(object, object)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -55,6 +57,12 @@ class ServePanel(QWidget):
         self.max_batch.setRange(1, 64)
         self.max_batch.setValue(8)
         self.max_batch.setToolTip("most requests denoised together in one forward pass per step")
+        self.follow = QCheckBox("Show requests in the live views")
+        self.follow.setToolTip("the Denoise, Heatmap, Cache and Throughput views follow the requests being "
+                               "served, one at a time, while no run of your own is going")
+        self.follow.setChecked(True)
+        self.follow.toggled.connect(self._follow_toggled)
+        self._following = True          # read on the batcher's thread: a plain bool, not the widget
         form = QFormLayout()
         form.addRow("Host", self.host)
         form.addRow("Port", self.port)
@@ -86,6 +94,7 @@ class ServePanel(QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(self.switch)
         layout.addLayout(form)
+        layout.addWidget(self.follow)
         layout.addWidget(self.status)
         layout.addLayout(row)
         layout.addWidget(QLabel("Client snippet"))
@@ -113,6 +122,7 @@ class ServePanel(QWidget):
         except DiffuseError as e:
             return self._refused(str(e))
         self.server.batcher.listeners.append(self.log_entry.emit)
+        self.server.batcher.step_listeners.append(self._stepped)
         self.server.start()
         self.url.setText(self.server.url)
         self.snippet.setPlainText(client_snippet(self.server.url, self.server.model_id, self.api_key.text() or None))
@@ -166,6 +176,15 @@ class ServePanel(QWidget):
             self.status.setText("Not serving.")
             self.url.clear()
             self.snippet.clear()
+
+    def _follow_toggled(self, on: bool) -> None:
+        self._following = on
+
+    def _stepped(self, job, index: int, event) -> None:
+        """On the batcher's thread: only the first answer of each request is shown (a request with
+        n answers would otherwise fight itself for the views)."""
+        if index == 0 and self._following:
+            self.served_step.emit(job, event)
 
     def _copy(self) -> None:
         QGuiApplication.clipboard().setText(self.snippet.toPlainText())

@@ -162,8 +162,7 @@ def _checked(key: str, value, box: QWidget, arch: str):
     return value
 
 
-def schedule_check(opts: dict, arch: str, n_ctx: int | None = None,
-                   prompt_tokens: int = 0) -> tuple[str, str | None]:
+def schedule_check(opts: dict, arch: str, n_ctx: int | None = None) -> tuple[str, str | None]:
     """(what the engine will round in the schedule, or ""; why it would refuse it, or None),
     by the engine's block rule: steps are shared evenly among the blocks, at most one per position."""
     try:
@@ -174,9 +173,8 @@ def schedule_check(opts: dict, arch: str, n_ctx: int | None = None,
     block = gen if o["block_length"] <= 0 else min(o["block_length"], gen)
     if gen % block:
         return "", f"gen_length {gen} is not a multiple of block_length {block}"
-    if n_ctx is not None and prompt_tokens + gen > n_ctx:
-        prompt = f"a prompt of {prompt_tokens} tokens" if prompt_tokens else "the prompt"
-        return "", f"gen_length {gen} + {prompt} exceeds the model's context of {n_ctx}"
+    if n_ctx is not None and gen >= n_ctx:      # the prompt itself is checked where it is encoded
+        return "", f"gen_length {gen} + the prompt exceeds the model's context of {n_ctx}"
     n_blocks = gen // block
     per_block = min(max(1, steps // n_blocks), block)
     if per_block * n_blocks == steps:
