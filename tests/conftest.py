@@ -2,11 +2,12 @@
 their GGUF conversions (see tests/fixtures/tiny_models.py)."""
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
 import pytest
-from fixtures.tiny_models import write_dream, write_llada
+from fixtures.tiny_models import write_dream, write_llada, write_llada_moe
 
 from diffuse.convert import convert_hf
 
@@ -24,16 +25,23 @@ def tiny_hf_dream(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_gguf(tmp_path_factory, tiny_hf_llada, tiny_hf_dream):
-    """tiny_gguf("llada" | "dream", "f32" | "f16" | "bf16" | "q8_0") -> Path of our conversion
-    (made once per session)."""
+def tiny_hf_llada_moe(tmp_path_factory) -> Path:
+    """LLaDA-MoE-7B-A1B-Instruct layout (8 experts, top 2), bf16 weights in 2 shards, tokenizer.json."""
+    return write_llada_moe(tmp_path_factory.mktemp("hf") / "LLaDA-MoE-tiny-Instruct")
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory, request):
+    """tiny_gguf("llada" | "dream" | "llada-moe", "f32" | "f16" | "bf16" | "q8_0") -> Path of our
+    conversion (made once per session; each checkpoint is written on first use)."""
     folder = tmp_path_factory.mktemp("gguf")
-    sources = {"llada": tiny_hf_llada, "dream": tiny_hf_dream}
+    sources = {"llada": "tiny_hf_llada", "dream": "tiny_hf_dream", "llada-moe": "tiny_hf_llada_moe"}
     made: dict[tuple[str, str], Path] = {}
 
     def make(family: str, outtype: str = "f32") -> Path:
         if (family, outtype) not in made:
-            made[family, outtype] = convert_hf(sources[family], folder / f"{family}-{outtype}.gguf", outtype)
+            made[family, outtype] = convert_hf(request.getfixturevalue(sources[family]),
+                                               folder / f"{family}-{outtype}.gguf", outtype)
         return made[family, outtype]
 
     return make
@@ -62,3 +70,34 @@ def fake_hub(repo_dir, small_chunks):
     from fixtures.fake_hub import REPO, FakeHub
     with FakeHub({REPO: repo_dir}) as server:
         yield server
+
+
+@pytest.fixture
+def gguf_repo(tiny_gguf, tmp_path):
+    """A ready-GGUF repository as the hub holds it: one GGUF file (the tiny LLaDA, Q8_0)."""
+    from fixtures.fake_hub import GGUF_FILE
+    folder = tmp_path / "gguf-repo"
+    folder.mkdir()
+    shutil.copy(tiny_gguf("llada", "q8_0"), folder / GGUF_FILE)
+    return folder
+
+
+@pytest.fixture
+def gguf_hub(gguf_repo, small_chunks):
+    from fixtures.fake_hub import GGUF_REPO, FakeHub
+    with FakeHub({GGUF_REPO: gguf_repo}) as server:
+        yield server
+
+
+@pytest.fixture
+def ready_model(gguf_repo) -> dict:
+    """The catalog's LLaDA entry with its ready GGUF pointed at the fake hub's file (size and
+    sha256 pinned, as the catalog pins the real one)."""
+    from fixtures.fake_hub import GGUF_FILE, GGUF_REPO
+
+    from diffuse import catalog
+    data = (gguf_repo / GGUF_FILE).read_bytes()
+    model = catalog.find(catalog.load(), "llada-8b-instruct")
+    return dict(model, ready_gguf=dict(model["ready_gguf"], repo=GGUF_REPO, file=GGUF_FILE,
+                                       file_bytes=len(data),
+                                       sha256=hashlib.sha256(data).hexdigest()))

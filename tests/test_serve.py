@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -215,15 +216,25 @@ def test_disconnect_cancels_within_a_step(client, server):
 
 def test_a_plain_request_whose_client_leaves_is_cancelled(server):
     before = len(server.batcher.log)
-    body = json.dumps({"prompt": "Long ago", "max_tokens": 192, "steps": 192, "cache": False})
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    conn.request("POST", "/v1/completions", body, {"Authorization": f"Bearer {KEY}",
-                                                   "Content-Type": "application/json"})
-    time.sleep(0.2)
-    conn.close()
-    deadline = time.monotonic() + 10
-    while len(server.batcher.log) == before and time.monotonic() < deadline:
-        time.sleep(0.02)
+    started = threading.Event()
+
+    def slow_step(job, index, event):     # >= 1 s of steps, whatever the machine's speed
+        started.set()
+        time.sleep(0.005)
+
+    server.batcher.step_listeners.append(slow_step)
+    try:
+        body = json.dumps({"prompt": "Long ago", "max_tokens": 192, "steps": 192, "cache": False})
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.request("POST", "/v1/completions", body, {"Authorization": f"Bearer {KEY}",
+                                                       "Content-Type": "application/json"})
+        assert started.wait(10)
+        conn.close()
+        deadline = time.monotonic() + 10
+        while len(server.batcher.log) == before and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        server.batcher.step_listeners.remove(slow_step)
     assert server.batcher.log[-1]["status"] == "cancelled" and server.batcher.log[-1]["steps"] < 192
 
 

@@ -31,7 +31,11 @@ class StepEvent:
     forward_ms: float         # the forward pass (in a batch: the pass shared by every sequence)
     sample_ms: float
     total_ms: float
-    sequence: int = 0         # index of the prompt in generate_batch (0 for generate)
+    sequence: int = 0         # index of the prompt in generate_batch or generate_stream (0 for generate)
+    # MoE models (expert_routing): int32 (n_layer, len(active), n_expert_used), the experts each
+    # active position used at this step, best first; -1 in the last layer for rows whose logits
+    # the step did not need (only those run its FFN). None for dense models.
+    experts: np.ndarray | None = None
 
     @property
     def gen_tokens(self) -> np.ndarray:

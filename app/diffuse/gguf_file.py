@@ -23,6 +23,8 @@ DIALECT_LLAMA_CPP = "llama.cpp"
 DIALECT_DIFFUSE_CPP = "diffuse-cpp"
 DIALECT_OTHER = "other"
 FAMILIES = ("llada", "dream")
+# general.architecture -> family: LLaDA-MoE runs as the LLaDA family (schedules, chat, no shift).
+ARCH_FAMILIES = {"llada": "llada", "dream": "dream", "llada-moe": "llada"}
 
 # ggml's names for GGUF value types (gguf_type_name), as read_gguf reports them in kv_types.
 _VALUE_TYPES = {
@@ -108,8 +110,8 @@ def dialect_of(kv: dict) -> tuple[str, str | None]:
     if arch == "diffuse":
         family = kv.get("diffuse.model_type")
         return DIALECT_DIFFUSE_CPP, family if family in FAMILIES else None
-    if arch in FAMILIES:
-        return (DIALECT_OURS if "diffuse.format_version" in kv else DIALECT_LLAMA_CPP), arch
+    if arch in ARCH_FAMILIES:
+        return (DIALECT_OURS if "diffuse.format_version" in kv else DIALECT_LLAMA_CPP), ARCH_FAMILIES[arch]
     return DIALECT_OTHER, None
 
 

@@ -149,6 +149,9 @@ def format_info(d: dict, tensors: bool = False) -> str:
                      f"(kv {hp['n_head_kv']}, dim {hp['head_dim']}), vocab {hp['n_vocab']}")
         lines.append(f"  context {hp['n_ctx_train']}, rope theta {hp['rope_theta']:g} ({hp['rope_mode']}), "
                      f"rms eps {hp['rms_eps']:g}, shift logits {hp['shift_logits']}, mask id {hp['mask_token_id']}")
+        if hp.get("n_expert"):
+            lines.append(f"  experts {hp['n_expert']} per layer, {hp['n_expert_used']} used per position, "
+                         f"width {hp['n_ff_exp']}; q/k norm {hp['qk_norm']}")
     if d.get("load_error"):
         lines.append(f"cannot load    {d['load_error']}")
     tok = d.get("tokenizer")

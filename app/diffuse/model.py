@@ -1,6 +1,7 @@
 """The Python face of a loaded model: hyper-parameters, tokenizer, forward pass."""
 from __future__ import annotations
 
+import itertools
 import numbers
 import os
 import time
@@ -18,9 +19,9 @@ from diffuse.generation import resolve_options
 class Model:
     """A GGUF model, memory-mapped. Use :func:`diffuse.load`.
 
-    Thread-safe: forward, generate and generate_batch may run on one Model from several threads at
-    once (each call borrows its own engine context: compute buffers, K/V caches, thread count; the
-    engine releases the GIL while it computes). Setting `threads` changes the default of later calls.
+    Thread-safe: forward, generate, generate_batch and generate_stream may run on one Model from
+    several threads at once (each call borrows its own engine context: compute buffers, K/V caches,
+    thread count; the engine releases the GIL while it computes). Setting `threads` changes the default of later calls.
     A StepEvent's arrays are copies: they stay valid after the callback returns.
     """
 
@@ -38,6 +39,7 @@ class Model:
         self.n_layer: int = hp["n_layer"]
         self.n_ctx_train: int = hp["n_ctx_train"]
         self.mask_token_id: int = hp["mask_token_id"]
+        self.n_expert: int = hp["n_expert"]   # routed experts per layer; 0 for a dense model
         self._tokenizer_path = tokenizer
         self._tokenizer = None
 
@@ -104,27 +106,32 @@ class Model:
         return ids
 
     def generate(self, prompt: str | list[int], *, chat: bool = True, threads: int | None = None,
-                 on_step: Callable[[StepEvent], bool | None] | None = None, **options) -> GenerateResult:
+                 on_step: Callable[[StepEvent], bool | None] | None = None, expert_routing: bool | None = None,
+                 **options) -> GenerateResult:
         """Denoise `gen_length` masked positions after the prompt.
 
         Options (None = the family default, see diffuse.generation.OPTIONS for kinds, ranges and
         help): gen_length, steps, block_length, scheduler, threshold, cache, keep_active,
         refresh_every, temperature, top_k, top_p, alg_temp, cfg_scale, eps, seed. on_step(event)
         runs once per step on the calling thread; returning False cancels; an exception ends the
-        run and propagates here.
+        run and propagates here. expert_routing: see generate_batch.
         """
-        return self.generate_batch([prompt], chat=chat, threads=threads, on_step=on_step, **options)[0]
+        return self.generate_batch([prompt], chat=chat, threads=threads, on_step=on_step,
+                                   expert_routing=expert_routing, **options)[0]
 
     def generate_batch(self, prompts: Sequence[str | list[int]], *, chat: bool = True, threads: int | None = None,
                        on_step: Callable[[StepEvent], bool | None] | None = None,
-                       per_prompt: Sequence[dict] | None = None, **options) -> list[GenerateResult]:
+                       per_prompt: Sequence[dict] | None = None, expert_routing: bool | None = None,
+                       **options) -> list[GenerateResult]:
         """Denoise several prompts together: one forward pass per step over every unfinished one.
 
         `options` apply to every prompt; `per_prompt[i]` (a dict) overrides them for prompt i, so
         each sequence may have its own length, scheduler, seed... Every sequence keeps its own
         schedule, cache and early stop. Events carry `sequence` (the prompt's index); on_step
         returning False cancels that sequence only. Results in prompt order; with greedy decoding
-        each matches generate() of the same prompt up to float ties.
+        each matches generate() of the same prompt up to float ties. expert_routing: MoE events
+        carry `experts` (which experts each active position used); None: on for an MoE model with
+        an on_step listener.
         """
         prompts = list(prompts)
         if not prompts:
@@ -148,9 +155,68 @@ class Model:
 
         t0 = time.perf_counter()
         outs = _core.generate_batch(self._core, [np.asarray(i, dtype=np.int32) for i in ids], options=resolved,
-                                    threads=_threads(threads), eos_ids=eos_ids, on_step=callback)
+                                    threads=_threads(threads), eos_ids=eos_ids, on_step=callback,
+                                    expert_routing=self._routing(on_step, expert_routing))
         total_ms = (time.perf_counter() - t0) * 1000.0
         return [self._result(out, prompt_ids, tok, eos_ids, total_ms) for out, prompt_ids in zip(outs, ids)]
+
+    def generate_stream(self, admit: Callable[[], Sequence[tuple[str | list[int], dict]]],
+                        on_finish: Callable[[int, GenerateResult | DiffuseError], None], *, chat: bool = True,
+                        threads: int | None = None, on_step: Callable[[StepEvent], bool | None] | None = None,
+                        expert_routing: bool | None = None, **options) -> int:
+        """Denoise sequences that join and leave one running batch (a server's requests).
+
+        At every step boundary, after the sequences that ended have gone to on_finish, admit()
+        returns new (prompt, overrides) pairs ([] for none): each is numbered on from the earlier
+        ones (0, 1, 2... over the stream) and joins that step's forward pass; `options` apply to
+        every one, `overrides` to it alone. on_finish(sequence, result) runs as soon as a sequence
+        ends, with its GenerateResult (total_ms counted from its admission), or with a DiffuseError
+        when its prompt or options were refused: the others run on. Events carry `sequence`;
+        on_step returning False cancels that sequence only; an exception in any callback ends the
+        stream and propagates here. Returns, once none runs and admit() gives none, the number of
+        K/V caches the stream held (one per sequence of its busiest step, two with cfg_scale): an
+        ended sequence's cache is reused. With greedy decoding each result matches generate() of
+        the same prompt up to float ties.
+        """
+        tok = self._tokenizer_or_none()
+        eos_ids = list(tok.eos_token_ids) if tok is not None else []
+        numbers = itertools.count()                 # ours: every admitted pair, refused ones too
+        engine_numbers = itertools.count()          # the engine's: the pairs it was given
+        running: dict[int, tuple[int, list[int], float]] = {}   # engine's number -> (ours, prompt ids, start)
+
+        def engine_admit() -> list:
+            items = []
+            for prompt, overrides in admit():
+                sequence = next(numbers)
+                try:
+                    resolved = resolve_options(self.arch, **{**options, **overrides})
+                    ids = self.encode_prompt(prompt, chat)
+                except DiffuseError as e:
+                    on_finish(sequence, e)
+                    continue
+                running[next(engine_numbers)] = (sequence, ids, time.perf_counter())
+                items.append((np.asarray(ids, dtype=np.int32), resolved))
+            return items
+
+        def engine_finished(index: int, out: dict) -> None:
+            sequence, ids, t0 = running.pop(index)
+            if out["stop_reason"] == "error":
+                on_finish(sequence, DiffuseError(out["error"]))
+            else:
+                on_finish(sequence, self._result(out, ids, tok, eos_ids, (time.perf_counter() - t0) * 1000.0))
+
+        callback = None
+        if on_step is not None:
+            def callback(d: dict) -> bool:
+                return on_step(StepEvent(**{**d, "sequence": running[d["sequence"]][0]})) is not False
+
+        return _core.generate_stream(self._core, engine_admit, engine_finished, threads=_threads(threads),
+                                     eos_ids=eos_ids, on_step=callback,
+                                     expert_routing=self._routing(on_step, expert_routing))
+
+    def _routing(self, on_step, expert_routing: bool | None) -> bool:
+        """Whether MoE events carry `experts`: asked for, or by default when someone listens."""
+        return self.n_expert > 0 and (on_step is not None if expert_routing is None else bool(expert_routing))
 
     def _result(self, out: dict, prompt_ids: list[int], tok, eos_ids: list[int], total_ms: float) -> GenerateResult:
         tokens = out["tokens"]

@@ -1,6 +1,7 @@
-// _core.generate_batch: the denoising loop (Model.generate is a batch of one) with the GIL released; the GIL is taken
-// only to hand each step's plain-data event to Python. _core.OPTIONS exposes the option table that
-// the engine validates with, so Python, the CLI and the Studio build their inputs from it.
+// _core.generate_batch and _core.generate_stream: the denoising loop (Model.generate is a batch of one)
+// with the GIL released; the GIL is taken only to hand plain data to and from Python (events, new
+// items, outputs). _core.OPTIONS exposes the option table that the engine validates with, so
+// Python, the CLI and the Studio build their inputs from it.
 #include "bindings.h"
 
 #include "diffuse.h"
@@ -24,7 +25,7 @@ static py::array_t<T> to_numpy(const std::vector<T> & v) {
     return a;
 }
 
-static py::dict event_dict(const diffuse::StepEvent & e) {
+static py::dict event_dict(const diffuse::StepEvent & e, const diffuse::HParams & hp) {
     py::dict d;
     d["sequence"] = e.sequence;
     d["step"] = e.step;
@@ -44,6 +45,10 @@ static py::dict event_dict(const diffuse::StepEvent & e) {
     d["forward_ms"] = e.forward_ms;
     d["sample_ms"] = e.sample_ms;
     d["total_ms"] = e.total_ms;
+    if (!e.experts->empty()) {
+        const py::ssize_t n_active = (py::ssize_t) e.active->size();
+        d["experts"] = to_numpy(*e.experts).attr("reshape")(hp.n_layer, n_active, hp.n_expert_used);
+    }
     return d;
 }
 
@@ -57,6 +62,7 @@ static py::dict output_dict(const diffuse::GenerateOutput & out) {
     d["steps"] = out.steps;
     d["steps_allowed"] = out.steps_allowed;
     d["stop_reason"] = out.stop_reason;
+    d["error"] = out.error;
     return d;
 }
 
@@ -159,19 +165,14 @@ static std::vector<int32_t> prompt_ids(const I32Array & prompt) {
     return std::vector<int32_t>(prompt.data(), prompt.data() + prompt.size());
 }
 
-// Runs the batch with the GIL released; events are handed to on_step with the GIL held.
-static std::vector<diffuse::GenerateOutput> run(const diffuse::Model & model, const std::vector<diffuse::BatchItem> & items,
-                                                const py::object & on_step) {
-    diffuse::StepCallback cb;
-    if (!on_step.is_none()) {
-        cb = [&on_step](const diffuse::StepEvent & e) {
-            py::gil_scoped_acquire gil;
-            py::object r = on_step(event_dict(e));
-            return r.is_none() || r.cast<bool>();
-        };
-    }
-    py::gil_scoped_release release;
-    return diffuse::generate_batch(model, items, cb);
+// The engine runs with the GIL released; it is taken only to hand each event to on_step.
+static diffuse::StepCallback step_callback(const diffuse::Model & model, const py::object & on_step) {
+    if (on_step.is_none()) return nullptr;
+    return [&on_step, &model](const diffuse::StepEvent & e) {
+        py::gil_scoped_acquire gil;
+        py::object r = on_step(event_dict(e, model.hparams()));
+        return r.is_none() || r.cast<bool>();
+    };
 }
 
 void diffuse_py::register_generate(py::module_ & m) {
@@ -211,7 +212,7 @@ void diffuse_py::register_generate(py::module_ & m) {
 
     m.def("generate_batch",
           [](const diffuse::Model & model, const std::vector<I32Array> & prompts, const std::vector<py::dict> & options,
-             int threads, const std::vector<int32_t> & eos_ids, py::object on_step) {
+             int threads, const std::vector<int32_t> & eos_ids, py::object on_step, bool expert_routing) {
               if (options.size() != prompts.size())
                   throw diffuse::Error("generate_batch: one options dict per prompt");
               std::vector<diffuse::BatchItem> items;
@@ -219,16 +220,56 @@ void diffuse_py::register_generate(py::module_ & m) {
                   try {
                       items.push_back({prompt_ids(prompts[i]),
                                        params_from(diffuse::arch_name(model.hparams().arch), options[i], threads, eos_ids)});
+                      items.back().params.expert_routing = expert_routing;
                   } catch (const diffuse::Error & e) {
                       throw diffuse::Error("prompt " + std::to_string(i) + ": " + e.what());
                   }
               }
+              const diffuse::StepCallback cb = step_callback(model, on_step);
+              std::vector<diffuse::GenerateOutput> results;
+              {
+                  py::gil_scoped_release release;
+                  results = diffuse::generate_batch(model, items, cb);
+              }
               py::list outs;
-              for (const diffuse::GenerateOutput & o : run(model, items, on_step)) outs.append(output_dict(o));
+              for (const diffuse::GenerateOutput & o : results) outs.append(output_dict(o));
               return outs;
           },
           py::arg("model"), py::arg("prompts"), py::kw_only(), py::arg("options"), py::arg("threads") = 0,
           py::arg("eos_ids") = std::vector<int32_t>{}, py::arg("on_step") = py::none(),
+          py::arg("expert_routing") = false,
           "Denoise several prompts together, one forward pass per step. Events carry 'sequence'; "
-          "on_step returning False cancels that sequence only.");
+          "on_step returning False cancels that sequence only. expert_routing (MoE models): events "
+          "carry 'experts', int32 (n_layer, n_active, n_expert_used).");
+
+    m.def("generate_stream",
+          [](const diffuse::Model & model, const py::function & admit, const py::function & finished, int threads,
+             const std::vector<int32_t> & eos_ids, py::object on_step, bool expert_routing) {
+              const std::string arch = diffuse::arch_name(model.hparams().arch);
+              const diffuse::BatchFeed feed{
+                  [&] {
+                      py::gil_scoped_acquire gil;
+                      std::vector<diffuse::BatchItem> items;
+                      for (py::handle item : admit()) {
+                          auto [prompt, options] = item.cast<std::pair<I32Array, py::dict>>();
+                          items.push_back({prompt_ids(prompt), params_from(arch, options, threads, eos_ids)});
+                          items.back().params.expert_routing = expert_routing;
+                      }
+                      return items;
+                  },
+                  [&](int sequence, diffuse::GenerateOutput && out) {
+                      py::gil_scoped_acquire gil;
+                      finished(sequence, output_dict(out));
+                  }};
+              const diffuse::StepCallback cb = step_callback(model, on_step);
+              py::gil_scoped_release release;
+              return diffuse::generate_stream(model, feed, cb);
+          },
+          py::arg("model"), py::arg("admit"), py::arg("finished"), py::kw_only(), py::arg("threads") = 0,
+          py::arg("eos_ids") = std::vector<int32_t>{}, py::arg("on_step") = py::none(),
+          py::arg("expert_routing") = false,
+          "A batch that sequences join and leave: admit() is called before every step and returns new "
+          "(prompt, options) pairs, numbered on across the stream; finished(sequence, output) as soon as "
+          "one ends (stop_reason 'error' and the reason in 'error' for one the engine refused). Returns, "
+          "when none runs and admit() gives none, the number of K/V caches the stream held.");
 }

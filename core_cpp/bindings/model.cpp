@@ -29,6 +29,10 @@ static py::dict hparams_dict(const diffuse::HParams & hp) {
     d["shift_logits"] = hp.shift_logits;
     d["mask_token_id"] = hp.mask_token_id;
     d["file_type"] = hp.file_type;
+    d["n_expert"] = hp.n_expert;            // 0: dense
+    d["n_expert_used"] = hp.n_expert_used;
+    d["n_ff_exp"] = hp.n_ff_exp;
+    d["qk_norm"] = hp.qk_norm;
     return d;
 }
 

@@ -12,8 +12,8 @@
 // Every failure (bad file, bad input, cancelled run) is a diffuse::Error with a message that names
 // the file and the problem; nothing aborts the process.
 //
-// Threads: a Model is immutable after load and safe to share. forward_into, generate and
-// generate_batch may run on one Model from any number of threads at once: each call borrows a
+// Threads: a Model is immutable after load and safe to share. forward_into, generate, generate_batch
+// and generate_stream may run on one Model from any number of threads at once: each call borrows a
 // context of its own (compute buffers, KV caches, CPU backend) from the model's pool and returns it
 // when done, so repeated calls reuse memory instead of reallocating. set_n_threads only changes
 // the default of later calls. A StepEvent and every vector it points to live only during the
@@ -54,6 +54,12 @@ struct HParams {
     bool     shift_logits;  // Dream: position i takes the logits of position i-1
     int32_t  mask_token_id;
     int32_t  file_type;     // general.file_type (llama_ftype), -1 when absent
+    // Mixture of experts (LLaDA-MoE, GGUF arch "llada-moe"); n_expert = 0 for a dense model.
+    int64_t  n_expert;      // routed experts per layer
+    int64_t  n_expert_used; // experts each position uses (top k of the router's softmax)
+    int64_t  n_ff_exp;      // hidden size of one expert's SwiGLU
+    bool     qk_norm;       // RMSNorm of q and k over the head dimension before RoPE (LLaDA-MoE)
+    bool moe() const { return n_expert > 0; }
 };
 
 class Model;
@@ -99,6 +105,7 @@ struct GenerateParams {
     uint64_t  seed           = 0;
     int       n_threads      = 0;     // 0: the model's thread count; capped at the logical CPU count
     std::vector<int32_t> eos_ids;     // end-of-text ids (early stop, useful length)
+    bool      expert_routing = false; // MoE: fill StepEvent::experts (costs a copy per step)
 };
 
 // Per-family defaults (LLaDA: low_confidence in blocks of 32; Dream: its entropy rule, no blocks).
@@ -106,7 +113,7 @@ GenerateParams default_generate_params(Arch arch);
 
 // One denoising step, as seen by listeners. Positions are absolute (prompt included).
 struct StepEvent {
-    int sequence;                             // index of the prompt in a batch (0 for generate)
+    int sequence;                             // index of the prompt in a batch or stream (0 for generate)
     int step, block, n_blocks, steps_allowed;
     int prompt_length, block_start, block_end;
     const std::vector<int32_t> * tokens;      // (n_total,)
@@ -117,6 +124,10 @@ struct StepEvent {
     const std::vector<int32_t> * active;      // recomputed positions
     const std::vector<int32_t> * cached;      // positions served from the cache
     double forward_ms, sample_ms, total_ms;   // forward_ms: the pass shared by the whole batch
+    // MoE with expert_routing: the experts each active position used, (n_layer, active.size(),
+    // n_expert_used) row-major, best first; -1 in the last layer for rows whose logits were not
+    // needed (only those go through its FFN). Empty otherwise.
+    const std::vector<int32_t> * experts;
 };
 
 // Return false to cancel (that sequence only, in a batch); an exception thrown here ends the whole
@@ -129,7 +140,8 @@ struct GenerateOutput {
     std::vector<double>  step_ms, forward_ms, sample_ms;
     int                  steps = 0;
     int                  steps_allowed = 0;
-    std::string          stop_reason;    // "done", "eos", "cancelled"
+    std::string          stop_reason;    // "done", "eos", "cancelled"; "error" for an item generate_stream refused
+    std::string          error;          // why it was refused
 };
 
 GenerateOutput generate(const Model & model, const std::vector<int32_t> & prompt,
@@ -137,13 +149,28 @@ GenerateOutput generate(const Model & model, const std::vector<int32_t> & prompt
 
 // Several prompts denoised together: each step is one forward pass over the active rows of every
 // unfinished sequence (attention stays within a sequence). Each sequence keeps its own options,
-// schedule, cache and early stop; the thread count is the first one's. Outputs in prompt order.
+// schedule, cache and early stop; a pass runs with the thread count of its first sequence.
+// Outputs in prompt order; a bad prompt or option throws (naming the prompt) before any step.
 struct BatchItem {
     std::vector<int32_t> prompt;
     GenerateParams params;
 };
 std::vector<GenerateOutput> generate_batch(const Model & model, const std::vector<BatchItem> & items,
                                            const StepCallback & on_step);
+
+// A batch that sequences join and leave while it runs (a server's requests). At every step boundary
+// the sequences that ended (done, eos, cancelled) are handed to finished(), then admit() gives the
+// new ones: they join that step's forward pass, numbered on from the earlier ones (0, 1, 2... over
+// the whole stream). An ended sequence's K/V cache goes to a later one, so the memory of a long
+// stream is that of its most concurrent step. An item whose prompt or options are refused fails
+// alone: finished() gets it at once with stop_reason "error" and the reason in `error`; the others
+// run on. An exception thrown by admit or finished ends the stream and propagates. Returns when no sequence runs and admit() gives none, with the number of K/V
+// caches the stream held (one per running sequence, two with cfg_scale, at the busiest step).
+struct BatchFeed {
+    std::function<std::vector<BatchItem>()> admit;
+    std::function<void(int sequence, GenerateOutput && out)> finished;
+};
+int generate_stream(const Model & model, const BatchFeed & feed, const StepCallback & on_step);
 
 // ---------------------------------------------------------------------------------------------
 // Model

@@ -9,12 +9,17 @@
 #include <atomic>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 namespace diffuse {
 
 // Graph size: about 26 nodes per layer plus 16 per layer and sequence (attention, cache writes,
-// views); sized per shape, since a larger graph costs a larger hash set to clear on every plan.
-static size_t graph_nodes(int64_t n_layer, size_t n_seq) { return 64 + 8 * n_seq + n_layer * (40 + 24 * n_seq); }
+// views), plus for MoE about 20 per layer and 2 per used expert (router, the k-way sum); sized per
+// shape, since a larger graph costs a larger hash set to clear on every plan.
+static size_t graph_nodes(const HParams & hp, size_t n_seq) {
+    const int64_t moe = hp.moe() ? 24 + 2 * hp.n_expert_used : 0;
+    return 64 + 8 * n_seq + hp.n_layer * (40 + moe + 24 * n_seq);
+}
 
 // ---- KVCache ----
 
@@ -83,6 +88,29 @@ ggml_tensor * attention(ggml_context * ctx, const HParams & hp, bool flash, ggml
     return ggml_reshape_2d(ctx, o, hd * hp.n_head, n_q);
 }
 
+// SwiGLU FFN of the k experts the router picks for each row, weighted by their router
+// probabilities (softmax over all experts, not renormalised over the k: LLaDA-MoE's rule).
+// x: (n_embd, n). Returns the output (n_embd, n) and the chosen experts (k, n), I32, best first.
+std::pair<ggml_tensor *, ggml_tensor *> moe_ffn(ggml_context * ctx, const HParams & hp, const LayerWeights & L,
+                                                 ggml_tensor * x) {
+    const int64_t n = x->ne[1], k = hp.n_expert_used;
+    ggml_tensor * probs = ggml_soft_max(ctx, ggml_mul_mat(ctx, L.ffn_gate_inp, x));        // (n_expert, n)
+    ggml_tensor * chosen = ggml_argsort_top_k(ctx, probs, (int) k);                        // (k, n)
+    ggml_tensor * weights = ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, hp.n_expert, n), chosen);  // (1, k, n)
+    ggml_tensor * xe = ggml_reshape_3d(ctx, x, x->ne[0], 1, n);      // (n_embd, 1, n): one input shared by its k
+    ggml_tensor * gate = ggml_mul_mat_id(ctx, L.ffn_gate_exps, xe, chosen);                // (n_ff_exp, k, n)
+    ggml_tensor * up = ggml_mul_mat_id(ctx, L.ffn_up_exps, xe, chosen);
+    ggml_tensor * act = ggml_swiglu_split(ctx, gate, up);                                  // silu(gate) * up, one pass
+    ggml_tensor * out = ggml_mul_mat_id(ctx, L.ffn_down_exps, act, chosen);                // (n_embd, k, n)
+    out = ggml_mul(ctx, out, weights);
+    ggml_tensor * sum = nullptr;
+    for (int64_t j = 0; j < k; ++j) {
+        ggml_tensor * e = ggml_view_2d(ctx, out, out->ne[0], n, out->nb[2], j * out->nb[1]);
+        sum = sum ? ggml_add(ctx, sum, e) : e;
+    }
+    return {sum, chosen};
+}
+
 }  // namespace
 
 // ---- ForwardRunner ----
@@ -110,7 +138,7 @@ void ForwardRunner::build(const std::vector<SequenceRows> & seqs) {
     const int n_out = std::accumulate(shape_.n_out.begin(), shape_.n_out.end(), 0);
 
     if (ctx_) ggml_free(ctx_);
-    const size_t n_nodes = graph_nodes(hp.n_layer, seqs.size());
+    const size_t n_nodes = graph_nodes(hp, seqs.size());
     graph_meta_.resize(ggml_tensor_overhead() * n_nodes + ggml_graph_overhead_custom(n_nodes, false));
     ggml_init_params ip = {graph_meta_.size(), graph_meta_.data(), /*no_alloc*/ true};
     ggml_context * ctx = ctx_ = ggml_init(ip);
@@ -137,6 +165,10 @@ void ForwardRunner::build(const std::vector<SequenceRows> & seqs) {
         ggml_tensor * q = ggml_reshape_3d(ctx, linear(ctx, L.wq, L.bq, cur), hd, hp.n_head, n_q);
         ggml_tensor * k = ggml_reshape_3d(ctx, linear(ctx, L.wk, L.bk, cur), hd, hp.n_head_kv, n_q);
         ggml_tensor * v = linear(ctx, L.wv, L.bv, cur);                 // (kv_row, n_q)
+        if (hp.qk_norm) {   // over each head's hd values, one weight for all heads
+            q = rms_norm(ctx, q, L.attn_q_norm, hp.rms_eps);
+            k = rms_norm(ctx, k, L.attn_k_norm, hp.rms_eps);
+        }
         q = ggml_rope_ext(ctx, q, in_.positions, nullptr, hd, hp.rope_mode, 0, hp.rope_theta,
                           1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
         k = ggml_reshape_2d(ctx, ggml_rope_ext(ctx, k, in_.positions, nullptr, hd, hp.rope_mode, 0, hp.rope_theta,
@@ -173,9 +205,18 @@ void ForwardRunner::build(const std::vector<SequenceRows> & seqs) {
         x = ggml_add(ctx, x, o);
 
         cur = rms_norm(ctx, x, L.ffn_norm, hp.rms_eps);
-        ggml_tensor * gate = ggml_silu(ctx, ggml_mul_mat(ctx, L.ffn_gate, cur));
-        ggml_tensor * up = ggml_mul_mat(ctx, L.ffn_up, cur);
-        x = ggml_add(ctx, x, ggml_mul_mat(ctx, L.ffn_down, ggml_mul(ctx, gate, up)));
+        if (hp.moe()) {
+            auto [ffn, chosen] = moe_ffn(ctx, hp, L, cur);
+            // chosen views the first k of each row of the router's full ranking: kept for
+            // routing() as an output (n_expert ints per row), so the allocator never reuses it.
+            ggml_set_output(chosen->view_src);
+            in_.experts.push_back(chosen->view_src);
+            x = ggml_add(ctx, x, ffn);
+        } else {
+            ggml_tensor * gate = ggml_silu(ctx, ggml_mul_mat(ctx, L.ffn_gate, cur));
+            ggml_tensor * up = ggml_mul_mat(ctx, L.ffn_up, cur);
+            x = ggml_add(ctx, x, ggml_mul_mat(ctx, L.ffn_down, ggml_mul(ctx, gate, up)));
+        }
     }
 
     x = rms_norm(ctx, x, w.output_norm, hp.rms_eps);
@@ -258,6 +299,33 @@ void ForwardRunner::run(const std::vector<SequenceRows> & seqs, int n_threads, f
     const ggml_status st = ggml_backend_graph_compute(backend_, graph_);
     if (st != GGML_STATUS_SUCCESS) throw Error("forward pass failed (ggml status " + std::to_string((int) st) + ")");
     ggml_backend_tensor_get(in_.logits, logits, 0, out_rows.size() * (size_t) hp.n_vocab * sizeof(float));
+}
+
+void ForwardRunner::routing(size_t s, const std::vector<int32_t> & out_rows, std::vector<int32_t> & experts) const {
+    const HParams & hp = model_.hparams();
+    const int64_t k = hp.n_expert_used;
+    const int n_q = shape_.n_q.at(s);
+    experts.assign((size_t) hp.n_layer * n_q * k, -1);
+    // Rows of sequence s: in the batch from `off` in every layer but the last; the last layer ran
+    // over the sequences' out_rows only, from `out_off`.
+    int off = 0, out_off = 0;
+    for (size_t i = 0; i < s; ++i) {
+        off += shape_.n_q[i];
+        out_off += shape_.n_out[i];
+    }
+    // The chosen experts are the first k of each row of the router's ranking (rows of n_expert):
+    // rows [first, first + n) of a layer, k values each, into dst rows.
+    std::vector<int32_t> ranked;
+    auto read = [&](const ggml_tensor * ranking, int first, int n, const auto & dst_row) {
+        const int64_t E = ranking->ne[0];
+        ranked.resize((size_t) n * E);
+        ggml_backend_tensor_get(ranking, ranked.data(), first * ranking->nb[1], ranked.size() * sizeof(int32_t));
+        for (int j = 0; j < n; ++j) std::copy_n(ranked.begin() + j * E, k, dst_row(j));
+    };
+    for (int64_t il = 0; il + 1 < hp.n_layer; ++il)
+        read(in_.experts[il], off, n_q, [&](int j) { return experts.begin() + (il * n_q + j) * k; });
+    read(in_.experts.back(), out_off, (int) out_rows.size(),
+         [&](int j) { return experts.begin() + ((hp.n_layer - 1) * n_q + out_rows[j]) * k; });
 }
 
 }  // namespace diffuse

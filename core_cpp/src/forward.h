@@ -59,6 +59,10 @@ public:
     // graph and allocation: only the inputs are written.
     void run(const std::vector<SequenceRows> & seqs, int n_threads, float * logits);
 
+    // MoE: the experts the last run chose for sequence s (its out_rows given again), best first:
+    // (n_layer, n_q, n_expert_used) row-major, -1 for last-layer rows not in out_rows.
+    void routing(size_t s, const std::vector<int32_t> & out_rows, std::vector<int32_t> & experts) const;
+
 private:
     struct Shape {
         std::vector<uint64_t> caches;   // KVCache ids
@@ -74,6 +78,9 @@ private:
         std::vector<ggml_tensor *> gather_rows;  // per sequence, I64 (n_q): its rows in the batch (B > 1)
         ggml_tensor * out_rows = nullptr;   // I32 (n_out_total), into the batch
         ggml_tensor * logits = nullptr;     // (n_vocab, n_out_total)
+        // MoE, per layer: the router's ranking, I32 (n_expert, rows) best first; rows = n_q_total
+        // (last layer: n_out_total)
+        std::vector<ggml_tensor *> experts;
     };
     void build(const std::vector<SequenceRows> & seqs);
     int threads_for_pass(int n_threads) const;   // at most n_threads, fewer for a small pass

@@ -1,5 +1,6 @@
 // The denoising loop: forward -> sample -> unmask -> event, block by block, for one sequence or a
-// batch of them advancing together (one forward pass per step over every unfinished sequence).
+// batch of them advancing together (one forward pass per step over every unfinished sequence). The
+// batch is a stream: sequences join and leave it at step boundaries; generate_batch admits all at once.
 //
 // Inter-step cache (the paper's): K/V of every layer stay in a KVCache between steps. A step
 // recomputes only its active positions (masked in the current block, changed within the last
@@ -20,6 +21,7 @@
 #include <climits>
 #include <cmath>
 #include <limits>
+#include <list>
 
 namespace diffuse {
 
@@ -65,7 +67,7 @@ int validate(const ModelImpl & model, const std::vector<int32_t> & prompt, const
 // One sequence's state through the run.
 struct Sequence {
     int index;
-    const GenerateParams & p;
+    const GenerateParams p;            // a copy: the admitted item is gone after admit()
     const SchedulerInfo & sched;
     int n_prompt, n_total, block, n_blocks, steps_per_block;
     std::vector<int> counts;           // LLaDA schedule: positions to commit at each step of a block
@@ -77,6 +79,7 @@ struct Sequence {
     std::vector<int32_t> x_uncond;     // classifier-free guidance: x with the prompt masked out
     KVCache * cache = nullptr;
     KVCache * uncond_cache = nullptr;
+    std::vector<size_t> slots;         // the context's cache indices it holds, freed when it ends
 
     int b = 0, i = 0, step = 0;        // current block, step within it, steps run
     bool done = false;
@@ -110,6 +113,12 @@ struct Sequence {
         }
         out.steps_allowed = steps_per_block * n_blocks;
         out.stop_reason = "done";
+    }
+
+    GenerateOutput take_output() {
+        out.tokens.assign(x.begin() + n_prompt, x.end());
+        out.decided_step.assign(decided.begin() + n_prompt, decided.end());
+        return std::move(out);
     }
 
     int block_start() const { return n_prompt + b * block; }
@@ -184,49 +193,79 @@ struct Sequence {
 
 }  // namespace
 
-std::vector<GenerateOutput> generate_batch(const Model & base, const std::vector<BatchItem> & items,
-                                           const StepCallback & on_step) {
+int generate_stream(const Model & base, const BatchFeed & feed, const StepCallback & on_step) {
     const ModelImpl & model = static_cast<const ModelImpl &>(base);
     const HParams & hp = model.hparams();
-    if (items.empty()) throw Error("generate_batch: no prompts");
-
-    std::vector<Sequence> seqs;
-    seqs.reserve(items.size());
-    for (size_t s = 0; s < items.size(); ++s) {
-        try {
-            seqs.emplace_back((int) s, model, items[s].prompt, items[s].params);
-        } catch (const Error & e) {
-            throw Error(items.size() == 1 ? e.what() : "prompt " + std::to_string(s) + ": " + e.what());
-        }
-    }
-    const int n_threads = items[0].params.n_threads > 0 ? thread_count(items[0].params.n_threads) : model.n_threads();
-
     ContextLease ctx = model.lease();
-    size_t slot = 0;
-    for (Sequence & q : seqs) {
-        q.cache = &ctx->cache(slot++, q.n_total);
-        if (q.p.cfg_scale > 0) q.uncond_cache = &ctx->cache(slot++, q.n_total);
-    }
+
+    std::list<Sequence> running;       // admission order; a list, so a Sequence stays put while it runs
+    int n_admitted = 0;
+    std::vector<size_t> free_slots;    // caches of the context no running sequence holds
+    size_t n_slots = 0;
+    auto take_cache = [&](Sequence & q) {
+        size_t s = n_slots;
+        if (free_slots.empty()) ++n_slots;
+        else {
+            s = free_slots.back();
+            free_slots.pop_back();
+        }
+        q.slots.push_back(s);
+        return &ctx->cache(s, q.n_total);   // never read before a full pass writes it: no clearing
+    };
 
     const int64_t V = hp.n_vocab;
     const float nan = std::numeric_limits<float>::quiet_NaN();
     std::vector<float> logits, entropy, confidence;
     std::vector<RowStats> stats;
-    std::vector<int32_t> unmasked, cached;
+    std::vector<int32_t> unmasked, cached, experts;
     std::vector<SequenceRows> batch;
     std::vector<Sequence *> work;
+    std::vector<size_t> batch_index;   // per work item: its (conditional) rows' index in batch
 
     for (;;) {
+        // ---- step boundary: ended sequences leave (their caches go to the new), then new ones join ----
         work.clear();
-        for (Sequence & q : seqs)
-            if (q.next_step(hp.shift_logits)) work.push_back(&q);
-        if (work.empty()) break;
+        for (auto it = running.begin(); it != running.end();) {
+            if (it->next_step(hp.shift_logits)) {
+                work.push_back(&*it++);
+                continue;
+            }
+            free_slots.insert(free_slots.end(), it->slots.begin(), it->slots.end());
+            feed.finished(it->index, it->take_output());
+            it = running.erase(it);
+        }
+        const std::vector<BatchItem> items = feed.admit();
+        for (const BatchItem & item : items) {
+            const int index = n_admitted++;
+            try {
+                running.emplace_back(index, model, item.prompt, item.params);
+            } catch (const Error & e) {   // a bad item fails alone
+                GenerateOutput out;
+                out.stop_reason = "error";
+                out.error = e.what();
+                feed.finished(index, std::move(out));
+                continue;
+            }
+            if (running.back().next_step(hp.shift_logits)) work.push_back(&running.back());
+        }
+        if (work.empty()) {
+            if (items.empty()) break;
+            continue;   // everything admitted was refused: ask again
+        }
+        for (Sequence * q : work) {
+            if (q->cache) continue;
+            q->cache = take_cache(*q);
+            if (q->p.cfg_scale > 0) q->uncond_cache = take_cache(*q);
+        }
+        const int n_threads = work[0]->p.n_threads > 0 ? thread_count(work[0]->p.n_threads) : model.n_threads();
 
         // ---- one forward pass for every sequence with a step to do ----
         const Clock::time_point t0 = Clock::now();
         batch.clear();
+        batch_index.clear();
         size_t n_out = 0;
         for (Sequence * q : work) {
+            batch_index.push_back(batch.size());
             batch.push_back(q->rows(q->cache, q->x));
             n_out += q->sources.size();
             if (q->uncond_cache) {
@@ -241,8 +280,8 @@ std::vector<GenerateOutput> generate_batch(const Model & base, const std::vector
 
         // ---- per sequence: sample, commit, report ----
         float * row = logits.data();
-        for (Sequence * qp : work) {
-            Sequence & q = *qp;
+        for (size_t w = 0; w < work.size(); ++w) {
+            Sequence & q = *work[w];
             const Clock::time_point t1 = Clock::now();
             const int n_cand = (int) q.cand.size();
             float * lg = row;
@@ -302,10 +341,15 @@ std::vector<GenerateOutput> generate_batch(const Model & base, const std::vector
             q.out.sample_ms.push_back(sample_ms);
             q.out.steps = q.step + 1;
 
+            experts.clear();
+            if (on_step && q.p.expert_routing && hp.moe()) {
+                const size_t bi = batch_index[w];
+                ctx->runner.routing(bi, batch[bi].out_rows, experts);
+            }
             if (on_step) {
                 StepEvent ev{q.index, q.step, q.b, q.n_blocks, q.out.steps_allowed, q.n_prompt,
                              q.block_start(), q.block_end(), &q.x, &q.mask, &unmasked, &entropy, &confidence,
-                             &q.active, &cached, forward_ms, sample_ms, total_ms};
+                             &q.active, &cached, forward_ms, sample_ms, total_ms, &experts};
                 if (!on_step(ev)) {
                     q.out.stop_reason = "cancelled";
                     q.done = true;
@@ -316,12 +360,30 @@ std::vector<GenerateOutput> generate_batch(const Model & base, const std::vector
         }
     }
 
-    std::vector<GenerateOutput> outs;
-    for (Sequence & q : seqs) {
-        q.out.tokens.assign(q.x.begin() + q.n_prompt, q.x.end());
-        q.out.decided_step.assign(q.decided.begin() + q.n_prompt, q.decided.end());
-        outs.push_back(std::move(q.out));
+    return (int) n_slots;
+}
+
+std::vector<GenerateOutput> generate_batch(const Model & base, const std::vector<BatchItem> & items,
+                                           const StepCallback & on_step) {
+    const ModelImpl & model = static_cast<const ModelImpl &>(base);
+    if (items.empty()) throw Error("generate_batch: no prompts");
+    // Checked before any step: a batch with a bad prompt fails as a whole, naming it.
+    for (size_t s = 0; s < items.size(); ++s) {
+        try {
+            validate(model, items[s].prompt, items[s].params);
+        } catch (const Error & e) {
+            throw Error(items.size() == 1 ? e.what() : "prompt " + std::to_string(s) + ": " + e.what());
+        }
     }
+    std::vector<GenerateOutput> outs(items.size());
+    bool admitted = false;
+    const BatchFeed feed{[&] {
+                             if (admitted) return std::vector<BatchItem>{};
+                             admitted = true;
+                             return items;
+                         },
+                         [&](int s, GenerateOutput && out) { outs[s] = std::move(out); }};
+    generate_stream(model, feed, on_step);
     return outs;
 }
 

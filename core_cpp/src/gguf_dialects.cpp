@@ -10,6 +10,7 @@ static const DialectKeys LLAMA_CPP_KEYS = {
     "{arch}.embedding_length", "{arch}.feed_forward_length", "{arch}.context_length",
     "{arch}.rope.freq_base", "{arch}.attention.layer_norm_rms_epsilon",
     "tokenizer.ggml.mask_token_id", "diffusion.shift_logits",
+    "{arch}.expert_count", "{arch}.expert_used_count", "{arch}.expert_feed_forward_length",
 };
 
 static const DialectKeys OURS_KEYS = [] {
@@ -26,6 +27,7 @@ static const DialectKeys DIFFUSE_CPP_KEYS = {
     "diffuse.embedding_length", "diffuse.feed_forward_length", "diffuse.context_length",
     "diffuse.rope.freq_base", "diffuse.attention.layer_norm_rms_epsilon",
     "diffuse.mask_token_id", nullptr,
+    nullptr, nullptr, nullptr,
 };
 
 const char * arch_name(Arch a) { return a == Arch::LLaDA ? "llada" : "dream"; }
@@ -57,6 +59,9 @@ static bool parse_family(const std::string & s, Arch & out) {
     return false;
 }
 
+// LLaDA-MoE is the LLaDA family (schedules, no logit shift) with routed experts.
+constexpr const char * LLADA_MOE_ARCH = "llada-moe";
+
 Identity identify(const GGUFFile & file) {
     const auto arch = file.get_string("general.architecture");
     if (!arch) file.fail("no general.architecture key: not a model file");
@@ -70,9 +75,11 @@ Identity identify(const GGUFFile & file) {
         id.keys = &DIFFUSE_CPP_KEYS;
         return id;
     }
-    if (!parse_family(*arch, id.arch))
+    id.moe = *arch == LLADA_MOE_ARCH;
+    if (id.moe) id.arch = Arch::LLaDA;
+    else if (!parse_family(*arch, id.arch))
         file.fail("unsupported architecture '" + *arch +
-                  "': diffuse runs masked diffusion models (llada, dream, or diffuse-cpp files)");
+                  "': diffuse runs masked diffusion models (llada, llada-moe, dream, or diffuse-cpp files)");
     id.keys = file.has("diffuse.format_version") ? &OURS_KEYS : &LLAMA_CPP_KEYS;
     return id;
 }

@@ -24,12 +24,16 @@ struct DialectKeys {
     const char * rms_eps;
     const char * mask_token_id;
     const char * shift_logits;       // nullptr: decided by the family
+    const char * expert_count;       // MoE keys; nullptr where the dialect has no MoE models
+    const char * expert_used_count;
+    const char * expert_ff_length;
 };
 
 // Identify the dialect and family of an opened file (throws diffuse::Error when neither fits).
 struct Identity {
     const DialectKeys * keys;
     Arch arch;
+    bool moe = false;                // LLaDA-MoE ("llada-moe"): the LLaDA family with routed experts
     std::string arch_key;            // value that replaces {arch}
 };
 Identity identify(const GGUFFile & file);
@@ -38,6 +42,8 @@ std::string key_for(const char * tmpl, const std::string & arch_key);
 
 // LLaDA's mask id when a llama.cpp-converted file does not record one.
 constexpr int32_t LLADA_DEFAULT_MASK_ID = 126336;
+// LLaDA-MoE-7B-A1B's mask id (the id llama.cpp's converter writes).
+constexpr int32_t LLADA_MOE_DEFAULT_MASK_ID = 156895;
 
 const char * arch_name(Arch a);
 const char * dialect_name(Dialect d);

@@ -158,7 +158,8 @@ void ModelImpl::read_hparams() {
     hp_.n_embd = int_key(K.embedding_length, 1, 1 << 17);
     hp_.n_head = int_key(K.head_count, 1, 4096);
     hp_.n_head_kv = f.has(key(K.head_count_kv)) ? int_key(K.head_count_kv, 1, 4096) : hp_.n_head;
-    hp_.n_ff = int_key(K.feed_forward_length, 1, 1 << 20);
+    // A MoE file's feed_forward_length (the unused dense width) may be absent.
+    hp_.n_ff = id.moe && !f.has(key(K.feed_forward_length)) ? 0 : int_key(K.feed_forward_length, 1, 1 << 20);
     hp_.n_ctx_train = f.has(key(K.context_length)) ? int_key(K.context_length, 1, 1 << 24) : 4096;
     if (hp_.n_embd % hp_.n_head != 0) f.fail("embedding length is not a multiple of the head count");
     if (hp_.n_head % hp_.n_head_kv != 0) f.fail("head count is not a multiple of the KV head count");
@@ -172,9 +173,21 @@ void ModelImpl::read_hparams() {
     if (!(hp_.rope_theta > 0 && std::isfinite(hp_.rope_theta))) f.fail("key " + theta_key + " must be a positive number");
     if (!(hp_.rms_eps > 0 && hp_.rms_eps < 1)) f.fail("key " + eps_key + " must be in (0, 1)");
 
+    if (id.moe) {
+        // Bounds first, so a hostile header never sizes a tensor: 0 experts, more used than exist.
+        hp_.n_expert = int_key(K.expert_count, 1, 4096);
+        hp_.n_expert_used = int_key(K.expert_used_count, 1, hp_.n_expert);
+        // llama.cpp falls back to n_ff / n_expert_used when the expert width is not stated.
+        hp_.n_ff_exp = f.has(key(K.expert_ff_length)) ? int_key(K.expert_ff_length, 1, 1 << 20)
+                                                      : hp_.n_ff / hp_.n_expert_used;
+        if (hp_.n_ff_exp < 1) f.fail("missing key " + key(K.expert_ff_length));
+        hp_.qk_norm = true;
+    }
+
     // llama.cpp's LLaDA converter permutes q/k like Llama, so those files (and ours, which follow
-    // them) rotate interleaved pairs; diffuse-cpp's unpermuted LLaDA and every Dream use NEOX.
-    const bool permuted = hp_.arch == Arch::LLaDA && K.dialect != Dialect::DiffuseCpp;
+    // them) rotate interleaved pairs; diffuse-cpp's unpermuted LLaDA, LLaDA-MoE and every Dream
+    // use NEOX.
+    const bool permuted = hp_.arch == Arch::LLaDA && !id.moe && K.dialect != Dialect::DiffuseCpp;
     hp_.rope_mode = permuted ? 0 : GGML_ROPE_TYPE_NEOX;
 
     hp_.shift_logits = hp_.arch == Arch::Dream;
@@ -184,7 +197,7 @@ void ModelImpl::read_hparams() {
     if (f.has(mask_key)) {
         hp_.mask_token_id = (int32_t) bounded(f, mask_key, f.get_int(mask_key), 0, INT32_MAX);
     } else if (hp_.arch == Arch::LLaDA) {
-        hp_.mask_token_id = LLADA_DEFAULT_MASK_ID;
+        hp_.mask_token_id = id.moe ? LLADA_MOE_DEFAULT_MASK_ID : LLADA_DEFAULT_MASK_ID;
     } else {
         f.fail("missing mask token id (" + mask_key + ")");
     }
@@ -281,19 +294,33 @@ void ModelImpl::bind_weights(bool repack) {
         L.bv = get(n("attn_v.bias"), {n_kv}, false, biases);
         L.wo = get(n("attn_output.weight"), {n_q, n_embd}, true);
         L.ffn_norm = get(n("ffn_norm.weight"), {n_embd}, false);
-        L.ffn_gate = get(n("ffn_gate.weight"), {n_embd, hp.n_ff}, true);
-        L.ffn_up = get(n("ffn_up.weight"), {n_embd, hp.n_ff}, true);
-        L.ffn_down = get(n("ffn_down.weight"), {hp.n_ff, n_embd}, true);
+        if (hp.qk_norm) {
+            L.attn_q_norm = get(n("attn_q_norm.weight"), {hp.head_dim}, false);
+            L.attn_k_norm = get(n("attn_k_norm.weight"), {hp.head_dim}, false);
+        }
+        for (ggml_tensor * t : {L.wq, L.wk, L.wv, L.wo}) layer_matmul_params_ += t->ne[0] * t->ne[1];
+        if (hp.moe()) {
+            const int64_t E = hp.n_expert, ff = hp.n_ff_exp;
+            L.ffn_gate_inp = get(n("ffn_gate_inp.weight"), {n_embd, E}, true);
+            L.ffn_gate_exps = get(n("ffn_gate_exps.weight"), {n_embd, ff, E}, true);
+            L.ffn_up_exps = get(n("ffn_up_exps.weight"), {n_embd, ff, E}, true);
+            L.ffn_down_exps = get(n("ffn_down_exps.weight"), {ff, n_embd, E}, true);
+            // What one position multiplies: the router and its k experts.
+            layer_matmul_params_ += n_embd * E + 3 * hp.n_expert_used * n_embd * ff;
+        } else {
+            L.ffn_gate = get(n("ffn_gate.weight"), {n_embd, hp.n_ff}, true);
+            L.ffn_up = get(n("ffn_up.weight"), {n_embd, hp.n_ff}, true);
+            L.ffn_down = get(n("ffn_down.weight"), {hp.n_ff, n_embd}, true);
+            for (ggml_tensor * t : {L.ffn_gate, L.ffn_up, L.ffn_down}) layer_matmul_params_ += t->ne[0] * t->ne[1];
+        }
         w_.layers.push_back(L);
-        for (ggml_tensor * t : {L.wq, L.wk, L.wv, L.wo, L.ffn_gate, L.ffn_up, L.ffn_down})
-            layer_matmul_params_ += t->ne[0] * t->ne[1];
     }
 
     // Norms and biases take part in element-wise ops with F32 activations: diffuse-cpp's F16 files
     // store them in F16, so such vectors get F32 copies.
     std::vector<ggml_tensor **> vectors = {&w_.output_norm};
     for (LayerWeights & L : w_.layers)
-        for (ggml_tensor ** v : {&L.attn_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv})
+        for (ggml_tensor ** v : {&L.attn_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv, &L.attn_q_norm, &L.attn_k_norm})
             if (*v) vectors.push_back(v);
     widen_vectors(vectors, data);
 
@@ -303,7 +330,8 @@ void ModelImpl::bind_weights(bool repack) {
     if (repack) {
         std::vector<ggml_tensor *> matrices;
         for (const LayerWeights & L : w_.layers)
-            for (ggml_tensor * t : {L.wq, L.wk, L.wv, L.wo, L.ffn_gate, L.ffn_up, L.ffn_down}) matrices.push_back(t);
+            for (ggml_tensor * t : {L.wq, L.wk, L.wv, L.wo, L.ffn_gate, L.ffn_up, L.ffn_down})
+                if (t) matrices.push_back(t);   // the 3-D expert tensors stay mapped
         if (w_.output != w_.tok_embd) matrices.push_back(w_.output);
         for (ggml_tensor * t : matrices)
             if (can_repack(t)) to_repack.push_back(t);

@@ -26,10 +26,16 @@ struct LayerWeights {
     ggml_tensor * bk;          // (n_head_kv * head_dim), Dream only
     ggml_tensor * bv;          // (n_head_kv * head_dim), Dream only
     ggml_tensor * wo;          // (n_head * head_dim, n_embd)
+    ggml_tensor * attn_q_norm; // (head_dim), LLaDA-MoE only: shared by every head
+    ggml_tensor * attn_k_norm; // (head_dim), LLaDA-MoE only
     ggml_tensor * ffn_norm;    // (n_embd)
-    ggml_tensor * ffn_gate;    // (n_embd, n_ff)
-    ggml_tensor * ffn_up;      // (n_embd, n_ff)
-    ggml_tensor * ffn_down;    // (n_ff, n_embd)
+    ggml_tensor * ffn_gate;    // (n_embd, n_ff), dense only
+    ggml_tensor * ffn_up;      // (n_embd, n_ff), dense only
+    ggml_tensor * ffn_down;    // (n_ff, n_embd), dense only
+    ggml_tensor * ffn_gate_inp;  // (n_embd, n_expert), MoE only: the router
+    ggml_tensor * ffn_gate_exps; // (n_embd, n_ff_exp, n_expert), MoE only
+    ggml_tensor * ffn_up_exps;   // (n_embd, n_ff_exp, n_expert), MoE only
+    ggml_tensor * ffn_down_exps; // (n_ff_exp, n_embd, n_expert), MoE only
 };
 
 struct Weights {
@@ -84,7 +90,7 @@ public:
     bool kv_f16() const override { return kv_f16_; }
 
     const Weights & weights() const { return w_; }
-    int64_t layer_matmul_params() const { return layer_matmul_params_; }   // all layers' q/k/v/o/ffn matrices
+    int64_t layer_matmul_params() const { return layer_matmul_params_; }   // all layers' matrices one position uses
     const GGUFFile & file() const { return *file_; }
 
     // A context of its own for the caller (from the pool, or new); it goes back when the lease ends.

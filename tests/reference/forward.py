@@ -1,11 +1,15 @@
-"""Float64 forward pass of LLaDA and Dream in numpy, written from the published model code
-(GSAI-ML modeling_llada.py LLaDALlamaBlock, Dream's Qwen2-based modeling_dream.py) and reading the
-Hugging Face checkpoint directly, so it shares nothing with the engine or the converter.
+"""Float64 forward pass of LLaDA, LLaDA-MoE and Dream in numpy, written from the published model
+code (GSAI-ML modeling_llada.py LLaDALlamaBlock, inclusionAI's modeling_lladamoe.py, Dream's
+Qwen2-based modeling_dream.py) and reading the Hugging Face checkpoint directly, so it shares
+nothing with the engine or the converter.
 
-Both: token embedding -> per layer [x += Wo attn(rope(Wq h), rope(Wk h), Wv h) with h = rmsnorm(x);
+All: token embedding -> per layer [x += Wo attn(rope(Wq h), rope(Wk h), Wv h) with h = rmsnorm(x);
 x += Wdown (silu(Wgate h) * Wup h) with h = rmsnorm(x)] -> rmsnorm -> head. Attention is
 bidirectional; RoPE rotates the halves (rotate_half); K/V heads are shared by n_head / n_kv
-consecutive query heads (repeat_interleave). Dream adds q/k/v biases. Raw logits, no Dream shift.
+consecutive query heads (repeat_interleave). Dream adds q/k/v biases. LLaDA-MoE RMS-normalises q
+and k per head (one weight for all heads) before RoPE, and its FFN is the sum of the top-k experts
+of a softmax router, weighted by their probabilities as they are (norm_topk_prob is hard-coded
+False in the official code). Raw logits, no Dream shift.
 """
 from __future__ import annotations
 
@@ -31,6 +35,15 @@ DREAM_NAMES = {
     "ffn_norm": "post_attention_layernorm.weight", "gate": "mlp.gate_proj.weight", "up": "mlp.up_proj.weight",
     "down": "mlp.down_proj.weight",
 }
+
+MOE_NAMES = {
+    "embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "head": "lm_head.weight",
+    "layer": "model.layers.{i}.", "attn_norm": "input_layernorm.weight", "q": "self_attn.q_proj.weight",
+    "k": "self_attn.k_proj.weight", "v": "self_attn.v_proj.weight", "o": "self_attn.o_proj.weight",
+    "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight",
+    "ffn_norm": "post_attention_layernorm.weight", "router": "mlp.gate.weight",
+}
+EXPERT = "mlp.experts.{e}.{which}_proj.weight"
 
 
 @lru_cache(maxsize=8)
@@ -79,13 +92,41 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     return p @ v
 
 
-def forward(hf_dir, ids, weights: dict[str, np.ndarray] | None = None) -> np.ndarray:
+def moe_ffn(h: np.ndarray, w: dict, prefix: str, n_expert: int, k: int, routing: list | None) -> np.ndarray:
+    """h (n, n_embd) -> (n, n_embd): the k most probable experts of each row, weighted by their
+    softmax probabilities over all experts (not renormalised). Appends (chosen (n, k) best first,
+    margin (n,): probability gap between the k-th and the (k+1)-th expert) to `routing`."""
+    logits = h @ w[prefix + MOE_NAMES["router"]].T                            # (n, n_expert)
+    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    order = np.argsort(-p, axis=-1, kind="stable")
+    chosen = order[:, :k]
+    if routing is not None:
+        ranked = np.take_along_axis(p, order, axis=-1)
+        margin = ranked[:, k - 1] - ranked[:, k] if k < n_expert else np.full(len(h), np.inf)
+        routing.append((chosen, margin))
+    out = np.zeros_like(h)
+    for e in range(n_expert):
+        rows, slot = np.nonzero(chosen == e)
+        if not len(rows):
+            continue
+        x = h[rows]
+        g = x @ w[prefix + EXPERT.format(e=e, which="gate")].T
+        y = (g / (1.0 + np.exp(-g)) * (x @ w[prefix + EXPERT.format(e=e, which="up")].T)) \
+            @ w[prefix + EXPERT.format(e=e, which="down")].T
+        out[rows] += p[rows, e][:, None] * y
+    return out
+
+
+def forward(hf_dir, ids, weights: dict[str, np.ndarray] | None = None, routing: list | None = None) -> np.ndarray:
     """Logits (n, vocab) float64 of token ids under the checkpoint in hf_dir (or its config with
-    `weights`, Hugging Face name -> array, in place of its own)."""
+    `weights`, Hugging Face name -> array, in place of its own). MoE: `routing`, a list, receives
+    one (chosen experts, margin) per layer (see moe_ffn)."""
     config, w = load(str(hf_dir))
     w = w if weights is None else weights
-    llada = config["architectures"][0] == "LLaDAModelLM"
-    names = LLADA_NAMES if llada else DREAM_NAMES
+    arch = config["architectures"][0]
+    llada, moe = arch == "LLaDAModelLM", arch == "LLaDAMoEModelLM"
+    names = LLADA_NAMES if llada else MOE_NAMES if moe else DREAM_NAMES
     if llada:
         n_embd, n_head, n_layer = config["d_model"], config["n_heads"], config["n_layers"]
         n_kv = config.get("n_kv_heads") or n_head
@@ -104,14 +145,21 @@ def forward(hf_dir, ids, weights: dict[str, np.ndarray] | None = None) -> np.nda
              ("embed", "norm", "head", "layer")}
         h = rms_norm(x, L["attn_norm"], eps)
         q, k, v = h @ L["q"].T, h @ L["k"].T, h @ L["v"].T
-        if not llada:
+        if not llada and not moe:
             q, k, v = q + L["q_bias"], k + L["k_bias"], v + L["v_bias"]
-        q = rope(q.reshape(n, n_head, hd).transpose(1, 0, 2), theta)           # (n_head, n, hd)
-        k = rope(k.reshape(n, n_kv, hd).transpose(1, 0, 2), theta)
+        q = q.reshape(n, n_head, hd).transpose(1, 0, 2)                        # (n_head, n, hd)
+        k = k.reshape(n, n_kv, hd).transpose(1, 0, 2)
+        if moe:
+            q, k = rms_norm(q, L["q_norm"], eps), rms_norm(k, L["k_norm"], eps)
+        q, k = rope(q, theta), rope(k, theta)
         v = v.reshape(n, n_kv, hd).transpose(1, 0, 2)
         o = attention(q, k, v).transpose(1, 0, 2).reshape(n, n_head * hd)
         x = x + o @ L["o"].T
         h = rms_norm(x, L["ffn_norm"], eps)
+        if moe:
+            x = x + moe_ffn(h, w, names["layer"].format(i=i), config["num_experts"], config["num_experts_per_tok"],
+                            routing)
+            continue
         g = h @ L["gate"].T
         x = x + (g / (1.0 + np.exp(-g)) * (h @ L["up"].T)) @ L["down"].T
     x = rms_norm(x, w[names["norm"]], eps)

@@ -144,6 +144,7 @@ class FakeModel:
     run that best matches the options, at engine pace."""
 
     dialect = "ours"
+    n_expert = 0        # dense
 
     def __init__(self, path="diffuse-demo-3m.gguf", step_delay=0.01):
         self.path = str(path)

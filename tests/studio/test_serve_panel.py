@@ -82,7 +82,7 @@ def test_the_live_views_follow_a_served_request(qtbot, window, model):
         panel.follow.setChecked(False)      # switched off: the next request leaves the views alone
         with urllib.request.urlopen(request, timeout=30) as r:
             r.read()
-        qtbot.waitUntil(lambda: "#2 completion ok" in panel.log.toPlainText(), timeout=5000)
+        qtbot.waitUntil(lambda: panel.log.toPlainText().count("completion ok") == 2, timeout=5000)
         assert window.run is run
     finally:
         panel.stop()

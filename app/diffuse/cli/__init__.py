@@ -11,7 +11,7 @@ from diffuse import DiffuseError, __version__, gguf_file
 from diffuse._core import GGML_VERSION
 from diffuse.info import escaped
 
-COMMANDS = ["convert", "quantize", "info", "generate", "bench", "train"]
+COMMANDS = ["convert", "quantize", "info", "generate", "bench", "train", "serve", "download"]
 
 
 def check_output(path: str, option: str, inputs: list[str], example_name: str = "model.gguf") -> str:
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)   # benchmarks record their command
     try:
         return args._run(args)
     except DiffuseError as e:

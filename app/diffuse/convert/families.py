@@ -1,5 +1,5 @@
-"""The two model families as tables: config.json keys, Hugging Face -> GGUF tensor names, and the
-few choices that differ (q/k permutation, logit shift, biases).
+"""The model families as tables: config.json keys, Hugging Face -> GGUF tensor names, and the
+few choices that differ (q/k permutation, logit shift, biases, routed experts).
 
 GGUF names are llama.cpp's, so llama.cpp's diffusion tool can run our files.
 """
@@ -28,6 +28,11 @@ class Family:
     shift_logits: bool             # Dream: position i reads the logits of position i - 1
     mask_token: str                # mask token text, used when config.json has no mask_token_id
     eot_token: str                 # end of a chat turn
+    # MoE: GGUF name of a 3-D expert tensor -> HF name of one expert's matrix ("{e}" = expert);
+    # the n_expert matrices are stacked, expert e at index e of the slowest dimension.
+    experts: dict[str, str] | None = None
+    f32_matrices: tuple[str, ...] = ()   # GGUF patterns kept F32 in every outtype (the MoE router)
+    default_mask_id: int | None = None   # when neither config.json nor the vocabulary names it
 
 
 LLADA = Family(
@@ -94,7 +99,51 @@ DREAM = Family(
     eot_token="<|im_end|>",
 )
 
-FAMILIES = {f.hf_architecture: f for f in (LLADA, DREAM)}
+# inclusionAI/LLaDA-MoE-7B-A1B: Qwen2-style names, q/k RMSNorm per head, every layer routed
+# (softmax over the experts, top k, weights not renormalised; the official code hard-codes
+# norm_topk_prob = False whatever config.json says). model_type is "llada" like the dense model:
+# architectures tells them apart. GGUF arch "llada-moe" with llama.cpp's names and keys.
+LLADA_MOE = Family(
+    arch="llada-moe",
+    hf_architecture="LLaDAMoEModelLM",
+    config_keys=dict(n_embd="hidden_size", n_head="num_attention_heads", n_head_kv="num_key_value_heads",
+                     n_layer="num_hidden_layers", n_ff="dense_intermediate_size", n_ctx="max_position_embeddings",
+                     rope_theta="rope_theta", rms_eps="rms_norm_eps", vocab_size="vocab_size",
+                     mask_token_id="mask_token_id", tied="tie_word_embeddings", n_expert="num_experts",
+                     n_expert_used="num_experts_per_tok", n_ff_exp="expert_intermediate_size"),
+    defaults=dict(n_head_kv=None, n_ff=0, n_ctx=8192, rope_theta=50000.0, rms_eps=1e-5, mask_token_id=None,
+                  tied=False),
+    fixed={"hidden_act": "silu", "rope_scaling": None, "qk_layernorm": True, "partial_rotary_factor": 1.0,
+           "moe_router_score_function": "softmax", "shared_expert_intermediate_size": None},
+    tensors={
+        "token_embd.weight": "model.embed_tokens.weight",
+        "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+        "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
+        "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
+        "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
+        "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+        "blk.{i}.attn_q_norm.weight": "model.layers.{i}.self_attn.q_norm.weight",
+        "blk.{i}.attn_k_norm.weight": "model.layers.{i}.self_attn.k_norm.weight",
+        "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+        "blk.{i}.ffn_gate_inp.weight": "model.layers.{i}.mlp.gate.weight",
+        "output_norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight",
+    },
+    experts={
+        "blk.{i}.ffn_gate_exps.weight": "model.layers.{i}.mlp.experts.{e}.gate_proj.weight",
+        "blk.{i}.ffn_up_exps.weight": "model.layers.{i}.mlp.experts.{e}.up_proj.weight",
+        "blk.{i}.ffn_down_exps.weight": "model.layers.{i}.mlp.experts.{e}.down_proj.weight",
+    },
+    # llama.cpp keeps the router in F32 (converter and quantizer): a rounded router flips choices.
+    f32_matrices=("blk.{i}.ffn_gate_inp.weight",),
+    permute_qk=False,
+    shift_logits=False,
+    mask_token="<|mask|>",
+    eot_token="<|role_end|>",
+    default_mask_id=156895,   # LLaDA-MoE-7B-A1B's, the id llama.cpp's converter writes
+)
+
+FAMILIES = {f.hf_architecture: f for f in (LLADA, DREAM, LLADA_MOE)}
 
 MAX_JSON_BYTES = 64 << 20   # real config files are KBs, tokenizer.json tens of MBs at most
 MAX_INT = 2**31 - 1         # the engine holds sizes and ids in 32-bit ints
@@ -103,7 +152,8 @@ MAX_F32 = 3.4e38            # rope_theta and rms_eps are stored as float32
 RANGES = {field: ("int", 1, MAX_INT) for field in ("n_embd", "n_head", "n_head_kv", "n_layer", "n_ff", "n_ctx",
                                                    "vocab_size")}
 RANGES.update(rope_theta=("float", 0.0, MAX_F32), rms_eps=("float", 0.0, 1.0), mask_token_id=("int", 0, MAX_INT),
-              tied=("bool", False, True))
+              tied=("bool", False, True), n_expert=("int", 1, 4096), n_expert_used=("int", 1, 4096),
+              n_ff_exp=("int", 1, MAX_INT))
 
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 80
@@ -127,6 +177,9 @@ class HParams:
     vocab_size: int
     mask_token_id: int | None
     tied: bool              # no separate output head: the embedding is reused
+    n_expert: int = 0       # MoE: routed experts per layer (0: dense)
+    n_expert_used: int = 0  # experts per position
+    n_ff_exp: int = 0       # one expert's hidden size
 
     @property
     def head_dim(self) -> int:
@@ -173,7 +226,7 @@ def read_config(hf_dir: Path) -> tuple[Family, HParams, dict]:
     family = FAMILIES.get(archs[0]) if isinstance(archs, list) and isinstance(archs[0], str) else None
     if family is None:
         raise DiffuseError(f"{path}: unsupported architecture {shown(archs)}; diffuse converts "
-                           f"{' and '.join(FAMILIES)} checkpoints")
+                           f"{', '.join(FAMILIES)} checkpoints")
     for key, want in family.fixed.items():
         if key in config and config[key] != want:
             raise DiffuseError(f"{path}: {key} = {shown(config[key])} is a {family.arch} variant diffuse "
@@ -195,6 +248,8 @@ def read_config(hf_dir: Path) -> tuple[Family, HParams, dict]:
     if hp.n_embd % hp.n_head or hp.n_head % hp.n_head_kv or hp.head_dim % 2:
         raise DiffuseError(f"{path}: {hp.n_embd} / {hp.n_head} heads / {hp.n_head_kv} KV heads "
                            "do not give an even head size shared by the KV groups")
+    if hp.n_expert_used > hp.n_expert:
+        raise DiffuseError(f"{path}: num_experts_per_tok = {hp.n_expert_used} exceeds num_experts = {hp.n_expert}")
     return family, hp, config
 
 
@@ -246,6 +301,13 @@ def expected_shapes(hp: HParams, n_vocab: int) -> dict[str, tuple[int, ...]]:
         "blk.{i}.ffn_down.weight": (e, ff),
         "output_norm.weight": (e,),
         "output.weight": (n_vocab, e),
+        "blk.{i}.attn_q_norm.weight": (hp.head_dim,),
+        "blk.{i}.attn_k_norm.weight": (hp.head_dim,),
+        "blk.{i}.ffn_gate_inp.weight": (hp.n_expert, e),
+        # one expert's matrix; the GGUF tensor stacks n_expert of them
+        "blk.{i}.ffn_gate_exps.weight": (hp.n_ff_exp, e),
+        "blk.{i}.ffn_up_exps.weight": (hp.n_ff_exp, e),
+        "blk.{i}.ffn_down_exps.weight": (e, hp.n_ff_exp),
     }
 
 

@@ -41,13 +41,13 @@ class _Cancelled(Exception):
 class _Tensor:
     """One GGUF tensor and where its data comes from."""
     out: gguf_file.OutTensor          # name, ggml type, ggml-order shape
-    hf_name: str
+    hf_names: list[str]               # one; or one per expert, stacked in order (MoE)
     row_order: np.ndarray | None      # LLaDA q/k permutation: output row r is HF row row_order[r]
 
 
 def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None = None,
                cancel: Callable[[], bool] | None = None) -> Path | None:
-    """Convert a LLaDA or Dream checkpoint folder to a GGUF file.
+    """Convert a LLaDA, LLaDA-MoE or Dream checkpoint folder to a GGUF file.
 
     outtype: f32 | f16 | bf16 | q8_0 for the matrices. progress(done, total, tensor_name) once per
     tensor. Returns the output path, or None when cancel() returned True (nothing is left behind).
@@ -61,7 +61,8 @@ def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None
     ckpt = Checkpoint(hf_dir)
     tensors, n_vocab = _plan(family, hp, ckpt, hf_dir, outtype)
     vocab = read_vocab(hf_dir, family, config, n_vocab)
-    mask_id = hp.mask_token_id if hp.mask_token_id is not None else vocab.id_of(family.mask_token)
+    mask_id = next((i for i in (hp.mask_token_id, vocab.id_of(family.mask_token), family.default_mask_id)
+                    if i is not None), None)
     if mask_id is None or not 0 <= mask_id < n_vocab:
         raise DiffuseError(f"{hf_dir}: no usable mask token id (config mask_token_id = {hp.mask_token_id}, "
                            f"token {family.mask_token!r} in the vocabulary: {vocab.id_of(family.mask_token)})")
@@ -105,27 +106,34 @@ def _plan(family: Family, hp: HParams, ckpt: Checkpoint, hf_dir: Path, outtype: 
     block = _core.type_info(int(matrix_type))["block_size"]
 
     tensors, used = [], set()
-    for pattern, hf_pattern in family.tensors.items():
+    # (GGUF pattern, HF pattern, experts stacked in the tensor or None)
+    patterns = [(p, hf, None) for p, hf in family.tensors.items()]
+    patterns += [(p, hf, hp.n_expert) for p, hf in (family.experts or {}).items()]
+    for pattern, hf_pattern, n_experts in patterns:
         if pattern == "output.weight" and hp.tied:
             continue   # the engine reuses token_embd
         for i in range(hp.n_layer) if "{i}" in pattern else [None]:
-            name, hf_name = pattern.format(i=i), hf_pattern.format(i=i)
-            entry = ckpt.tensors.get(hf_name)
-            if entry is None:
-                raise DiffuseError(f"{hf_dir}: missing tensor {hf_name}")
-            if entry.shape != shapes[pattern]:
-                raise DiffuseError(f"{entry.path}: tensor {hf_name} has shape {list(entry.shape)}, "
-                                   f"expected {list(shapes[pattern])}")
+            name = pattern.format(i=i)
+            hf_names = [hf_pattern.format(i=i, e=e) for e in range(n_experts or 1)]
+            for hf_name in hf_names:
+                entry = ckpt.tensors.get(hf_name)
+                if entry is None:
+                    raise DiffuseError(f"{hf_dir}: missing tensor {hf_name}")
+                if entry.shape != shapes[pattern]:
+                    raise DiffuseError(f"{entry.path}: tensor {hf_name} has shape {list(entry.shape)}, "
+                                       f"expected {list(shapes[pattern])}")
             gtype = T.F32
-            if len(entry.shape) == 2:
+            if len(entry.shape) == 2 and pattern not in family.f32_matrices:
                 # Q8_0 stores whole 32-value blocks per row; llama.cpp falls back to F16 likewise.
                 gtype = matrix_type if entry.shape[1] % block == 0 else T.F16
             order = None
             if family.permute_qk and pattern in ("blk.{i}.attn_q.weight", "blk.{i}.attn_k.weight"):
                 order = qk_row_order(entry.shape[0], hp.n_head if "attn_q" in pattern else hp.n_head_kv)
-            # numpy (out, in) is ggml (in, out): the data is written as it is.
-            tensors.append(_Tensor(gguf_file.OutTensor(name, int(gtype), entry.shape[::-1]), hf_name, order))
-            used.add(hf_name)
+            # numpy (out, in) is ggml (in, out): the data is written as it is; experts stack
+            # along a third ggml dimension.
+            shape = entry.shape[::-1] + (() if n_experts is None else (n_experts,))
+            tensors.append(_Tensor(gguf_file.OutTensor(name, int(gtype), shape), hf_names, order))
+            used.update(hf_names)
 
     unknown = sorted(set(ckpt.tensors) - used - {family.tensors["output.weight"]})
     if unknown:
@@ -135,26 +143,31 @@ def _plan(family: Family, hp: HParams, ckpt: Checkpoint, hf_dir: Path, outtype: 
 
 
 def _encode(t: _Tensor, ckpt: Checkpoint, pool: ThreadPoolExecutor, cancel) -> np.ndarray:
-    """A tensor in its output type, as uint8 (rows, bytes per row); converted in row chunks on the pool."""
+    """A tensor in its output type, as uint8 (rows, bytes per row); converted in row chunks on the
+    pool. An expert tensor's rows are its experts' rows one expert after another."""
     if len(t.out.shape) == 1:
-        return ckpt.read(t.hf_name).view(np.uint8)
-    cols, rows = t.out.shape
-    out = np.empty((rows, t.out.nbytes // rows), dtype=np.uint8)
+        return ckpt.read(t.hf_names[0]).view(np.uint8)
+    cols, rows = t.out.shape[:2]               # per part (expert)
+    total_rows = rows * len(t.hf_names)
+    out = np.empty((total_rows, t.out.nbytes // total_rows), dtype=np.uint8)
     step = max(1, CHUNK_FLOATS // cols)
 
-    def work(r0: int) -> None:
+    def work(item: tuple[int, int]) -> None:
+        part, r0 = item
         r1 = min(rows, r0 + step)
-        x = ckpt.read(t.hf_name, slice(r0, r1) if t.row_order is None else t.row_order[r0:r1])
+        x = ckpt.read(t.hf_names[part], slice(r0, r1) if t.row_order is None else t.row_order[r0:r1])
+        dst = slice(part * rows + r0, part * rows + r1)
         if t.out.type == T.F32:
-            out[r0:r1] = x.view(np.uint8)
+            out[dst] = x.view(np.uint8)
         elif t.out.type == T.F16:
-            out[r0:r1] = x.astype(np.float16).view(np.uint8)
+            out[dst] = x.astype(np.float16).view(np.uint8)
         elif t.out.type == T.BF16:
-            out[r0:r1] = gguf_quantize(x, T.BF16)      # round to nearest even, as ggml does
+            out[dst] = gguf_quantize(x, T.BF16)      # round to nearest even, as ggml does
         else:
-            out[r0:r1] = _core.quantize_rows(x, t.out.type)
+            out[dst] = _core.quantize_rows(x, t.out.type)
 
-    for _ in pool.map(work, range(0, rows, step)):
+    items = [(part, r0) for part in range(len(t.hf_names)) for r0 in range(0, rows, step)]
+    for _ in pool.map(work, items):
         if cancel is not None and cancel():
             raise _Cancelled
     return out
@@ -178,7 +191,12 @@ def _metadata(family: Family, hp: HParams, vocab: Vocab, n_vocab: int, mask_id: 
     put(Keys.LLM.CONTEXT_LENGTH, hp.n_ctx, "u32")
     put(Keys.LLM.EMBEDDING_LENGTH, hp.n_embd, "u32")
     put(Keys.LLM.BLOCK_COUNT, hp.n_layer, "u32")
-    put(Keys.LLM.FEED_FORWARD_LENGTH, hp.n_ff, "u32")
+    if hp.n_ff > 0:   # LLaDA-MoE: the unused dense width, as llama.cpp writes it
+        put(Keys.LLM.FEED_FORWARD_LENGTH, hp.n_ff, "u32")
+    if hp.n_expert > 0:
+        put(Keys.LLM.EXPERT_COUNT, hp.n_expert, "u32")
+        put(Keys.LLM.EXPERT_USED_COUNT, hp.n_expert_used, "u32")
+        put(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, hp.n_ff_exp, "u32")
     put(Keys.Attention.HEAD_COUNT, hp.n_head, "u32")
     put(Keys.Attention.HEAD_COUNT_KV, hp.n_head_kv, "u32")
     put(Keys.Rope.FREQ_BASE, hp.rope_theta, "f32")

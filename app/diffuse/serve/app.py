@@ -100,13 +100,18 @@ async def _body(request: HTTPRequest) -> bytes:
 async def _collect(request: HTTPRequest, job: Job, kind: str, rid: str, created: int, model_id: str) -> Response:
     texts = [""] * job.request.n_sequences
     reasons: list[str | None] = [None] * job.request.n_sequences
+    next_check = time.monotonic() + DISCONNECT_POLL_S
     while True:
         try:
             item = await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
         except asyncio.TimeoutError:
+            item = None
+        if time.monotonic() >= next_check:     # on a clock, not only when idle: text may come every step
+            next_check = time.monotonic() + DISCONNECT_POLL_S
             if await request.is_disconnected():
                 job.cancel()
                 return Response(status_code=499)   # nobody reads it; uvicorn drops it
+        if item is None:
             continue
         if item[0] == "text":
             texts[item[1]] += item[2]

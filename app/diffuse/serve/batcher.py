@@ -123,14 +123,16 @@ class Job:
         return answer.finish_reason is None
 
     def finish(self, results: list, mask_id: int) -> dict:
+        """The last text of each answer; returns the usage, which `end` then hands out."""
         for index, (answer, r) in enumerate(zip(self.answers, results)):
             if new := answer.update(r.tokens, r.tokens == mask_id, final=True):
                 self._put("text", index, new)
             self._put("finish", index, answer.finish_reason)
         n_prompt = sum(len(p) for p in self.request.prompts)   # each prompt once, as OpenAI counts
-        u = protocol.usage(n_prompt, sum(a.n_tokens for a in self.answers))
-        self._put("end", u)
-        return u
+        return protocol.usage(n_prompt, sum(a.n_tokens for a in self.answers))
+
+    def end(self, usage: dict) -> None:
+        self._put("end", usage)
 
     def fail(self, message: str) -> None:
         self._put("error", message)
@@ -143,7 +145,8 @@ class Batcher:
     def __init__(self, model, max_batch: int):
         self.model, self.max_batch = model, max_batch
         self.log: collections.deque[dict] = collections.deque(maxlen=LOG_LENGTH)
-        self.listeners: list[Callable[[dict], None]] = []
+        self.listeners: list[Callable[[dict], None]] = []             # each finished request's log entry
+        self.step_listeners: list[Callable[[Job, int, object], None]] = []   # (job, index, StepEvent), every step
         self._pending: collections.deque[Job] = collections.deque()
         self._running: dict[int, tuple[Job, int]] = {}   # stream sequence -> (job, index in the job)
         self._admitted = 0                                # sequences the current stream numbered
@@ -176,12 +179,16 @@ class Batcher:
             self._admitted = 0
             try:
                 self.model.generate_stream(self._admit, self._finished, on_step=self._step, chat=False)
-            except Exception as e:    # the engine failed (NaN logits, a bug of ours): its jobs hear it
+            except Exception as e:    # the engine failed (NaN logits, a bug of ours): every job hears it,
+                # the waiting ones too: a failure before admitting would otherwise retry them forever
                 message = f"{type(e).__name__}: {e}" if not isinstance(e, DiffuseError) else str(e)
-                for job in dict.fromkeys(job for job, _ in self._running.values()):
-                    job.fail(message)
+                with self._cond:
+                    failed = dict.fromkeys([*(job for job, _ in self._running.values()), *self._pending])
+                    self._running.clear()
+                    self._pending.clear()
+                for job in failed:
                     self._record(job, None, "error")
-                self._running.clear()
+                    job.fail(message)
 
     def _wait(self) -> bool:
         """Wait for work; False once closed (every waiting job then told so)."""
@@ -219,6 +226,8 @@ class Batcher:
 
     def _step(self, ev) -> bool:
         job, i = self._running[ev.sequence]
+        for listener in self.step_listeners:
+            listener(job, i, ev)
         return job.step(i, ev)
 
     def _finished(self, sequence: int, result: GenerateResult | DiffuseError) -> None:
@@ -228,9 +237,10 @@ class Batcher:
         job.results[i] = result
         if any(r is None for r in job.results):
             return
+        # Logged before the client hears the end, so that whoever got an answer finds it in the log.
         if job.cancelled:      # its client left, or the server is stopping
-            job.fail("cancelled")
             self._record(job, None, "cancelled")
+            job.fail("cancelled")
             return
         try:
             for r in job.results:
@@ -238,9 +248,11 @@ class Batcher:
                     raise r
             u = job.finish(job.results, self.model.mask_token_id)
         except DiffuseError as e:
+            self._record(job, None, "error")
             job.fail(str(e))
-            u = None
-        self._record(job, u, "ok" if u else "error")
+            return
+        self._record(job, u, "ok")
+        job.end(u)
 
     def _record(self, job: Job, u: dict | None, status: str) -> None:
         steps = max((r.steps for r in job.results if isinstance(r, GenerateResult)), default=0)

@@ -1,0 +1,116 @@
+"""Experts view (mixture-of-experts models): which experts the recomputed positions used.
+
+Top: layers x experts, how many of the step's recomputed positions each expert served (any of its
+k slots). Bottom: layers x sequence positions, coloured by each position's top-1 expert at that
+step; positions served from the cache (and, in the last layer, rows whose logits the step did
+not need) stay dark. Reads `StepEvent.experts` (n_layer, n_active, k), which MoE runs carry.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+
+from diffuse.studio import theme
+from diffuse.studio.run_state import RunState
+
+EXPERT_CMAP = "turbo"    # many distinguishable hues: neighbouring expert ids look different
+
+
+def usage_counts(experts: np.ndarray, n_expert: int) -> np.ndarray:
+    """int (n_layer, n_expert): positions that used each expert, from (n_layer, n_active, k) ids
+    (-1 = not computed)."""
+    counts = np.zeros((experts.shape[0], n_expert), np.int64)
+    for layer, ids in enumerate(experts):
+        ids = ids[ids >= 0]
+        counts[layer] = np.bincount(ids, minlength=n_expert)[:n_expert]
+    return counts
+
+
+def top1_map(experts: np.ndarray, active: np.ndarray, n_total: int) -> np.ndarray:
+    """int (n_layer, n_total): each position's top-1 expert, -1 where the step did not compute it."""
+    out = np.full((experts.shape[0], n_total), -1, np.int64)
+    out[:, active] = experts[:, :, 0]
+    return out
+
+
+def cell_ticks(n: int, most: int = 16) -> list[list[tuple[float, str]]]:
+    """Integer labels at the centres of n image cells, at most `most` of them."""
+    stride = max(1, -(-n // most))
+    return [[(i + 0.5, str(i)) for i in range(0, n, stride)]]
+
+
+class ExpertsView(pg.GraphicsLayoutWidget):
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.run: RunState | None = None
+        self.usage = self.addPlot(row=0, col=0)
+        self.usage.invertY(True)
+        self.usage.setLabel("left", "layer")
+        self.usage.setLabel("bottom", "expert")
+        self.usage.setMenuEnabled(False)
+        self.usage.setTitle("positions per expert at this step", size="9pt")
+        self.empty = theme.EmptyState(self.usage, "Generate with a mixture-of-experts model "
+                                                  "(LLaDA-MoE) to see which experts each step used")
+        self.usage_image = pg.ImageItem(axisOrder="row-major")     # [layer, expert]
+        self.usage_image.setLookupTable(theme.lut("viridis"))
+        self.usage.addItem(self.usage_image)
+
+        self.top1 = self.addPlot(row=1, col=0)
+        self.top1.invertY(True)
+        self.top1.setLabel("left", "layer")
+        self.top1.setLabel("bottom", "sequence position (prompt, then generated): top-1 expert")
+        self.top1.setMenuEnabled(False)
+        self.top1_image = pg.ImageItem(axisOrder="row-major")      # [layer, position]
+        self.top1.addItem(self.top1_image)
+        self.prompt_line = pg.InfiniteLine(angle=90, pen=pg.mkPen(theme.HIGHLIGHT, width=1.5))
+        self.top1.addItem(self.prompt_line)
+        self.summary = pg.LabelItem(justify="left", color=theme.MUTED)
+        self.addItem(self.summary, row=2, col=0)
+        self.set_run(None)
+
+    def set_run(self, run: RunState | None) -> None:
+        self.run = run
+        self._shape = None
+        self.empty.show(True)
+        self.usage_image.clear()
+        self.top1_image.clear()
+        self.prompt_line.setVisible(False)
+        self.summary.setText("")
+        self.show_step(-1)
+
+    def show_step(self, step: int) -> None:
+        run = self.run
+        if run is None or not run.events:
+            return
+        k = run.clamp(step)
+        event = run.events[k]
+        if event.experts is None:
+            self.empty.show(True)
+            self.summary.setText("no expert routing in this run (a dense model)")
+            return
+        experts = np.asarray(event.experts)
+        # experts per layer: the model's count when the run states it (at least every id seen)
+        n_expert = max(int(run.recording.model.get("n_expert") or 0), int(experts.max(initial=-1)) + 1, 1)
+        counts = usage_counts(experts, n_expert)
+        top = top1_map(experts, np.asarray(event.active), len(event.tokens))
+        shape = (experts.shape[0], n_expert, len(event.tokens))
+        if shape != self._shape:
+            self._shape = shape
+            self.empty.show(False)
+            self.usage.setRange(xRange=(0, n_expert), yRange=(0, shape[0]), padding=0.01)
+            self.top1.setRange(xRange=(0, shape[2]), yRange=(0, shape[0]), padding=0.01)
+            self.usage.getAxis("bottom").setTicks(cell_ticks(n_expert))
+            for plot in (self.usage, self.top1):
+                plot.getAxis("left").setTicks(cell_ticks(shape[0]))
+            self.prompt_line.setValue(event.prompt_length)
+            self.prompt_line.setVisible(True)
+            # -1 (not computed) is the background colour, expert e the e-th hue
+            table = theme.lut(EXPERT_CMAP, n_expert)
+            bg = np.array([[theme.BG.red(), theme.BG.green(), theme.BG.blue()]], np.uint8)
+            self.top1_image.setLookupTable(np.concatenate([bg, table[:, :3]]))
+        self.usage_image.setImage(counts, levels=(0, max(1, int(counts.max()))), autoLevels=False)
+        self.top1_image.setImage(top + 1, levels=(0, n_expert), autoLevels=False)
+        used = int((counts > 0).sum())
+        self.summary.setText(
+            f"step {k + 1}: {len(event.active)} positions recomputed · {used} of {counts.size} "
+            f"(layer, expert) pairs used · busiest expert served {int(counts.max())} positions")

@@ -1,0 +1,61 @@
+"""Experts view: a real run of the tiny LLaDA-MoE model (8 experts, top 2, 2 layers) step by step,
+a dense run, and its tab in the main window."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import diffuse
+from diffuse.studio.experts_view import ExpertsView, top1_map, usage_counts
+from diffuse.studio.run_state import RunState
+
+
+@pytest.fixture(scope="module")
+def moe_run(tiny_gguf) -> RunState:
+    model = diffuse.load(tiny_gguf("llada-moe", "f32"), threads=1)
+    run = RunState("moe", {"cache": True}, {"name": "moe", "arch": model.arch, "n_expert": model.n_expert})
+    result = model.generate([5, 17, 42, 8], gen_length=16, steps=8, block_length=8, on_step=run.add)
+    run.finish(result)
+    return run
+
+
+def test_usage_and_top1_follow_the_step(qtbot, moe_run):
+    view = ExpertsView()
+    qtbot.addWidget(view)
+    view.set_run(moe_run)
+    first, later = moe_run.events[0], moe_run.events[3]
+    for k, ev in ((0, first), (3, later)):
+        view.show_step(k)
+        counts = view.usage_image.image
+        assert counts.shape == (2, 8)
+        # layer 0: every recomputed position used k = 2 experts; the last layer only the rows
+        # whose logits the step needed
+        assert counts[0].sum() == 2 * len(ev.active)
+        assert counts[1].sum() == 2 * int((ev.experts[1, :, 0] >= 0).sum())
+        top = view.top1_image.image
+        assert top.shape == (2, len(ev.tokens))
+        np.testing.assert_array_equal(top[0, ev.active], ev.experts[0, :, 0] + 1)
+        assert (top[:, ev.cached] == 0).all()          # served from the cache: background
+        assert f"step {k + 1}: {len(ev.active)} positions recomputed" in view.summary.text
+    assert len(later.cached) > 0 and not view.empty.note.isVisible()
+
+
+def test_dense_run_shows_the_empty_state(qtbot, recorded_run):
+    view = ExpertsView()
+    qtbot.addWidget(view)
+    view.set_run(RunState.from_recording(recorded_run("blocks_cache")))
+    view.show_step(2)
+    assert view.empty.note.isVisible() and "dense" in view.summary.text
+
+
+def test_helpers():
+    experts = np.array([[[1, 0], [1, 2]], [[3, 1], [-1, -1]]])     # (layer, active, k)
+    np.testing.assert_array_equal(usage_counts(experts, 4), [[1, 2, 1, 0], [0, 1, 0, 1]])
+    np.testing.assert_array_equal(top1_map(experts, np.array([0, 2]), 3), [[1, -1, 1], [3, -1, -1]])
+
+
+def test_main_window_has_the_experts_tab(window):
+    tabs = [window.views.tabText(i) for i in range(window.views.count())]
+    assert "Experts" in tabs
+    window.show_run(None)
+    assert window.experts_view.run is None
