@@ -335,7 +335,7 @@ def test_recording_keeps_the_routing(moe, tmp_path):
 
 
 def test_bench_model_writer_makes_a_loadable_llama_cpp_file(tmp_path):
-    from diffuse.bench.moe import write_random_llada_moe
+    from diffuse.bench.random_models import write_random_llada_moe
 
     path = write_random_llada_moe(tmp_path / "m.gguf", n_layer=1, n_embd=64, n_head=2, n_expert=4, n_expert_used=2,
                                   n_ff_exp=32, n_vocab=64, n_ctx=128)

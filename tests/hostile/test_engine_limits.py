@@ -11,7 +11,7 @@ import pytest
 
 import diffuse
 from diffuse import DiffuseError
-from diffuse.bench.attention import write_random_llada
+from diffuse.bench.random_models import write_random_llada
 
 TINY = dict(n_embd=16, n_head=2, n_ff=32, n_vocab=64)
 

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from diffuse import DiffuseError
 from diffuse.bench import machine
+from diffuse.bench.random_models import write_random_llada
 
 CONFIGS = {
     "flash, F16 K/V (default)": dict(flash_attn=True, kv_f16=True),
@@ -26,40 +27,6 @@ CONFIGS = {
     "no flash, F32 K/V (before)": dict(flash_attn=False, kv_f16=False),
 }
 WIDE = dict(n_embd=4096, n_head=32, n_ff=12288, n_vocab=32000, n_ctx=4096)
-
-
-def write_random_llada(path: Path, n_layer: int, n_embd: int, n_head: int, n_ff: int, n_vocab: int,
-                       n_ctx: int) -> Path:
-    """A LLaDA GGUF of the given shape with random F16 matrices (llama.cpp dialect keys, no
-    tokenizer): for measurements, and for tests of shapes no checkpoint fixture has."""
-    from diffuse.gguf_file import OutTensor, write
-
-    d, f, v = n_embd, n_ff, n_vocab
-    F16, F32 = 1, 0
-    kv = {"general.architecture": "llada", "general.file_type": 1, "llada.context_length": n_ctx,
-          "llada.embedding_length": d, "llada.block_count": n_layer, "llada.feed_forward_length": f,
-          "llada.attention.head_count": n_head, "llada.attention.head_count_kv": n_head,
-          "llada.rope.freq_base": 500000.0, "llada.attention.layer_norm_rms_epsilon": 1e-5,
-          "tokenizer.ggml.mask_token_id": v - 1}
-    types = {k: "str" if isinstance(val, str) else "f32" if isinstance(val, float) else "u32" for k, val in kv.items()}
-    layer = {"attn_norm.weight": (d,), "attn_q.weight": (d, d), "attn_k.weight": (d, d), "attn_v.weight": (d, d),
-             "attn_output.weight": (d, d), "ffn_norm.weight": (d,), "ffn_gate.weight": (d, f),
-             "ffn_up.weight": (d, f), "ffn_down.weight": (f, d)}
-    shapes = {"token_embd.weight": (d, v), "output_norm.weight": (d,), "output.weight": (d, v)}
-    shapes.update({f"blk.{i}.{name}": shape for i in range(n_layer) for name, shape in layer.items()})
-    tensors = [OutTensor(n, F32 if len(s) == 1 else F16, s) for n, s in shapes.items()]
-    rng = np.random.default_rng(0)
-
-    def data():
-        for t in tensors:
-            if len(t.shape) == 1:
-                yield np.ones(t.shape, np.float32)
-            else:
-                yield (rng.standard_normal(t.shape[::-1], np.float32) / np.sqrt(t.shape[0])).astype(np.float16)
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write(path, kv, types, tensors, data())
-    return path
 
 
 def write_wide_layer(path: Path) -> Path:
@@ -88,13 +55,12 @@ def run(dest: Path, lengths: list[int], gen: int = 32, threads: int = 2, steps: 
     rows = []
     for n in lengths:
         for name, cfg in CONFIGS.items():
-            code = (f"import json,sys; from diffuse.bench.attention import measure; "
-                    f"print(json.dumps(measure({str(path)!r}, {n - gen}, {gen}, {cfg!r}, {threads}, {steps})))")
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-            if out.returncode != 0:
-                rows.append({"name": name, "prompt": n - gen, "error": out.stderr.strip().splitlines()[-1]})
-            else:
-                rows.append({"name": name, **json.loads(out.stdout), "file_bytes": path.stat().st_size})
+            try:
+                r = machine.run_in_child("diffuse.bench.attention", "measure", path=str(path), prompt_len=n - gen,
+                                         gen=gen, config=cfg, threads=threads, steps=steps)
+                rows.append({"name": name, **r, "file_bytes": path.stat().st_size})
+            except DiffuseError as e:
+                rows.append({"name": name, "prompt": n - gen, "error": str(e)})
             print(format_row(rows[-1]), flush=True)
     return rows
 

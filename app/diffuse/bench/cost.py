@@ -1,5 +1,6 @@
-"""What a forward pass costs on paper: its matrix products, FLOPs and weight bytes, and how fast
-ggml's own mat-mul runs those products on this machine (the ceiling a forward pass can reach)."""
+"""What a forward pass costs on paper: its matrix products, FLOPs and weight bytes (and, for a
+denoising step, its attention and K/V bytes), and how fast ggml's own mat-mul runs those products
+on this machine (the ceiling a forward pass can reach)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -54,6 +55,28 @@ def forward_flops(mms: list[MatMul], hp: dict, n_tokens: int) -> dict:
 
 def weight_bytes(mms: list[MatMul]) -> int:
     return sum(mm.nbytes for mm in mms)
+
+
+def head(mms: list[MatMul]) -> MatMul:
+    """The output head: the product with the most rows (n_vocab)."""
+    return max(mms, key=lambda mm: mm.m)
+
+
+def kv_bytes(hp: dict, n_positions: int, kv_f16: bool = True) -> float:
+    """Keys and values of n_positions over all layers (n_head_kv heads of head_dim each)."""
+    return 2.0 * hp["n_layer"] * n_positions * hp["n_head_kv"] * hp["head_dim"] * (2 if kv_f16 else 4)
+
+
+def step_cost(mms: list[MatMul], hp: dict, n_rows: int, n_kv: int, n_logits: int, kv_f16: bool = True) -> dict:
+    """One denoising step on paper: n_rows recomputed positions go through the layers and attend
+    over n_kv positions, n_logits of them through the head. Bytes: every weight read once, the
+    K/V of the n_kv positions read and those of the n_rows written (flash attention keeps the
+    scores in cache). Arithmetic intensity = FLOPs / bytes."""
+    out = head(mms)
+    body = sum(mm.params for mm in mms) - out.params
+    flops = 2.0 * (body * n_rows + out.params * n_logits) + attention_flops(hp, n_rows, n_kv)
+    nbytes = weight_bytes(mms) + kv_bytes(hp, n_kv + n_rows, kv_f16)
+    return {"flops": flops, "bytes": nbytes, "ai": flops / nbytes}
 
 
 def matmul_ceiling(mms: list[MatMul], n_tokens: int, threads: int, reps: int = 3) -> dict:

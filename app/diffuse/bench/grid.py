@@ -48,13 +48,16 @@ def quant_label(path: str) -> str:
 
 def run(axes: Axes, reps: int = 3, fixed: dict | None = None, ar_model: str | None = None,
         ar_backend: str = "auto", llama: LlamaBins | None = None, log=print) -> dict:
-    """Run the grid; returns {machine, axes, runs, rows, ar, roofline}."""
+    """Run the grid; returns {machine, models, axes, runs, rows, ar, roofline} (the CLI adds the command)."""
     fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
     mach = machine.describe()
-    runs, roof_points, roofs, ar = [], [], [], []
+    runs, roof_points, roofs, ar, models = [], [], [], [], []
     for i, path in enumerate(axes.models):
         model = diffuse.load(path)
-        label = f"{Path(path).stem} [{quant_label(path)}]"
+        quant = quant_label(path)
+        label = f"{Path(path).stem} [{quant}]"
+        models.append({"model": label, "path": path, "arch": model.arch, "quant": quant,
+                       "file_bytes": Path(path).stat().st_size})
         mms = cost.matmuls(path)
         n_prompt = len(model.encode_prompt(PAPER_PROMPTS[axes.prompts[0]][1]))
         for t in axes.threads:
@@ -93,7 +96,7 @@ def run(axes: Axes, reps: int = 3, fixed: dict | None = None, ar_model: str | No
         for r in rows:
             r["buffer_vs_ar"] = r["buffer_tok_s"] / decode[r["threads"]]
             r["useful_vs_ar"] = r["useful_tok_s"] / decode[r["threads"]]
-    return {"machine": mach, "reps": reps, "fixed": fixed,
+    return {"machine": mach, "reps": reps, "fixed": fixed, "models": models,
             "axes": dict(vars(axes)), "runs": runs, "rows": rows, "ar": ar,
             "roofline": {"roofs": roofs, "points": roof_points}}
 

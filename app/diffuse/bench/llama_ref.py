@@ -1,12 +1,13 @@
 """llama.cpp as the reference: its `llama-bench` and `llama-diffusion-cli` programs for per-step
-parity, and the autoregressive baseline through `llama-cpp-python` (the optional extra
-`diffuse[ar]`) or, without it, through `llama-bench`.
+parity, the autoregressive baseline through `llama-cpp-python` (the optional extra
+`diffuse[ar]`) or, without it, through `llama-bench`, and AR batched decoding through
+`llama-batched-bench`.
 
-llama.cpp is not part of diffuse. Build the two programs once from the pinned sdist:
+llama.cpp is not part of diffuse. Build the programs once from the pinned sdist:
 
     pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 && tar xf llama_cpp_python-0.3.36.tar.gz
     cmake -S llama_cpp_python-0.3.36/vendor/llama.cpp -B /tmp/llama-build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF
-    cmake --build /tmp/llama-build --target llama-bench llama-diffusion-cli -j
+    cmake --build /tmp/llama-build --target llama-bench llama-diffusion-cli llama-batched-bench -j
 
 and point `--llama-bin` (or DIFFUSE_LLAMA_BIN) at /tmp/llama-build/bin.
 """
@@ -33,6 +34,7 @@ ENV_BIN = "DIFFUSE_LLAMA_BIN"
 class LlamaBins:
     bench: Path | None          # llama-bench
     diffusion: Path | None      # llama-diffusion-cli
+    batched: Path | None = None  # llama-batched-bench
 
 
 def find_bins(bin_dir: str | os.PathLike | None = None) -> LlamaBins:
@@ -46,9 +48,9 @@ def find_bins(bin_dir: str | os.PathLike | None = None) -> LlamaBins:
         hit = shutil.which(name)
         return Path(hit) if hit else None
 
-    bins = LlamaBins(find("llama-bench"), find("llama-diffusion-cli"))
-    if folder and bins.bench is None and bins.diffusion is None:
-        raise DiffuseError(f"{folder}: neither llama-bench nor llama-diffusion-cli found there")
+    bins = LlamaBins(find("llama-bench"), find("llama-diffusion-cli"), find("llama-batched-bench"))
+    if folder and bins.bench is None and bins.diffusion is None and bins.batched is None:
+        raise DiffuseError(f"{folder}: none of llama-bench, llama-diffusion-cli, llama-batched-bench found there")
     return bins
 
 
@@ -99,6 +101,26 @@ def diffusion_step_ms(diffusion: Path, model: str, *, n_positions: int, threads:
     if not m:
         raise DiffuseError(f"{diffusion}: no step timing in its output on {model}")
     return {"ms_per_step": float(m.group(1)), "sampling_ms_per_step": float(m.group(2)), "steps": steps}
+
+
+def batched_decode(batched: Path, model: str, *, batches: list[int], threads: int, n_prompt: int,
+                   n_gen: int) -> list[dict]:
+    """AR batched decoding with llama-batched-bench: for each batch size B, B sequences of n_prompt
+    tokens are processed, then n_gen decode steps each produce one token for every sequence (one
+    forward pass of B rows per step). Returns per B the decode and prompt tokens/s over all sequences."""
+    n_ctx = max(batches) * (n_prompt + n_gen)
+    cmd = [str(batched), "-m", model, "-c", str(n_ctx), "-b", "2048", "-ub", "512", "-npp", str(n_prompt),
+           "-ntg", str(n_gen), "-npl", ",".join(map(str, batches)), "-t", str(threads), "-tb", str(threads),
+           "-fa", "off", "--output-format", "jsonl"]
+    rows = []
+    for line in _run(cmd, model).splitlines():
+        if line.startswith("{") and '"speed_tg"' in line:
+            r = json.loads(line)
+            rows.append({"batch": r["pl"], "tokens_per_s": r["speed_tg"], "prompt_tokens_per_s": r["speed_pp"],
+                         "decode_s": r["t_tg"]})
+    if sorted(r["batch"] for r in rows) != sorted(batches):
+        raise DiffuseError(f"{batched}: expected results for batches {batches} on {model}, got {len(rows)}")
+    return rows
 
 
 def have_llama_cpp_python() -> bool:

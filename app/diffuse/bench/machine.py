@@ -1,15 +1,18 @@
 """The machine a benchmark ran on, its memory-copy bandwidth, and the process's memory use."""
 from __future__ import annotations
 
+import json
 import os
 import platform
 import resource
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from diffuse import _core
+from diffuse import DiffuseError, _core
 
 
 def describe() -> dict:
@@ -29,6 +32,7 @@ def describe() -> dict:
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
+        "physical_cores": _core.physical_cores(),
         "memory_gib": round(_meminfo_kib("MemTotal") / 2**20, 1),
         "simd": simd,
         "load_avg_1min": round(os.getloadavg()[0], 2),
@@ -93,3 +97,15 @@ def memcpy_gbps(threads: int = 1, mib: int = 256, reps: int = 5) -> float:
             list(pool.map(lambda p: np.copyto(*p), parts))
             best = min(best, time.perf_counter() - t0)
     return 2 * src.nbytes / best / 1e9
+
+
+def run_in_child(module: str, function: str, **kwargs) -> dict:
+    """`module.function(**kwargs)` in a fresh Python process, its JSON result back: the child's
+    peak RSS (peak_rss_bytes) is that one measurement's alone."""
+    code = ("import json, sys; from " + module + " import " + function + " as f; "
+            "print(json.dumps(f(**json.loads(sys.argv[1]))))")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(kwargs)], capture_output=True, text=True)
+    if out.returncode != 0:
+        lines = out.stderr.strip().splitlines() or [f"exit {out.returncode}"]
+        raise DiffuseError(f"{module}.{function} failed in its child process: {lines[-1]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])

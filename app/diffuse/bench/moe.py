@@ -15,53 +15,11 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
-
 from diffuse.bench import forward
-from diffuse.bench.attention import write_random_llada
 from diffuse.bench.llama_ref import LlamaBins, find_bins
+from diffuse.bench.random_models import write_random_llada, write_random_llada_moe
 
 MOE_WIDE = dict(n_embd=2048, n_head=16, n_expert=64, n_expert_used=8, n_ff_exp=1024, n_vocab=32000, n_ctx=8192)
-
-
-def write_random_llada_moe(path: Path, n_layer: int, n_embd: int, n_head: int, n_expert: int, n_expert_used: int,
-                           n_ff_exp: int, n_vocab: int, n_ctx: int) -> Path:
-    """A llama.cpp `llada-moe` GGUF of the given shape with random F16 matrices (F32 router and
-    norms) and no tokenizer (tokenizer.ggml.model "none", which llama.cpp accepts)."""
-    from diffuse.gguf_file import OutTensor, write
-
-    d, f, e, v = n_embd, n_ff_exp, n_expert, n_vocab
-    F16, F32 = 1, 0
-    a = "llada-moe"
-    kv = {"general.architecture": a, "general.file_type": 1, f"{a}.context_length": n_ctx,
-          f"{a}.embedding_length": d, f"{a}.block_count": n_layer, f"{a}.feed_forward_length": n_expert_used * f,
-          f"{a}.attention.head_count": n_head, f"{a}.attention.head_count_kv": n_head,
-          f"{a}.rope.freq_base": 50000.0, f"{a}.attention.layer_norm_rms_epsilon": 1e-5,
-          f"{a}.expert_count": e, f"{a}.expert_used_count": n_expert_used, f"{a}.expert_feed_forward_length": f,
-          f"{a}.vocab_size": v, "tokenizer.ggml.model": "none", "tokenizer.ggml.mask_token_id": v - 1}
-    types = {k: "str" if isinstance(val, str) else "f32" if isinstance(val, float) else "u32" for k, val in kv.items()}
-    hd = d // n_head
-    layer = {"attn_norm.weight": (d,), "attn_q.weight": (d, d), "attn_k.weight": (d, d), "attn_v.weight": (d, d),
-             "attn_output.weight": (d, d), "attn_q_norm.weight": (hd,), "attn_k_norm.weight": (hd,),
-             "ffn_norm.weight": (d,), "ffn_gate_inp.weight": (d, e), "ffn_gate_exps.weight": (d, f, e),
-             "ffn_up_exps.weight": (d, f, e), "ffn_down_exps.weight": (f, d, e)}
-    shapes = {"token_embd.weight": (d, v), "output_norm.weight": (d,), "output.weight": (d, v)}
-    shapes.update({f"blk.{i}.{name}": shape for i in range(n_layer) for name, shape in layer.items()})
-    f32 = lambda name, shape: len(shape) == 1 or name.endswith("ffn_gate_inp.weight")   # noqa: E731
-    tensors = [OutTensor(n, F32 if f32(n, s) else F16, s) for n, s in shapes.items()]
-    rng = np.random.default_rng(0)
-
-    def data():
-        for t in tensors:
-            if len(t.shape) == 1:
-                yield np.ones(t.shape, np.float32)
-            else:
-                x = rng.standard_normal(t.shape[::-1], np.float32) / np.float32(np.sqrt(t.shape[0]))
-                yield x if t.type == F32 else x.astype(np.float16)
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write(path, kv, types, tensors, data())
-    return path
 
 
 def with_null_vocab(src: Path, out: Path) -> Path:

@@ -1,4 +1,4 @@
-"""PNG plots of a grid result (matplotlib, the optional extra `diffuse[bench]`)."""
+"""PNG plots of a grid result and of the study's report (matplotlib, the optional extra `diffuse[bench]`)."""
 from __future__ import annotations
 
 import importlib.util
@@ -159,3 +159,93 @@ def grid_plots(result: dict, out_dir: Path) -> list[Path]:
         plots.append(cache_speedup(result, out_dir / "cache_speedup.png"))
     plots.append(roofline_plot(result, out_dir / "roofline.png"))
     return plots
+
+
+def waterfall(stages: list[tuple[str, float]], ar: float | None, path: Path) -> Path:
+    """The paper's Fig. 3: tok/s after each optimisation, the speed-up over the first stage on top."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    labels, values = zip(*stages)
+    bars = ax.bar(range(len(values)), values, color="tab:blue")
+    for bar, v in zip(bars, values):
+        ax.annotate(f"{v / values[0]:.1f}x", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom")
+    if ar:
+        ax.axhline(ar, color="k", linestyle="--", label=f"llama.cpp AR decode {ar:.1f} tok/s")
+        ax.legend(fontsize=8)
+    ax.set_xticks(range(len(labels)), labels, rotation=15, fontsize=8)
+    ax.set(ylabel="tokens/s (buffer)", title="Optimisations combined (paper Fig. 3)")
+    return _save(fig, path)
+
+
+def batch_plot(rows: list[dict], path: Path) -> Path:
+    """Throughput against batch size per engine (left) and over its B=1 value (right)."""
+    plt = _pyplot()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for engine, style in (("diffusion", "o-"), ("ar", "s--")):
+        sel = sorted((r for r in rows if r["engine"] == engine), key=lambda r: r["batch"])
+        if sel:
+            b = [r["batch"] for r in sel]
+            ax.plot(b, [r["tokens_per_s"] for r in sel], style, label=engine)
+            ax2.plot(b, [r["gain"] for r in sel], style, label=engine)
+    for a in (ax, ax2):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("batch size")
+        a.legend(fontsize=8)
+    ax.set(ylabel="tokens/s", title="Batched throughput")
+    ax2.set(ylabel="over batch 1", title="Gain from batching")
+    return _save(fig, path)
+
+
+def context_plot(rows: list[dict], path: Path) -> Path:
+    """ms per step, peak RSS and arithmetic intensity against length, full vs block-wise."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    for mode, style in (("full", "o-"), ("blockwise", "s--")):
+        sel = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["length"])
+        n = [r["length"] for r in sel]
+        axes[0].plot(n, [r["ms_per_step"] for r in sel], style, label=mode)
+        axes[1].plot(n, [r["peak_rss_bytes"] / 2**20 for r in sel], style, label=mode)
+        axes[2].plot(n, [r["arithmetic_intensity"] for r in sel], style, label=mode)
+    for a, (ylabel, title) in zip(axes, [("ms per step", "Step time"), ("peak RSS MiB", "Memory"),
+                                         ("FLOP / byte", "Arithmetic intensity")]):
+        a.set(xscale="log", xlabel="generated positions L", ylabel=ylabel, title=title)
+        a.legend(fontsize=8)
+    axes[0].set_yscale("log")
+    return _save(fig, path)
+
+
+def steps_plot(rows: list[dict], path: Path) -> Path:
+    """Latency and agreement with the many-step answer against the step budget, per scheduler."""
+    plt = _pyplot()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for sched in dict.fromkeys(r["scheduler"] for r in rows):
+        sel = sorted((r for r in rows if r["scheduler"] == sched), key=lambda r: r["steps"])
+        b = [r["steps"] for r in sel]
+        ax.plot(b, [r["ms"] for r in sel], "o-", label=sched)
+        ax2.plot(b, [r["agreement"] for r in sel], "o-", label=f"{sched}: agreement")
+        if all("heldout_accuracy" in r for r in sel):
+            ax2.plot(b, [r["heldout_accuracy"] for r in sel], "s:", label=f"{sched}: held-out accuracy")
+    for a in (ax, ax2):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("step budget")
+        a.legend(fontsize=8)
+    ax.set(ylabel="ms per answer", title="Latency")
+    ax2.set(ylabel="fraction of tokens", ylim=(0, 1.05), title="Quality proxy")
+    return _save(fig, path)
+
+
+def study_plots(data: dict, stages: list[tuple[str, float]], ar: float | None, out_dir: Path) -> list[Path]:
+    """The report's plots, for the measurements the folder has; `ar`: AR decode tok/s for Fig. 3."""
+    from diffuse.bench import batch
+    out = []
+    if len(stages) > 1:
+        out.append(waterfall(stages, ar, out_dir / "fig3_waterfall.png"))
+    rows = [r for _, records in data["batch"] for r in records]
+    if rows:
+        out.append(batch_plot(batch.with_gain(rows), out_dir / "batch.png"))
+    rows = [r for _, records in data["context"] for r in records]
+    if rows:
+        out.append(context_plot(rows, out_dir / "context.png"))
+    for i, (_, records) in enumerate(data["steps"]):
+        out.append(steps_plot(records, out_dir / f"steps{i or ''}.png"))
+    return out

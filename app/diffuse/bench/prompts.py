@@ -1,4 +1,4 @@
-"""`diffuse bench prompts`: the paper's 8 real prompts (its Tables 5-7), each run with and without
+"""`diffuse bench prompts`: the paper's 8 real prompts (its Tables 4, 7 and 8), each run with and without
 the inter-step cache under the same options.
 
 Per prompt: steps used, buffer tok/s (the paper's figure: every generated position, end-of-text
@@ -27,6 +27,9 @@ PAPER_PROMPTS = [
     ("sky", "Why is the sky blue?"),
     ("planets", "List the planets of the solar system."),
 ]
+# The paper's classes (its Tables 4 and 5): easy ones end in 2-4 steps, hard ones use all 16.
+DIFFICULTY = {"capital": "easy", "french": "easy", "arith": "easy", "spanish": "medium", "is_prime": "medium",
+              "poem": "hard", "sky": "hard", "planets": "hard"}
 
 # The paper's real-prompt setting (entropy_exit, 16 steps), scaled to B=64 for small machines.
 DEFAULTS = {"scheduler": "entropy_exit", "steps": 16, "gen_length": 64}

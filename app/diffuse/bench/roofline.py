@@ -23,7 +23,7 @@ def diffusion_point(label: str, mms: list[cost.MatMul], hp: dict, n_tokens: int,
 def ar_points(label: str, mms: list[cost.MatMul], ar: dict, threads: int) -> list[dict]:
     """AR decode (one token per pass) and AR prompt processing (n_prompt tokens, head on the last)."""
     params = sum(mm.params for mm in mms)
-    head = max(mms, key=lambda mm: mm.m).params          # the head has n_vocab rows, the most
+    head = cost.head(mms).params
     wbytes = cost.weight_bytes(mms)
     n = ar["n_prompt"]
     per_pass = {"AR decode": (2.0 * params, 1.0 / ar["decode_tokens_per_s"]),

@@ -3,7 +3,8 @@
 For each --max-batch (8: concurrent requests share forward passes; 1: one request at a time) a
 server runs in this process on a free local port; for each client count C, C threads each send
 --requests chat completions back to back (a closed loop, as editors and scripts do). Reported:
-requests/s over the whole load, latency p50/p95 per request, and the batch sizes the server ran.
+requests/s over the whole load, latency p50/p95 per request, and the mean batch: per request, the
+most sequences that shared one forward pass with it.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`diffuse bench`: forward-pass cost, the paper's grid, the paper's prompts (see docs/benchmarks.md)."""
+"""`diffuse bench`: forward-pass cost, the paper's grid and prompts, the performance study (batch,
+context, steps) and the report of them all (see docs/benchmarks.md)."""
 from __future__ import annotations
 
 import argparse
@@ -46,7 +47,7 @@ def _llama_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("bench", help="benchmarks: forward pass, the paper's grid, the paper's prompts",
+    p = sub.add_parser("bench", help="benchmarks: forward pass, the paper's grid and prompts, the performance study",
                        description="Measure speed and memory. See docs/benchmarks.md.")
     bs = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
 
@@ -100,11 +101,55 @@ def add_parser(sub) -> argparse.ArgumentParser:
     pr.add_argument("--markdown", type=Path, help="write the table and answers as markdown")
     add_generation_options(pr)
     add_threads_option(pr)
+
+    b = bs.add_parser("batch", help="generate_batch throughput against AR batched decoding, per batch size",
+                      description="Diffusion (one forward pass per step over every sequence) and, with "
+                                  "--ar-model, llama.cpp decoding B sequences at once, side by side per B.")
+    b.add_argument("model", help="GGUF model file")
+    b.add_argument("--batch", type=int_list, default=[1, 2, 4, 8, 16], help="batch sizes (default 1,2,4,8,16)")
+    b.add_argument("--ar-model", help="an autoregressive GGUF, decoded in batches by llama-batched-bench")
+    b.add_argument("--reps", type=int, default=1, help="runs per batch size, median time (default %(default)s)")
+    _llama_options(b)
+    b.add_argument("--json", type=Path, help="write the records as JSON")
+    add_generation_options(b)
+    add_threads_option(b)
+
+    c = bs.add_parser("context", help="long contexts: full-sequence vs block-wise denoising per length",
+                      description="ms per step and per generated token, peak RSS and arithmetic intensity "
+                                  "(attention FLOPs and K/V bytes counted), each configuration in its own process.")
+    c.add_argument("model", help="GGUF model file")
+    c.add_argument("--lengths", type=int_list, default=[64, 256, 1024],
+                   help="generated positions (default 64,256,1024)")
+    c.add_argument("--block-length", type=int, default=32, help="block of the block-wise mode (default %(default)s)")
+    c.add_argument("--steps", type=int, default=2, help="steps timed after step 0 (default %(default)s)")
+    c.add_argument("--json", type=Path, help="write the records as JSON")
+    add_threads_option(c)
+
+    st = bs.add_parser("steps", help="latency and quality against the step budget, low_confidence and entropy_exit",
+                       description="Quality proxy: agreement with the many-step answer; with --heldout also "
+                                   "held-out infilling accuracy.")
+    st.add_argument("model", help="GGUF model file")
+    st.add_argument("--budgets", type=int_list, default=[4, 8, 16, 32, 64], help="step budgets (default 4,8,16,32,64)")
+    st.add_argument("--prompts", type=int_list, default=[1, 7],
+                    help="1-based indices of the paper's 8 prompts (default 1,7: capital, sky)")
+    st.add_argument("--heldout", type=Path, metavar="DATA",
+                    help="the training text (a .txt file or folder, as for `diffuse train`): its held-out "
+                         "documents are infilled")
+    st.add_argument("--json", type=Path, help="write the records as JSON")
+    add_generation_options(st, skip=("steps", "scheduler"))
+    add_threads_option(st)
+
+    rp = bs.add_parser("report", help="the paper's tables, Fig. 3 and the study's findings from a folder of JSON",
+                       description="Reads DIR/**/grid.json (bench grid) and DIR/batch.json, context.json, "
+                                   "steps.json; writes DIR/study.md and its PNG plots.")
+    rp.add_argument("dir", type=Path, help="folder with the JSON of the other bench commands")
+    rp.add_argument("--no-plots", dest="plots", action="store_false")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"forward": _forward, "grid": _grid, "prompts": _prompts}[args.bench_command](args)
+    return {"forward": _forward, "grid": _grid, "prompts": _prompts, "batch": _batch, "context": _context,
+            "steps": _steps, "report": _report}[args.bench_command](args)
 
 
 def _write(path: Path | None, text: str) -> None:
@@ -187,6 +232,7 @@ def _grid(args) -> int:
     bins = _ar_bins(args)
     result = grid.run(axes, args.reps, fixed, ar_model=args.ar_model, ar_backend=args.ar_backend, llama=bins,
                       log=lambda line: print(line, file=sys.stderr))
+    result["command"] = "diffuse " + " ".join(args.argv)
     print(grid.table(result))
     for path in grid.write(result, args.out, plots=args.plots):
         print(f"wrote {path}", file=sys.stderr)
@@ -212,4 +258,65 @@ def _prompts(args) -> int:
         print(f"[{r['prompt']}] {r['answer'].strip()}\n")
     _write_json(args.json, result)
     _write(args.markdown, prompts.markdown(result))
+    return 0
+
+
+def _with_command(rows: list[dict], args) -> list[dict]:
+    """Each record names the command that measured it, for the report."""
+    command = "diffuse " + " ".join(args.argv)
+    return [{**r, "command": command} for r in rows]
+
+
+def _batch(args) -> int:
+    from diffuse.bench import batch, llama_ref
+    from diffuse.bench.tables import text_table
+    _check_reps(args.reps)
+    batched = None
+    if args.ar_model:
+        batched = llama_ref.find_bins(args.llama_bin).batched
+        if batched is None:
+            raise DiffuseError("--ar-model needs llama.cpp's llama-batched-bench (--llama-bin DIR or "
+                               f"${llama_ref.ENV_BIN}); build it with `cmake --build BUILD --target "
+                               "llama-batched-bench` (see diffuse/bench/llama_ref.py)")
+    rows = batch.run(args.model, args.batch, args.threads or physical_cores(), args.reps,
+                     generation_options(args), ar_model=args.ar_model, batched_bin=batched,
+                     log=lambda line: print(line, file=sys.stderr))
+    print(text_table(batch.with_gain(rows), batch.COLUMNS))
+    _write_json(args.json, _with_command(rows, args))
+    return 0
+
+
+def _context(args) -> int:
+    from diffuse.bench import context
+    from diffuse.bench.tables import text_table
+    if args.steps < 1 or args.block_length < 1:
+        raise DiffuseError("--steps and --block-length must be at least 1")
+    rows = context.run(args.model, args.lengths, args.block_length, args.threads or physical_cores(), args.steps,
+                       log=lambda line: print(line, file=sys.stderr))
+    print(text_table(context.shown(rows), context.COLUMNS))
+    _write_json(args.json, _with_command(rows, args))
+    return 0
+
+
+def _steps(args) -> int:
+    from diffuse.bench import steps
+    from diffuse.bench.prompts import PAPER_PROMPTS
+    from diffuse.bench.tables import text_table
+    bad = [i for i in args.prompts if not 1 <= i <= len(PAPER_PROMPTS)]
+    if bad:
+        raise DiffuseError(f"--prompts: {bad} outside 1..{len(PAPER_PROMPTS)}")
+    rows = steps.run(args.model, args.budgets, args.threads, [i - 1 for i in args.prompts],
+                     generation_options(args, skip=("steps", "scheduler")), heldout=args.heldout,
+                     log=lambda line: print(line, file=sys.stderr))
+    print(text_table(rows, steps.COLUMNS))
+    _write_json(args.json, _with_command(rows, args))
+    return 0
+
+
+def _report(args) -> int:
+    from diffuse.bench import plots, report
+    if args.plots and not plots.available():
+        raise DiffuseError("the plots need matplotlib: pip install 'diffuse[bench]' (or pass --no-plots)")
+    for path in report.write(args.dir, plots=args.plots):
+        print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -1,0 +1,212 @@
+"""Benchmarks: a small sweep on the loaded model, drawn live (the performance study on screen).
+
+One axis at a time (step budget, inter-step cache, block length, batch size) over the current
+settings: each point is one generation (a batch of copies of the prompt for the batch axis), run
+on a background job with progress and Cancel; tokens/s and ms per step are plotted as each point
+ends. The sweep runs beside the engine thread on the same shared Model, so it is refused while a
+chat run is going (two runs at once would time each other).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (QApplication, QComboBox, QHBoxLayout, QLabel, QLineEdit,
+                               QPushButton, QVBoxLayout, QWidget)
+
+from diffuse.studio import theme
+from diffuse.studio.job_box import JobBox
+from diffuse.studio.workers import Engine, Job
+
+# axis label -> (option swept, default values); the cache axis is off/on, drawn at 0/1
+SWEEPS = {
+    "Step budget": ("steps", "4,8,16,32"),
+    "Inter-step cache": ("cache", "off,on"),
+    "Block length": ("block_length", "8,16,32,64"),
+    "Batch size": ("batch", "1,2,4,8"),
+}
+
+
+def parse_values(option: str, text: str) -> list:
+    """The values typed for an axis; ValueError with what is wrong."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise ValueError("type one or more values, comma-separated")
+    if option == "cache":
+        table = {"off": False, "on": True}
+        if any(x not in table for x in items):
+            raise ValueError("the cache values are off and on")
+        return [table[x] for x in items]
+    try:
+        values = [int(x) for x in items]
+    except ValueError:
+        raise ValueError(f"{option} takes whole numbers") from None
+    if min(values) < 1:
+        raise ValueError(f"{option} values must be at least 1")
+    return values
+
+
+def measure_point(model, prompt: str, options: dict, option: str, value, cancel) -> dict:
+    """One sweep point: tokens/s over every generated position and the mean ms per step."""
+    def on_step(_event) -> bool:
+        return not cancel()
+    t0 = time.perf_counter()
+    if option == "batch":
+        results = model.generate_batch([prompt] * value, on_step=on_step, **options)
+    else:
+        results = [model.generate(prompt, on_step=on_step, **{**options, option: value})]
+    seconds = time.perf_counter() - t0
+    return {"x": float(value), "tokens_per_s": sum(r.gen_length for r in results) / seconds,
+            "ms_per_step": float(np.mean(np.concatenate([r.step_ms for r in results]))),
+            "steps": results[0].steps}
+
+
+class BenchWindow(QWidget):
+    """Needs the shared engine (for its model) and a callable giving the current options."""
+
+    def __init__(self, engine: Engine, base_options, parent=None):
+        super().__init__(parent, Qt.WindowType.Window)
+        self.setWindowTitle("Diffuse Studio · benchmarks")
+        self.resize(1000, 600)
+        self.engine = engine
+        self.base_options = base_options
+        self.job: Job | None = None
+        self.points: list[dict] = []      # appended by the job's thread, read on progress
+
+        self.axis = QComboBox()
+        self.axis.addItems(list(SWEEPS))
+        self.axis.currentTextChanged.connect(self._axis_changed)
+        self.values = QLineEdit()
+        self.prompt = QLineEdit("Why is the sky blue?")
+        self.run_button = QPushButton("Run sweep")
+        self.run_button.setObjectName("Primary")
+        self.run_button.clicked.connect(self.start)
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Sweep"))
+        top.addWidget(self.axis)
+        top.addWidget(self.values)
+        top.addWidget(QLabel("Prompt"))
+        top.addWidget(self.prompt, 1)
+        top.addWidget(self.run_button)
+        self.job_box = JobBox(self.cancel)
+        self.status = QLabel("Pick an axis and run: each point is one generation with the current settings.")
+        self.status.setObjectName("Muted")
+        self.status.setWordWrap(True)
+
+        self.tps_plot, self.tps_curve, self.tps_empty = self._plot("tokens/s (every generated position)")
+        self.ms_plot, self.ms_curve, self.ms_empty = self._plot("ms per step")
+        plots = QHBoxLayout()
+        plots.addWidget(self.tps_plot)
+        plots.addWidget(self.ms_plot)
+        layout = QVBoxLayout(self)
+        layout.addLayout(top)
+        layout.addWidget(self.job_box)
+        layout.addLayout(plots, 1)
+        layout.addWidget(self.status)
+        self._axis_changed(self.axis.currentText())
+        QApplication.instance().aboutToQuit.connect(self.stop)
+
+    def _plot(self, ylabel: str):
+        plot = pg.PlotWidget()
+        plot.setMenuEnabled(False)
+        plot.setLabel("left", ylabel)
+        curve = plot.plot([], [], pen=pg.mkPen(theme.ACCENT, width=2), symbol="o",
+                          symbolBrush=theme.ACCENT, symbolPen=None)
+        empty = theme.EmptyState(plot.getPlotItem(), "run a sweep")
+        empty.show(True)
+        return plot, curve, empty
+
+    def _axis_changed(self, name: str) -> None:
+        option, default = SWEEPS[name]
+        self.values.setText(default)
+        for plot in (self.tps_plot, self.ms_plot):
+            plot.setLabel("bottom", name)
+            plot.getAxis("bottom").setTicks([[(0, "off"), (1, "on")]] if option == "cache" else None)
+
+    @property
+    def running(self) -> bool:
+        return self.job is not None
+
+    def start(self) -> None:
+        model = self.engine.model
+        if model is None or self.engine.busy or self.running:
+            self.status.setText("Load a model and wait for the current run to end first.")
+            return
+        option = SWEEPS[self.axis.currentText()][0]
+        try:
+            values = parse_values(option, self.values.text())
+        except ValueError as e:
+            self.status.setText(f"Values: {e}.")
+            return
+        prompt = self.prompt.text().strip() or "Why is the sky blue?"
+        # The chat flag and threads of the settings panel are Model.generate arguments too.
+        options = {k: v for k, v in self.base_options().items() if v is not None}
+        self.points = []
+        self._redraw()
+
+        def sweep(progress, cancel):
+            model.generate(prompt, **{**options, "steps": 1})   # warm-up: the first call allocates buffers
+            for i, value in enumerate(values):
+                if cancel():
+                    break
+                self.points.append(measure_point(model, prompt, options, option, value, cancel))
+                progress(i + 1, len(values), f"{option} = {value}")
+            return len(self.points)
+        self.job = Job(f"sweep {option}", sweep)
+        self.job.progressed.connect(self._progressed)
+        self.job.finished.connect(self._finished)
+        self.job.failed.connect(self._failed)
+        self.job_box.label.setText(f"{option}: starting…")
+        self.job_box.progress.setRange(0, len(values))
+        self.job_box.progress.setValue(0)
+        self.job_box.show()
+        self.run_button.setEnabled(False)
+        self.job.start()
+
+    def cancel(self) -> None:
+        if self.job is not None:
+            self.job.cancel()
+            self.job_box.label.setText("cancelling after this step…")
+
+    def _progressed(self, done: int, total: int, what: str) -> None:
+        self.job_box.progress.setValue(done)
+        self.job_box.label.setText(f"{what} done ({done} of {total})")
+        self._redraw()
+
+    def _redraw(self) -> None:
+        x = [p["x"] for p in self.points]
+        self.tps_curve.setData(x, [p["tokens_per_s"] for p in self.points])
+        self.ms_curve.setData(x, [p["ms_per_step"] for p in self.points])
+        for plot, empty in ((self.tps_plot, self.tps_empty), (self.ms_plot, self.ms_empty)):
+            empty.show(not self.points)
+            if self.points:
+                plot.enableAutoRange()
+
+    def _ended(self, text: str) -> None:
+        self.job = None
+        self.job_box.hide()
+        self.run_button.setEnabled(True)
+        self._redraw()
+        self.status.setText(text)
+
+    def _finished(self, n_points: int) -> None:
+        cancelled = self.job is not None and self.job.cancelled
+        best = max(self.points, key=lambda p: p["tokens_per_s"], default=None)
+        summary = (f"; fastest at {best['x']:g}: {best['tokens_per_s']:.1f} tok/s, "
+                   f"{best['ms_per_step']:.0f} ms/step" if best else "")
+        self._ended(f"{'Cancelled' if cancelled else 'Done'}: {n_points} point(s){summary}.")
+
+    def _failed(self, message: str) -> None:
+        self._ended(f"The sweep failed: {message}")
+
+    def stop(self) -> None:
+        """Cancel a sweep and wait for its current step: no engine call outlives the window."""
+        if self.job is not None:
+            self.job.cancel()
+            self.job.wait()
+
+    def closeEvent(self, event) -> None:
+        self.stop()
+        super().closeEvent(event)

@@ -1,0 +1,84 @@
+"""The Benchmarks window: sweeps on a tiny model run in the background, plot as they go, cancel."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import diffuse
+from diffuse.studio.bench_view import BenchWindow, parse_values
+
+OPTIONS = {"gen_length": 8, "block_length": 8, "steps": 4, "threads": 1, "chat": True, "seed": None}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_gguf):
+    return diffuse.load(tiny_gguf("llada", "f32"), threads=1)
+
+
+@pytest.fixture
+def bench(qtbot, tiny_model):
+    engine = SimpleNamespace(model=tiny_model, busy=False)
+    w = BenchWindow(engine, lambda: dict(OPTIONS))
+    qtbot.addWidget(w)
+    w.show()
+    yield w
+    w.close()
+
+
+def _sweep(qtbot, w, axis: str, values: str) -> None:
+    w.axis.setCurrentText(axis)
+    w.values.setText(values)
+    w.start()
+    assert w.running and w.job_box.isVisible()
+    qtbot.waitUntil(lambda: not w.running, timeout=20000)
+
+
+@pytest.mark.parametrize("axis, values, xs", [
+    ("Step budget", "2,4", [2.0, 4.0]),
+    ("Inter-step cache", "off,on", [0.0, 1.0]),
+    ("Batch size", "1,3", [1.0, 3.0]),
+])
+def test_sweep_plots_every_point(qtbot, bench, axis, values, xs):
+    assert bench.tps_empty.note.isVisible()          # no bare axes before the first run
+    _sweep(qtbot, bench, axis, values)
+    assert [p["x"] for p in bench.points] == xs
+    x, y = bench.tps_curve.getData()
+    assert list(x) == xs and all(v > 0 for v in y)
+    assert len(bench.ms_curve.getData()[0]) == len(xs)
+    assert bench.status.text().startswith(f"Done: {len(xs)} point(s)")
+    assert not bench.job_box.isVisible() and bench.run_button.isEnabled()
+    assert not bench.tps_empty.note.isVisible()
+
+
+def test_cancel_stops_the_sweep(qtbot, bench):
+    bench.axis.setCurrentText("Block length")
+    bench.values.setText(",".join(["8"] * 40))
+    bench.start()
+    bench.cancel()
+    qtbot.waitUntil(lambda: not bench.running, timeout=20000)
+    assert bench.status.text().startswith("Cancelled") and len(bench.points) < 40
+
+
+@pytest.mark.parametrize("option, text, message", [
+    ("steps", "", "comma-separated"), ("steps", "4,x", "whole numbers"), ("steps", "0", "at least 1"),
+    ("cache", "on,maybe", "off and on"),
+])
+def test_bad_values_are_refused(option, text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_values(option, text)
+
+
+def test_refused_without_a_model_or_while_busy(qtbot, bench):
+    bench.values.setText("2,x")
+    bench.start()
+    assert not bench.running and "whole numbers" in bench.status.text()
+    bench.engine.busy = True
+    bench.start()
+    assert not bench.running and "wait for the current run" in bench.status.text()
+
+
+def test_main_window_opens_it(window):
+    action = next(a for a in window.findChildren(type(window.compare_action)) if a.text() == "Benchmarks…")
+    action.trigger()
+    assert window.bench_window.isVisible()
