@@ -119,6 +119,7 @@ def test_bundled_binary_starts_loads_the_demo_and_generates(built, tmp_path):
         assert "optional huggingface_hub" not in report["hub"]
         assert "/_internal/models/" in report["model"]        # the bundled demo model
         assert 0 < report["window_s"] < report["model_s"] < report["first_step_s"]
+        assert isinstance(report["served"], str)     # uvicorn works inside the bundle
     shot = tmp_path / "second" / "smoke.png"
     _assert_not_blank(shot)
     shutil.copy(shot, built["work"] / "smoke.png")
@@ -199,3 +200,4 @@ def test_smoke_module_in_the_dev_tree(tiny_gguf, tmp_path):
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["steps"] > 0 and shot.is_file()
     assert report["real_models"] and (tmp_path / "dev-first-run.png").is_file()
+    assert isinstance(report["served"], str)

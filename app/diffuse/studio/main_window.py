@@ -8,96 +8,54 @@ GUI work short: the window answers input and other timers within a few tens of m
 """
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, QMainWindow,
-                               QMessageBox, QScrollArea, QSlider, QSplitter, QTabWidget,
-                               QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QApplication, QFileDialog, QLabel, QMainWindow, QMessageBox,
+                               QScrollArea, QSplitter, QTabWidget, QVBoxLayout, QWidget)
 
+import diffuse
 from diffuse import DiffuseError
+from diffuse._core import GGML_VERSION
+from diffuse.events import GenerateResult
+from diffuse.generation import resolve_options
 from diffuse.recording import Recording
 from diffuse.studio import export, first_run, storage
+from diffuse.studio.bench_view import BenchWindow
 from diffuse.studio.cache_view import CacheView
 from diffuse.studio.canvas import CanvasPanel
-from diffuse.studio.chat import ChatPanel
+from diffuse.studio.chat import ChatPanel, fit_history
 from diffuse.studio.compare import CompareWindow
+from diffuse.studio.experts_view import ExpertsView
 from diffuse.studio.heatmap import EntropyHeatmap
 from diffuse.studio.model_panel import ModelPanel
 from diffuse.studio.run_state import RunState
+from diffuse.studio.serve_panel import ServePanel
 from diffuse.studio.settings_panel import SettingsPanel
 from diffuse.studio.throughput import ThroughputView
+from diffuse.studio.timeline import Timeline
 from diffuse.studio.workers import Engine, Job
 
 REFRESH_MS = 25
 CLOSE_WAIT_S = 0.5     # how long closing may block the GUI for a step or a job to return
 
 
-class Timeline(QWidget):
-    """Step slider with play/pause. Follows the newest step until the user moves it."""
+def _scrolled(page: QWidget) -> QScrollArea:
+    """A side page that scrolls when taller or wider than the panel, rather than widening it
+    (the window must fit a 1024-pixel screen)."""
+    scroll = QScrollArea()
+    scroll.setWidgetResizable(True)
+    scroll.setWidget(page)
+    return scroll
 
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        self.play_button = QToolButton()
-        self.play_button.setText("▶")
-        self.play_button.setToolTip("Play the run from the start (Space)")
-        self.play_button.setCheckable(True)
-        self.play_button.toggled.connect(self._play_toggled)
-        self.slider = QSlider(Qt.Orientation.Horizontal)
-        self.slider.setRange(0, 0)
-        self.slider.setToolTip("Step shown by every view; drag to scrub through the run")
-        self.label = QLabel("no run")
-        self.label.setObjectName("Muted")
-        self.label.setMinimumWidth(120)
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(8, 2, 8, 2)
-        layout.addWidget(self.play_button)
-        layout.addWidget(self.slider, 1)
-        layout.addWidget(self.label)
-        self.follow = True
-        self.slider.sliderMoved.connect(self._user_moved)
-        self._player = QTimer(self)
-        self._player.setInterval(90)
-        self._player.timeout.connect(self._advance)
 
-    def set_count(self, n_steps: int) -> None:
-        """The run now has `n_steps` steps; keep following the newest unless scrubbed away."""
-        self.slider.setRange(0, max(n_steps - 1, 0))
-        if self.follow:
-            self.slider.setValue(self.slider.maximum())
-
-    def step(self) -> int:
-        return self.slider.value()
-
-    def back(self) -> None:
-        self.follow = False
-        self.slider.setValue(self.slider.value() - 1)
-
-    def forward(self) -> None:
-        self.slider.setValue(self.slider.value() + 1)
-        self.follow = self.slider.value() >= self.slider.maximum()
-
-    def _user_moved(self, value: int) -> None:
-        self.follow = value >= self.slider.maximum()
-
-    def _play_toggled(self, on: bool) -> None:
-        self.play_button.setText("❚❚" if on else "▶")
-        if on:
-            if self.slider.value() >= self.slider.maximum():
-                self.slider.setValue(0)
-            self.follow = False
-            self._player.start()
-        else:
-            self._player.stop()
-
-    def _advance(self) -> None:
-        if self.slider.value() >= self.slider.maximum():
-            self.play_button.setChecked(False)
-            self.follow = True
-        else:
-            self.slider.setValue(self.slider.value() + 1)
+def about_text() -> str:
+    return (f"Diffuse Studio {diffuse.__version__} (ggml {GGML_VERSION})\n\n"
+            "Watch masked diffusion language models (LLaDA, Dream) denoise an answer step by "
+            "step, on your CPU.")
 
 
 class MainWindow(QMainWindow):
@@ -112,21 +70,26 @@ class MainWindow(QMainWindow):
         self.run: RunState | None = None      # what the views show
         self.live: RunState | None = None     # the run this window started, while it goes
         self.compare_window: CompareWindow | None = None
+        self.bench_window: BenchWindow | None = None
         self._saves: list[Job] = []              # recordings and exports being written
+        self._unsaved: dict[str, RunState] = {}  # runs whose recording is being written, by path
         self._dirty: set[str] = set()          # groups waiting to be redrawn: canvas, views
         self._closing = False
         self._quitting = False     # the app's event loop is ending: close cannot be retried
         QApplication.instance().aboutToQuit.connect(self._about_to_quit)
 
-        self.canvas_panel = CanvasPanel(title="Denoising canvas")
+        # untitled: the window fits a 1024-pixel screen
+        self.canvas_panel = CanvasPanel(remember=True)
         self.timeline = Timeline()
         self.heatmap = EntropyHeatmap()
         self.cache_view = CacheView()
+        self.experts_view = ExpertsView()
         self.throughput = ThroughputView()
         self.views = QTabWidget()
         self.views.addTab(self.heatmap, "Entropy heatmap")
         self.views.addTab(self.cache_view, "Cache")
         self.views.addTab(self.throughput, "Throughput")
+        self.views.addTab(self.experts_view, "Experts")
         self.views.currentChanged.connect(self._mark_dirty)
         centre_top = QWidget()
         top_layout = QVBoxLayout(centre_top)
@@ -141,12 +104,11 @@ class MainWindow(QMainWindow):
 
         self.model_panel = ModelPanel()
         self.settings_panel = SettingsPanel()
-        settings_scroll = QScrollArea()
-        settings_scroll.setWidgetResizable(True)
-        settings_scroll.setWidget(self.settings_panel)
         self.side_tabs = QTabWidget()
         self.side_tabs.addTab(self.model_panel, "Models")
-        self.side_tabs.addTab(settings_scroll, "Settings")
+        self.side_tabs.addTab(_scrolled(self.settings_panel), "Settings")
+        self.serve_panel = ServePanel()
+        self.side_tabs.addTab(_scrolled(self.serve_panel), "Serve")
         self.chat = ChatPanel()
 
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
@@ -169,9 +131,14 @@ class MainWindow(QMainWindow):
         self.engine.run_failed.connect(self._run_failed)
         self.engine.busy_changed.connect(self._busy_changed)
         self.chat.generate_requested.connect(self.generate)
-        self.chat.stop_requested.connect(self.engine.stop)
-        self.chat.replay_requested.connect(self.open_recording)
+        self.chat.stop_requested.connect(self.stop)
+        self.chat.replay_requested.connect(self.replay)
+        self.canvas_panel.scale_changed.connect(self.heatmap.set_fitted)
+        self.heatmap.set_fitted(self.canvas_panel.canvas.fitted)
         self.model_panel.model_loaded.connect(self.set_model)
+        self.serve_panel.served_step.connect(self._served_step)
+        self.serve_panel.log_entry.connect(self._served_done)
+        self.served: tuple[object, RunState] | None = None   # (serve Job, its run) the views follow
         self.model_panel.refused.connect(self._show_status)
         self.heatmap.step_clicked.connect(self.show_step)
         self.timeline.slider.valueChanged.connect(self._mark_dirty)
@@ -211,10 +178,16 @@ class MainWindow(QMainWindow):
         file.addSeparator()
         self._action(file, "Quit", self.close, "Ctrl+Q")
         run = bar.addMenu("&Run")
-        self.stop_action = self._action(run, "Stop", self.engine.stop, "Esc",
-                                        "Stop the run after the current step")
+        # The chat's prompt box owns Ctrl+Return (a second binding would make both dead): the
+        # menu only names it.
+        self.generate_action = self._action(run, "Generate\tCtrl+Return", self._generate_clicked,
+                                            tip="Generate an answer to the chat's prompt")
+        self.stop_action = self._action(run, "Cancel", self.stop, "Esc",
+                                        "Stop the run after the current step, and its playback")
         self.compare_action = self._action(run, "Compare two settings…", self.open_compare,
                                            "Ctrl+K")
+        self._action(run, "Benchmarks…", self.open_benchmarks,
+                     tip="Sweep steps, cache, block length or batch size and plot the speed")
         view = bar.addMenu("&View")
         for mode in ("entropy", "confidence"):
             self._action(view, f"Colour cells by {mode}",
@@ -241,7 +214,8 @@ class MainWindow(QMainWindow):
         self.save_action.setEnabled(has_run and self.run.done)
         self.png_action.setEnabled(has_run and self.run.done)
         self.gif_action.setEnabled(has_run and self.run.done)
-        self.stop_action.setEnabled(busy)
+        self.stop_action.setEnabled(busy or self.timeline.playing)
+        self.generate_action.setEnabled(not busy and self.engine.model is not None)
         self.compare_action.setEnabled(self.engine.model is not None)
         self.open_action.setEnabled(not busy)
 
@@ -256,6 +230,9 @@ class MainWindow(QMainWindow):
         suggested = storage.demo_options() if demo is not None and name == demo.name else {}
         self.settings_panel.show_defaults(model.arch, model.n_ctx_train, suggested)
         self.chat.set_model_ready(True, name)
+        self.serve_panel.set_model(model)
+        if self.compare_window is not None:
+            self.compare_window.update_context()
         self._update_actions()
 
     def model_info(self) -> dict:
@@ -264,43 +241,45 @@ class MainWindow(QMainWindow):
             return {}
         tok = m.tokenizer
         return {"name": Path(m.path).name, "arch": m.arch, "path": str(m.path),
-                "n_vocab": int(m.n_vocab), "eos_ids": [int(i) for i in tok.eos_token_ids],
+                "n_vocab": int(m.n_vocab), "n_expert": int(m.n_expert),
+                "eos_ids": [int(i) for i in tok.eos_token_ids],
                 "special_ids": sorted(int(i) for i in tok.special_tokens)}
 
-    def _prompt_for(self, text: str, messages: list[dict], options: dict):
-        """A multi-turn chat goes in as token ids of the whole templated conversation, made on
-        the engine thread (a template or tokenizer may hang or fail)."""
-        if not options.get("chat", True) or len(messages) <= 1:
-            return text
-        tok = self.engine.model.tokenizer
+    def _prompt_for(self, run: RunState, messages: list[dict] | None):
+        """The prompt, made on the engine thread (a template or tokenizer may hang or fail, and
+        this is the one place it is encoded): in a chat, the token ids of the templated
+        conversation with its oldest turns left out to fit the model's context (run.left_out
+        says how many)."""
+        if not run.options.get("chat", True):
+            return run.prompt
+        model = self.engine.model
+        messages = messages or [{"role": "user", "content": run.prompt}]
 
         def templated():
+            tok = model.tokenizer
             if tok.chat_template is None:
-                return text       # no chat template: the latest prompt alone
-            # A failing template raises here, on the engine thread, and the chat shows why.
-            return tok.encode(tok.apply_chat_template(messages))
+                return run.prompt       # no chat template: the latest prompt alone
+            gen = resolve_options(model.arch, gen_length=run.options.get("gen_length"))
+            ids, run.left_out = fit_history(tok, messages, gen["gen_length"], model.n_ctx_train)
+            return ids
         return templated
 
     def generate(self, text: str, messages: list[dict] | None = None) -> None:
         if self.engine.busy or self.engine.model is None:
             return
         options = self.settings_panel.options()
-        tok = self.engine.model.tokenizer
+        # The prompt's own length is checked where it is encoded (_prompt_for).
+        if refused := self.settings_panel.refusal():
+            self.chat.show_error(f"{refused}; change it in the Settings tab")
+            return
         try:
-            info = self.model_info()
-            # Counted so that settings the engine would refuse are refused here, with the reason
-            # (the chat template's few tokens are left out: the engine refuses what this lets by).
-            turns = [m["content"] for m in messages or []] if options["chat"] else []
-            prompt_tokens = sum(len(tok.encode(t)) for t in turns or [text])
+            info, decode = self.model_info(), self.engine.model.tokenizer.decode
         except Exception as exc:    # a damaged tokenizer: say so rather than drop the request
             self.chat.show_error(f"the model's tokenizer failed: {exc}")
             return
-        if refused := self.settings_panel.refusal(prompt_tokens):
-            self.chat.show_error(f"{refused}; change it in the Settings tab")
-            return
-        run = RunState(text, options, info, tok.decode)
+        run = RunState(text, options, info, decode)
         self.live = run
-        self.engine.start(run, self._prompt_for(text, messages or [], options))
+        self.engine.start(run, self._prompt_for(run, messages))
 
     def _run_started(self, run: RunState) -> None:
         if run is self.live:
@@ -321,16 +300,24 @@ class MainWindow(QMainWindow):
             self._start_save(run, path)
         self.chat.add_answer(run, str(path) if path else None)
         res = run.result
+        if res.stop_reason != "cancelled":
+            self.timeline.run_ended(run.n_steps, res.total_ms)
         self._show_status(f"{res.stop_reason}: {res.steps}/{res.steps_allowed} steps in "
                           f"{res.total_ms / 1000:.2f} s, {res.buffer_tokens_per_s:.1f} tok/s")
         self._mark_dirty()
 
     def _start_save(self, run: RunState, path: Path) -> None:
         job = Job(f"recording {path.name}", lambda progress, cancel: run.recording.save(path))
+        self._unsaved[str(path)] = run
+        for signal in (job.finished, job.failed):
+            signal.connect(functools.partial(self._recorded, str(path)))
         job.failed.connect(self._save_failed)
         job.finished.connect(self._save_done)
         self._saves.append(job)
         job.start()
+
+    def _recorded(self, path: str, _outcome=None) -> None:
+        self._unsaved.pop(path, None)
 
     def _save_done(self, _value=None) -> None:
         self._saves = [j for j in self._saves if j.running]
@@ -346,6 +333,37 @@ class MainWindow(QMainWindow):
             self.chat.show_error(message)
             self._show_status(f"run failed: {message}")
 
+    def _served_step(self, job, event) -> None:
+        """A step of a request being served: the live views follow the newest request that starts
+        while neither a run of the user's nor an earlier followed request is going."""
+        if self.served is None or self.served[1].done:
+            if self.live is not None or event.step != 0:
+                return
+            req, tok = job.request, self.engine.model.tokenizer
+            run = RunState(tok.decode(req.prompt_of(0)), req.options_of(0), self.model_info(), tok.decode)
+            self.served = (job, run)
+            self.show_run(run)
+            self.run_label.setText(f"following served request #{job.id}")
+        followed, run = self.served
+        if job is followed:
+            run.add(event)
+            self._run_stepped(run)
+
+    def _served_done(self, entry: dict) -> None:
+        if self.served is None or entry["id"] != self.served[0].id:
+            return
+        job, run = self.served
+        result = job.results[0]       # set before the entry was logged: GenerateResult, or the error
+        if not isinstance(result, GenerateResult):
+            run.failed = entry["status"]
+        else:
+            run.finish(result)
+            self.timeline.run_ended(run.n_steps, result.total_ms)
+        self.run_label.setText("")
+        self._show_status(f"served request #{entry['id']}: {entry['status']}, {entry['steps']} steps, "
+                          f"{entry['completion_tokens']} tokens")
+        self._mark_dirty()
+
     def _busy_changed(self, busy: bool) -> None:
         self.chat.set_busy(busy)
         self.model_panel.engine_busy = busy
@@ -355,13 +373,18 @@ class MainWindow(QMainWindow):
 
     def show_run(self, run: RunState | None) -> None:
         self.run = run
-        self.timeline.follow = True
-        self.timeline.play_button.setChecked(False)
-        for view in (self.canvas_panel, self.heatmap, self.cache_view, self.throughput):
+        self.timeline.reset()
+        for view in (self.canvas_panel, self.heatmap, self.cache_view, self.throughput, self.experts_view):
             view.set_run(run)
         self.timeline.set_count(run.n_steps if run else 0)
         self._update_actions()
         self._mark_dirty()
+
+    def stop(self) -> None:
+        """Cancel: the run stops after its current step, and the display stops playing."""
+        self.engine.stop()
+        self.timeline.stop()
+        self._update_actions()
 
     def show_step(self, step: int) -> None:
         self.timeline.follow = False
@@ -382,16 +405,15 @@ class MainWindow(QMainWindow):
         self.timeline.set_count(run.n_steps)
         step = self.timeline.step()
         if group == "canvas":
-            e = run.events[run.clamp(step)]
-            self.timeline.label.setText(f"step {e.step + 1} / {run.n_steps}"
-                                        + ("" if run.done else " · live"))
+            state = " · live" if not run.done else " · replay" if self.timeline.playing else ""
+            self.timeline.label.setText(run.step_label(run.clamp(step)) + state)
             self.canvas_panel.show_step(step)
             return
         current = self.views.currentWidget()
         if current is not None:
             current.show_step(step)
         if run is self.live:
-            self.chat.show_progress(run)
+            self.chat.show_progress(run, step)
             self.run_label.setText(f"denoising · step {run.n_steps}/{run.steps_allowed} · "
                                    f"{run.step_ms[run.n_steps - 1]:.0f} ms/step")
         self._update_actions()
@@ -419,10 +441,19 @@ class MainWindow(QMainWindow):
             self._error(str(e))
             return False
         self.show_run(RunState.from_recording(rec))
-        self.timeline.follow = False
-        self.timeline.slider.setValue(self.timeline.slider.maximum())
+        self.timeline.stop()        # its last step, not paced through
         self._show_status(f"replaying {Path(path).name}: {rec.prompt[:60]!r}")
         return True
+
+    def replay(self, path: str) -> None:
+        """The chat's replay link: open the answer's recording and play it from the start (from
+        memory while the recording is still being written)."""
+        run = self._unsaved.get(str(path))
+        if run is not None and not self.engine.busy:
+            self.show_run(run)
+        elif not self.open_recording(path):
+            return
+        self.timeline.play()
 
     def save_recording(self, path: str | Path) -> None:
         try:
@@ -444,9 +475,9 @@ class MainWindow(QMainWindow):
         if run is None or not run.done:
             self._error("Wait for the run to finish before exporting it.")
             return
-        mode = self.canvas_panel.canvas.mode
+        mode, fitted = self.canvas_panel.canvas.mode, self.canvas_panel.canvas.fitted
         job = Job(f"exporting {Path(path).name}",
-                  lambda progress, cancel: str(fn(run, path, mode=mode)))
+                  lambda progress, cancel: str(fn(run, path, mode=mode, fitted=fitted)))
         job.finished.connect(self._exported)
         job.failed.connect(self._export_failed)
         self._saves.append(job)
@@ -463,14 +494,25 @@ class MainWindow(QMainWindow):
         self._error(f"export failed: {message}")
 
     def _file_dialog(self, save: bool, title: str, suffix: str, kind: str) -> str:
-        folder = str(storage.runs_dir())
+        """A file picked by the user; each kind opens where the last one went."""
+        place = "exports" if suffix != "npz" else "runs" if save else "recordings"
+        folder = storage.dialog_dir(place)
         if save:
             path, _ = QFileDialog.getSaveFileName(self, title, folder, f"{kind} (*.{suffix})")
             if path and not path.endswith(f".{suffix}"):
                 path += f".{suffix}"
         else:
             path, _ = QFileDialog.getOpenFileName(self, title, folder, f"{kind} (*.{suffix})")
+        if path:
+            storage.remember_dialog_dir(place, path)
         return path
+
+    def _generate_clicked(self) -> None:
+        if self.chat.prompt.toPlainText().strip():
+            self.chat.submit()
+        else:
+            self.chat.prompt.setFocus()
+            self._show_status("Type a prompt in the chat first.")
 
     def _open_clicked(self) -> None:
         path = self._file_dialog(False, "Open a recorded run", "npz", "Diffuse runs")
@@ -496,14 +538,20 @@ class MainWindow(QMainWindow):
         if self.compare_window is None:
             self.compare_window = CompareWindow(self.engine, self.settings_panel.options,
                                                 self.model_info, self)
+            self.settings_panel.changed.connect(self.compare_window.update_context)
         self.compare_window.prompt.setText(self.run.prompt if self.run else "")
+        self.compare_window.update_context()     # the model may have changed since
         self.compare_window.show()
         self.compare_window.raise_()
 
+    def open_benchmarks(self) -> None:
+        if self.bench_window is None:
+            self.bench_window = BenchWindow(self.engine, self.settings_panel.options, self)
+        self.bench_window.show()
+        self.bench_window.raise_()
+
     def _about(self) -> None:
-        QMessageBox.about(self, "Diffuse Studio",
-                          "Diffuse Studio: watch masked diffusion language models (LLaDA, "
-                          "Dream) denoise an answer step by step, on your CPU.")
+        QMessageBox.about(self, "Diffuse Studio", about_text())
 
     # -- session ------------------------------------------------------------------------------
 
@@ -537,6 +585,7 @@ class MainWindow(QMainWindow):
             if self.compare_window is not None:
                 self.compare_window.stop()
             self.model_panel.cancel_job()
+            self.serve_panel.stop()
         if self._threads_ended(CLOSE_WAIT_S if first else 0.0):
             super().closeEvent(event)
             return

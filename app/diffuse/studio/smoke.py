@@ -1,12 +1,12 @@
 """`python -m diffuse.studio.smoke OUT.png [MODEL]` (in a bundle: `diffuse-studio --smoke-test
 OUT.png`): start Diffuse Studio headless, load a model (default: the demo model in models/),
 generate one answer, save a screenshot of the window (OUT) and of the first-run dialog
-(OUT-first-run.png).
+(OUT-first-run.png), and serve one request through the Serve tab.
 
 Prints one JSON line of seconds since the process started: `window_s` (main window shown and
 rendered), `model_s` (model loaded), `first_step_s` (first denoising step drawn), `done_s`; plus
-the answer's text and step count, the real models the dialog lists and what it says about the
-hub. Exit status 0 when all of that happened, 1 otherwise. App settings go to a temporary
+the answer's text and step count, the real models the dialog lists, what it says about the
+hub, and the served answer. Exit status 0 when all of that happened, 1 otherwise. App settings go to a temporary
 folder, so the user's are never touched.
 """
 from __future__ import annotations
@@ -110,6 +110,7 @@ def run(out: Path, model: Path | None) -> dict:
     if not window.grab().save(str(out)):
         raise DiffuseError(f"{out}: could not save the screenshot")
     result, used = run_state.result, window.engine.model.path
+    served = serve_once(window.serve_panel)
 
     # The first-run dialog: the catalog and the hub client are part of the installation.
     dialog = first_run.open_for(window)
@@ -122,7 +123,28 @@ def run(out: Path, model: Path | None) -> dict:
     dialog.shutdown()
     window.close()
     return dict(times, model=str(used), steps=result.steps, text=result.text,
-                screenshot=str(out), real_models=real_models, hub=hub_state)
+                screenshot=str(out), real_models=real_models, hub=hub_state, served=served)
+
+
+def serve_once(panel) -> str:
+    """Switch on the Serve tab (on a free port), ask it for one completion, switch it off: the
+    server's modules (uvicorn loads some by name) are part of the installation."""
+    import urllib.request
+
+    from diffuse import DiffuseError
+    panel.port.setValue(0)
+    if not panel.start():
+        raise DiffuseError(f"smoke test: serving failed: {panel.status.text()}")
+    try:
+        body = json.dumps({"prompt": PROMPT, "max_tokens": 16}).encode()
+        request = urllib.request.Request(panel.server.url + "/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as r:
+            return json.loads(r.read())["choices"][0]["text"]
+    except (OSError, ValueError, KeyError) as e:
+        raise DiffuseError(f"smoke test: the served request failed: {e}") from e
+    finally:
+        panel.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
