@@ -342,3 +342,8 @@ def test_bench_model_writer_makes_a_loadable_llama_cpp_file(tmp_path):
     model = diffuse.load(path, threads=1)
     assert (model.dialect, model.n_expert, model.hparams["n_expert_used"]) == ("llama.cpp", 4, 2)
     assert np.isfinite(model.forward(np.arange(10))).all()
+    # bench forward's cost model counts the routed experts a position uses, not none of them
+    from diffuse.bench.cost import matmuls
+    experts = {mm.name: mm for mm in matmuls(str(path)) if "_exps" in mm.name}
+    assert sorted(experts) == [f"blk.0.ffn_{w}_exps.weight" for w in ("down", "gate", "up")]
+    assert (experts["blk.0.ffn_up_exps.weight"].k, experts["blk.0.ffn_up_exps.weight"].m) == (64, 32 * 2)

@@ -29,14 +29,19 @@ class MatMul:
 
 def matmuls(path: str) -> list[MatMul]:
     """Every weight that goes through a mat-mul, from the file's tensor table: the layer matrices
-    and the head (`output.weight`, or the tied `token_embd.weight`)."""
+    and the head (`output.weight`, or the tied `token_embd.weight`). The routed experts of an MoE
+    layer, (k, m, n_expert), count as the product each position does: with expert_used_count of
+    them, (k, m * used), while their bytes are all of them (a pass of many rows reads every one)."""
     info = gguf_file.read(path)
     names = {t.name for t in info.tensors}
     head = "output.weight" if "output.weight" in names else "token_embd.weight"
+    used = int(info.kv.get(f"{info.kv.get('general.architecture')}.expert_used_count", 0))
     out = []
     for t in info.tensors:
         if len(t.shape) == 2 and (t.name.startswith("blk.") or t.name == head):
             out.append(MatMul(t.name, t.type, t.shape[0], t.shape[1], t.nbytes))
+        elif len(t.shape) == 3 and t.name.startswith("blk.") and used:
+            out.append(MatMul(t.name, t.type, t.shape[0], t.shape[1] * used, t.nbytes))
     return out
 
 
