@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-PROMPT = "Once upon a time"
+PROMPT = "Tell me about Mr. Darcy."
 TIMEOUT_S = 300
 
 
@@ -104,9 +104,11 @@ def run(out: Path, model: Path | None) -> dict:
     run_state = window.live
     waiter.wait("finished run", window.engine.run_finished, [window.engine.run_failed])
     times["done_s"] = since_start()
-    for _ in range(4):                 # the refresh timer draws canvas and views in turns
+    window.timeline.stop()             # the newest step, not the automatic replay's first
+    window._mark_dirty()
+    for _ in range(2):                 # the refresh timer draws canvas and views in turns
         window.refresh()
-        window._mark_dirty()
+    app.processEvents()                # the plots lay themselves out
     if not window.grab().save(str(out)):
         raise DiffuseError(f"{out}: could not save the screenshot")
     result, used = run_state.result, window.engine.model.path
