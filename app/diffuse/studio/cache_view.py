@@ -53,7 +53,7 @@ class CacheView(pg.GraphicsLayoutWidget):
         self.fraction_marker = pg.InfiniteLine(angle=90, pen=pg.mkPen(theme.ACCENT, width=1.5))
         self.fraction.addItem(self.fraction_marker)
         self.empty = theme.EmptyState(self.plot, also=(self.fraction,))
-        self.summary = pg.LabelItem(justify="left", color=theme.MUTED)
+        self.summary = theme.Caption(justify="left", color=theme.MUTED)
         self.addItem(self.summary, row=2, col=0)
         self.set_run(None)
 

@@ -64,7 +64,7 @@ class ExpertsView(pg.GraphicsLayoutWidget):
         self.top1.addItem(self.top1_image)
         self.prompt_line = pg.InfiniteLine(angle=90, pen=pg.mkPen(theme.HIGHLIGHT, width=1.5))
         self.top1.addItem(self.prompt_line)
-        self.summary = pg.LabelItem(justify="left", color=theme.MUTED)
+        self.summary = theme.Caption(justify="left", color=theme.MUTED)
         self.addItem(self.summary, row=2, col=0)
         self.set_run(None)
 
@@ -112,5 +112,5 @@ class ExpertsView(pg.GraphicsLayoutWidget):
         self.top1_image.setImage(top + 1, levels=(0, n_expert), autoLevels=False)
         used = int((counts > 0).sum())
         self.summary.setText(
-            f"step {k + 1}: {len(event.active)} positions recomputed · {used} of {counts.size} "
-            f"(layer, expert) pairs used · busiest expert served {int(counts.max())} positions")
+            f"step {k + 1}: {len(event.active)} positions recomputed · {used}/{counts.size} "
+            f"(layer, expert) pairs used · busiest expert: {int(counts.max())} positions")

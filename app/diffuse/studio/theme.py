@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QFont, QFontDatabase, QIcon
 from PySide6.QtWidgets import QApplication
 
@@ -99,6 +100,21 @@ def legend_html(entries: list[tuple[str, QColor]], glyph: str = "■") -> str:
     return " &nbsp; ".join(f"<span style='color:{c.name()}'>{glyph}</span>"
                            f"<span style='color:{MUTED.name()}'> {name}</span>"
                            for name, c in entries)
+
+
+class Caption(pg.LabelItem):
+    """A line of text under plots that never widens them: a LabelItem asks its layout for its
+    text's width, so a long line pushed the plots past the right edge of a narrow view."""
+
+    def updateMin(self) -> None:
+        super().updateMin()
+        self.setMinimumWidth(0)
+
+    def sizeHint(self, hint, constraint):
+        size = super().sizeHint(hint, constraint)
+        if hint in (Qt.SizeHint.MinimumSize, Qt.SizeHint.PreferredSize):
+            size.setWidth(0)
+        return size
 
 
 class EmptyState:
