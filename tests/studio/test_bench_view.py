@@ -42,10 +42,17 @@ def _sweep(qtbot, w, axis: str, values: str) -> None:
 def test_sweep_plots_every_point(qtbot, bench, axis, values, xs):
     assert bench.tps_empty.note.isVisible()          # no bare axes before the first run
     _sweep(qtbot, bench, axis, values)
-    assert [p["x"] for p in bench.points] == xs
+    assert sorted(p["x"] for p in bench.points) == xs
     x, y = bench.tps_curve.getData()
     assert list(x) == xs and all(v > 0 for v in y)
     assert len(bench.ms_curve.getData()[0]) == len(xs)
+    # the reference (the largest step budget, else the first value) ran first and agrees with itself
+    reference = bench.points[0]
+    assert reference["x"] == (max(xs) if axis == "Step budget" else xs[0]) and reference["agreement"] == 1.0
+    x, agreement = bench.agree_curve.getData()
+    assert list(x) == xs and all(0.0 <= a <= 1.0 for a in agreement)
+    if axis == "Batch size":        # a batch changes no answer
+        assert list(agreement) == [1.0, 1.0]
     assert bench.status.text().startswith(f"Done: {len(xs)} point(s)")
     assert not bench.job_box.isVisible() and bench.run_button.isEnabled()
     assert not bench.tps_empty.note.isVisible()

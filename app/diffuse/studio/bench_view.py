@@ -2,8 +2,10 @@
 
 One axis at a time (step budget, inter-step cache, block length, batch size) over the current
 settings: each point is one generation (a batch of copies of the prompt for the batch axis), run
-on a background job with progress and Cancel; tokens/s and ms per step are plotted as each point
-ends. The sweep runs beside the engine thread on the same shared Model, so it is refused while a
+on a background job with progress and Cancel; tokens/s, ms per step and the answer's agreement
+with the reference point's are plotted as each point ends. The reference is the largest step
+budget on the step axis (how much answer fewer steps keep: the study's fourth finding), the first
+value on the others (what the cache or blocks change; a batch changes nothing). The sweep runs beside the engine thread on the same shared Model, so it is refused while a
 chat run is going (two runs at once would time each other).
 """
 from __future__ import annotations
@@ -53,14 +55,19 @@ def measure_point(model, prompt: str, options: dict, option: str, value, cancel)
     def on_step(_event) -> bool:
         return not cancel()
     t0 = time.perf_counter()
-    if option == "batch":
+    if option == "batch":   # every sequence is the same prompt: the first one stands for them
         results = model.generate_batch([prompt] * value, on_step=on_step, **options)
     else:
         results = [model.generate(prompt, on_step=on_step, **{**options, option: value})]
     seconds = time.perf_counter() - t0
     return {"x": float(value), "tokens_per_s": sum(r.gen_length for r in results) / seconds,
             "ms_per_step": float(np.mean(np.concatenate([r.step_ms for r in results]))),
-            "steps": results[0].steps}
+            "steps": results[0].steps, "tokens": results[0].tokens}
+
+
+def sweep_order(option: str, values: list) -> list:
+    """The reference point first: the largest step budget, or the first value typed."""
+    return sorted(values, reverse=True) if option == "steps" else list(values)
 
 
 class BenchWindow(QWidget):
@@ -97,9 +104,12 @@ class BenchWindow(QWidget):
 
         self.tps_plot, self.tps_curve, self.tps_empty = self._plot("tokens/s (every generated position)")
         self.ms_plot, self.ms_curve, self.ms_empty = self._plot("ms per step")
+        self.agree_plot, self.agree_curve, self.agree_empty = self._plot("agreement with the reference answer")
+        self.agree_plot.setYRange(0, 1.05, padding=0)
         plots = QHBoxLayout()
         plots.addWidget(self.tps_plot)
         plots.addWidget(self.ms_plot)
+        plots.addWidget(self.agree_plot)
         layout = QVBoxLayout(self)
         layout.addLayout(top)
         layout.addWidget(self.job_box)
@@ -121,9 +131,12 @@ class BenchWindow(QWidget):
     def _axis_changed(self, name: str) -> None:
         option, default = SWEEPS[name]
         self.values.setText(default)
-        for plot in (self.tps_plot, self.ms_plot):
+        for plot in self._plots():
             plot.setLabel("bottom", name)
             plot.getAxis("bottom").setTicks([[(0, "off"), (1, "on")]] if option == "cache" else None)
+
+    def _plots(self):
+        return self.tps_plot, self.ms_plot, self.agree_plot
 
     @property
     def running(self) -> bool:
@@ -136,7 +149,7 @@ class BenchWindow(QWidget):
             return
         option = SWEEPS[self.axis.currentText()][0]
         try:
-            values = parse_values(option, self.values.text())
+            values = sweep_order(option, parse_values(option, self.values.text()))
         except ValueError as e:
             self.status.setText(f"Values: {e}.")
             return
@@ -151,7 +164,10 @@ class BenchWindow(QWidget):
             for i, value in enumerate(values):
                 if cancel():
                     break
-                self.points.append(measure_point(model, prompt, options, option, value, cancel))
+                point = measure_point(model, prompt, options, option, value, cancel)
+                ref = self.points[0]["tokens"] if self.points else point["tokens"]
+                point["agreement"] = float(np.mean(point["tokens"] == ref))
+                self.points.append(point)
                 progress(i + 1, len(values), f"{option} = {value}")
             return len(self.points)
         self.job = Job(f"sweep {option}", sweep)
@@ -176,13 +192,15 @@ class BenchWindow(QWidget):
         self._redraw()
 
     def _redraw(self) -> None:
-        x = [p["x"] for p in self.points]
-        self.tps_curve.setData(x, [p["tokens_per_s"] for p in self.points])
-        self.ms_curve.setData(x, [p["ms_per_step"] for p in self.points])
-        for plot, empty in ((self.tps_plot, self.tps_empty), (self.ms_plot, self.ms_empty)):
-            empty.show(not self.points)
-            if self.points:
-                plot.enableAutoRange()
+        points = sorted(self.points, key=lambda p: p["x"])     # measured reference first
+        x = [p["x"] for p in points]
+        self.tps_curve.setData(x, [p["tokens_per_s"] for p in points])
+        self.ms_curve.setData(x, [p["ms_per_step"] for p in points])
+        self.agree_curve.setData(x, [p["agreement"] for p in points])
+        for plot, empty in zip(self._plots(), (self.tps_empty, self.ms_empty, self.agree_empty)):
+            empty.show(not points)
+            if points:
+                plot.enableAutoRange(axis="x" if plot is self.agree_plot else None)
 
     def _ended(self, text: str) -> None:
         self.job = None
