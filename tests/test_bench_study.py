@@ -113,7 +113,9 @@ def test_steps_on_the_demo_model_with_heldout_text(tmp_path):
         ("low_confidence", 4), ("low_confidence", 64), ("entropy_exit", 4), ("entropy_exit", 64)]
     assert rows[1]["agreement"] == 1.0     # the many-step answer itself
     for r in rows:
-        assert 0 <= r["agreement"] <= 1 and 0 <= r["heldout_accuracy"] <= 1 and r["ms"] > 0
+        assert 0 <= r["agreement"] <= 1 and r["ms"] > 0
+        # held-out filling does not depend on the scheduler: on the low_confidence rows only
+        assert (0 <= r["heldout_accuracy"] <= 1) if r["scheduler"] == "low_confidence" else "heldout_accuracy" not in r
 
 
 def test_report_tables_and_plots(study_dir, capsys):
