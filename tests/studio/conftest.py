@@ -243,6 +243,18 @@ def window(qtbot):
 
 
 @pytest.fixture
+def model_panel(qtbot):
+    """A Models panel after its first listing; shut down after the test."""
+    from diffuse.studio.model_panel import ModelPanel
+
+    p = ModelPanel()
+    qtbot.addWidget(p)
+    qtbot.waitUntil(lambda: p._scan is None, timeout=10000)
+    yield p
+    p.shutdown()
+
+
+@pytest.fixture
 def synthetic_recording():
     """synthetic_recording(prompt, **options) -> a Recording of synthetic_run, for size sweeps."""
     def make(prompt="Hello", **kw):

@@ -1,4 +1,4 @@
-"""Model panel: listing, fit checks and refusals, and the load / convert / quantise jobs."""
+"""Models panel: listing, fit checks and refusals, and the load / convert / quantise jobs."""
 from __future__ import annotations
 
 import shutil
@@ -37,122 +37,113 @@ def models(tmp_path, tiny_gguf):
     return folder
 
 
-@pytest.fixture
-def panel(qtbot):
-    p = ModelPanel()
-    qtbot.addWidget(p)
-    qtbot.waitUntil(lambda: p._scan is None, timeout=10000)      # the first listing
-    yield p
-    p.shutdown()
+def add_folder(qtbot, model_panel, folder):
+    with qtbot.waitSignal(model_panel.scanned, timeout=10000):
+        model_panel.add_folder(folder)
 
 
-def add_folder(qtbot, panel, folder):
-    with qtbot.waitSignal(panel.scanned, timeout=10000):
-        panel.add_folder(folder)
-
-
-def test_lists_models_with_their_facts(qtbot, panel, models):
-    add_folder(qtbot, panel, models)
-    names = [e.name for e in panel.entries]
+def test_lists_models_with_their_facts(qtbot, model_panel, models):
+    add_folder(qtbot, model_panel, models)
+    names = [e.name for e in model_panel.entries]
     assert {"tiny-llada-f32.gguf", "tiny-dream-q8_0.gguf"} <= set(names)
     row = names.index("tiny-dream-q8_0.gguf")
-    cells = [panel.table.item(row, c).text() for c in range(panel.table.columnCount())]
+    cells = [model_panel.table.item(row, c).text() for c in range(model_panel.table.columnCount())]
     assert cells[0] == "● tiny-dream-q8_0.gguf" and cells[1] == "dream" and cells[2] == "Q8_0"
-    assert "GiB" in cells[4] and panel.table.item(row, 0).data(Qt.ItemDataRole.UserRole) == "ready"
-    assert panel.entries[names.index("tiny-llada-f32.gguf")].file_type == "F32"
-    e = panel.entries[row]
+    assert "GiB" in cells[4] and model_panel.table.item(row, 0).data(Qt.ItemDataRole.UserRole) == "ready"
+    assert model_panel.entries[names.index("tiny-llada-f32.gguf")].file_type == "F32"
+    e = model_panel.entries[row]
     assert e.ram_needed > sum(t.nbytes for t in gguf_file.read(e.path).tensors)
     assert ModelPanel().folders()[-1] == models               # the folder is remembered
 
 
-def test_unknown_architecture_and_garbage_are_refused(panel, tmp_path):
+def test_unknown_architecture_and_garbage_are_refused(model_panel, tmp_path):
     llama = write_llama_gguf(tmp_path / "llama.gguf")
     assert "not a diffusion model" in inspect_model(llama).error
-    panel.add_file(llama)
-    assert panel.message.isVisibleTo(panel) and "not a diffusion model" in panel.message.text()
+    model_panel.add_file(llama)
+    assert model_panel.message.isVisibleTo(model_panel) and "not a diffusion model" in model_panel.message.text()
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"GGUF" + b"\x00" * 10)
     with_refusal = []
-    panel.refused.connect(with_refusal.append)
-    panel.add_file(junk)
+    model_panel.refused.connect(with_refusal.append)
+    model_panel.add_file(junk)
     assert with_refusal and "junk.gguf" in with_refusal[0]
-    assert not panel.load(llama)
+    assert not model_panel.load(llama)
 
 
-def test_not_enough_ram_is_refused(qtbot, panel, models, monkeypatch):
+def test_not_enough_ram_is_refused(qtbot, model_panel, models, monkeypatch):
     vm = namedtuple("vm", "available total")(200 * 2**20, 1 * 2**30)
     monkeypatch.setattr(psutil, "virtual_memory", lambda: vm)
-    add_folder(qtbot, panel, models)
-    row = [e.name for e in panel.entries].index("tiny-llada-f32.gguf")
-    assert panel.table.item(row, 0).data(Qt.ItemDataRole.UserRole) == "too big"
-    assert not panel.load(models / "tiny-llada-f32.gguf")
-    assert "needs about" in panel.message.text() and "available" in panel.message.text()
+    add_folder(qtbot, model_panel, models)
+    row = [e.name for e in model_panel.entries].index("tiny-llada-f32.gguf")
+    assert model_panel.table.item(row, 0).data(Qt.ItemDataRole.UserRole) == "too big"
+    assert not model_panel.load(models / "tiny-llada-f32.gguf")
+    assert "needs about" in model_panel.message.text() and "available" in model_panel.message.text()
 
 
-def test_load_runs_as_a_job(qtbot, panel, models):
-    with qtbot.waitSignal(panel.model_loaded, timeout=20000) as loaded:
-        assert panel.load(models / "tiny-llada-f32.gguf")
-        assert panel.job_box.isVisibleTo(panel) and not panel.load_button.isEnabled()
+def test_load_runs_as_a_job(qtbot, model_panel, models):
+    with qtbot.waitSignal(model_panel.model_loaded, timeout=20000) as loaded:
+        assert model_panel.load(models / "tiny-llada-f32.gguf")
+        assert model_panel.job_box.isVisibleTo(model_panel) and not model_panel.load_button.isEnabled()
     model = loaded.args[0]
     assert isinstance(model, diffuse.Model) and model.arch == "llada"
-    assert not panel.job_box.isVisibleTo(panel) and panel.load_button.isEnabled()
-    assert panel.loaded_path == (models / "tiny-llada-f32.gguf").resolve()
-    panel.engine_busy = True
-    assert not panel.load(models / "tiny-llada-f32.gguf")
-    assert "Stop the running generation" in panel.message.text()
+    assert not model_panel.job_box.isVisibleTo(model_panel) and model_panel.load_button.isEnabled()
+    assert model_panel.loaded_path == (models / "tiny-llada-f32.gguf").resolve()
+    model_panel.engine_busy = True
+    assert not model_panel.load(models / "tiny-llada-f32.gguf")
+    assert "Stop the running generation" in model_panel.message.text()
 
 
-def test_quantise_with_progress(qtbot, panel, models, tmp_path):
+def test_quantise_with_progress(qtbot, model_panel, models, tmp_path):
     out = tmp_path / "models" / "tiny-llada-q8_0.gguf"
     progress = []
-    panel.job_finished.connect(lambda title, value: progress.append(("done", title)))
-    with qtbot.waitSignals([panel.job_finished, panel.scanned], timeout=30000):
-        assert panel.quantise(models / "tiny-llada-f32.gguf", "Q8_0", out)
-        panel.job.progressed.connect(lambda d, t, w: progress.append((d, t)))
+    model_panel.job_finished.connect(lambda title, value: progress.append(("done", title)))
+    with qtbot.waitSignals([model_panel.job_finished, model_panel.scanned], timeout=30000):
+        assert model_panel.quantise(models / "tiny-llada-f32.gguf", "Q8_0", out)
+        model_panel.job.progressed.connect(lambda d, t, w: progress.append((d, t)))
     assert out.is_file() and inspect_model(out).weight_type == "Q8_0"
     assert progress[-1][0] == "done" and len(progress) > 2     # progress came before the end
     assert all(d <= t for d, t in progress[:-1])
-    assert str(out.resolve()) in {str(e.path) for e in panel.entries}
-    assert panel.selected().path == out.resolve()
+    assert str(out.resolve()) in {str(e.path) for e in model_panel.entries}
+    assert model_panel.selected().path == out.resolve()
 
 
-def test_quantise_refusals(panel, models, tmp_path):
+def test_quantise_refusals(model_panel, models, tmp_path):
     q8 = models / "tiny-dream-q8_0.gguf"
-    assert not panel.quantise(q8, "Q8_0", tmp_path / "x.gguf")
-    assert "already Q8_0" in panel.message.text()
-    assert not panel.quantise(q8, "Q4_K_M", tmp_path / "y.gguf")
-    assert "already quantised" in panel.message.text()
+    assert not model_panel.quantise(q8, "Q8_0", tmp_path / "x.gguf")
+    assert "already Q8_0" in model_panel.message.text()
+    assert not model_panel.quantise(q8, "Q4_K_M", tmp_path / "y.gguf")
+    assert "already quantised" in model_panel.message.text()
 
 
-def test_cancel_leaves_nothing(qtbot, panel, models, tmp_path):
+def test_cancel_leaves_nothing(qtbot, model_panel, models, tmp_path):
     out = tmp_path / "cancelled.gguf"
-    with qtbot.waitSignal(panel.job_finished, timeout=30000) as done:
-        panel.quantise(models / "tiny-llada-f32.gguf", "F16", out)
-        panel.cancel_job()
+    with qtbot.waitSignal(model_panel.job_finished, timeout=30000) as done:
+        model_panel.quantise(models / "tiny-llada-f32.gguf", "F16", out)
+        model_panel.cancel_job()
     assert done.args[1] is None
     assert not out.exists() and not list(tmp_path.glob("cancelled*"))
-    assert "cancelled" in panel.message.text()
+    assert "cancelled" in model_panel.message.text()
 
 
-def test_convert_hf_folder(qtbot, panel, tiny_hf_dream, tmp_path):
+def test_convert_hf_folder(qtbot, model_panel, tiny_hf_dream, tmp_path):
     out = tmp_path / "converted" / "dream-f16.gguf"
     out.parent.mkdir()
     results = []
-    panel.job_finished.connect(lambda title, value: results.append(value))
-    with qtbot.waitSignals([panel.job_finished, panel.scanned], timeout=60000):
-        assert panel.convert(tiny_hf_dream, "f16", out)
+    model_panel.job_finished.connect(lambda title, value: results.append(value))
+    with qtbot.waitSignals([model_panel.job_finished, model_panel.scanned], timeout=60000):
+        assert model_panel.convert(tiny_hf_dream, "f16", out)
     assert results[0] is not None and out.is_file()
     assert inspect_model(out).family == "dream"
-    assert panel.selected().path == out.resolve()
+    assert model_panel.selected().path == out.resolve()
 
 
-def test_convert_refuses_a_folder_that_is_no_checkpoint(panel, tmp_path):
-    assert not panel.convert(tmp_path, "f16", tmp_path / "out.gguf")
-    assert "config.json" in panel.message.text()
+def test_convert_refuses_a_folder_that_is_no_checkpoint(model_panel, tmp_path):
+    assert not model_panel.convert(tmp_path, "f16", tmp_path / "out.gguf")
+    assert "config.json" in model_panel.message.text()
 
 
-def test_disk_space_is_checked(panel, models, tmp_path, monkeypatch):
+def test_disk_space_is_checked(model_panel, models, tmp_path, monkeypatch):
     usage = namedtuple("usage", "total used free")(10, 10, 0)
     monkeypatch.setattr(mp.shutil, "disk_usage", lambda p: usage)
-    assert not panel.quantise(models / "tiny-llada-f32.gguf", "F16", tmp_path / "f16.gguf")
-    assert "of disk" in panel.message.text()
+    assert not model_panel.quantise(models / "tiny-llada-f32.gguf", "F16", tmp_path / "f16.gguf")
+    assert "of disk" in model_panel.message.text()

@@ -21,7 +21,7 @@ from diffuse.studio import main_window as mw
 from diffuse.studio import model_panel as mp
 from diffuse.studio import first_run, storage, theme, throughput
 from diffuse.studio.cache_view import CacheView
-from diffuse.studio.model_panel import ModelPanel, inspect_model
+from diffuse.studio.model_panel import inspect_model
 from diffuse.studio.run_state import RunState
 
 DEMO = storage.demo_model()        # the installed package's copy: the one the panel lists
@@ -91,64 +91,55 @@ def models(tmp_path, tiny_gguf):
     return folder
 
 
-@pytest.fixture
-def panel(qtbot):
-    p = ModelPanel()
-    qtbot.addWidget(p)
-    qtbot.waitUntil(lambda: p._scan is None, timeout=10000)
-    yield p
-    p.shutdown()
+def rescan(qtbot, model_panel):
+    with qtbot.waitSignal(model_panel.scanned, timeout=10000):
+        model_panel.rescan()
 
 
-def rescan(qtbot, panel):
-    with qtbot.waitSignal(panel.scanned, timeout=10000):
-        panel.rescan()
-
-
-def test_rescan_keeps_the_highlighted_model_and_its_details(qtbot, panel, models, monkeypatch):
-    with qtbot.waitSignal(panel.scanned, timeout=10000):
-        panel.add_folder(models)
-    panel.select_path(models / "z-dream.gguf")
-    row = panel.table.currentRow()
+def test_rescan_keeps_the_highlighted_model_and_its_details(qtbot, model_panel, models, monkeypatch):
+    with qtbot.waitSignal(model_panel.scanned, timeout=10000):
+        model_panel.add_folder(models)
+    model_panel.select_path(models / "z-dream.gguf")
+    row = model_panel.table.currentRow()
     # a new file sorts before it: the rows move under the highlight
     shutil.copy(models / "m-llada.gguf", models / "a-llada.gguf")
-    rescan(qtbot, panel)
-    assert panel.selected().path == (models / "z-dream.gguf").resolve()
-    assert panel.table.selectionModel().selectedRows()[0].row() != row
-    assert "z-dream.gguf" in panel.details.toPlainText()
+    rescan(qtbot, model_panel)
+    assert model_panel.selected().path == (models / "z-dream.gguf").resolve()
+    assert model_panel.table.selectionModel().selectedRows()[0].row() != row
+    assert "z-dream.gguf" in model_panel.details.toPlainText()
     # a file gone: the details describe the row now highlighted, and Load loads that one
     (models / "z-dream.gguf").unlink()
-    rescan(qtbot, panel)
+    rescan(qtbot, model_panel)
     loaded = []
-    monkeypatch.setattr(panel, "load", loaded.append)
-    panel._load_clicked()
-    assert loaded == [panel.selected().path]
-    assert panel.selected().name in panel.details.toPlainText()
+    monkeypatch.setattr(model_panel, "load", loaded.append)
+    model_panel._load_clicked()
+    assert loaded == [model_panel.selected().path]
+    assert model_panel.selected().name in model_panel.details.toPlainText()
 
 
-def test_files_of_the_same_name_are_told_apart(qtbot, panel, tmp_path, tiny_gguf):
+def test_files_of_the_same_name_are_told_apart(qtbot, model_panel, tmp_path, tiny_gguf):
     a, b = tmp_path / "work" / "a", tmp_path / "home" / "a"
     for folder in (a, b):
         folder.mkdir(parents=True)
         shutil.copy(tiny_gguf("llada", "f32"), folder / "model.gguf")
-        with qtbot.waitSignal(panel.scanned, timeout=10000):
-            panel.add_folder(folder)
-    names = {panel.table.item(r, 0).text() for r in range(panel.table.rowCount())}
+        with qtbot.waitSignal(model_panel.scanned, timeout=10000):
+            model_panel.add_folder(folder)
+    names = {model_panel.table.item(r, 0).text() for r in range(model_panel.table.rowCount())}
     assert {n for n in names if "model.gguf" in n} == {"● model.gguf (work/a)",
                                                        "● model.gguf (home/a)"}
-    tips = {panel.table.item(r, 0).toolTip().splitlines()[0]
-            for r in range(panel.table.rowCount())}
+    tips = {model_panel.table.item(r, 0).toolTip().splitlines()[0]
+            for r in range(model_panel.table.rowCount())}
     assert {str((a / "model.gguf").resolve()), str((b / "model.gguf").resolve())} <= tips
     assert mp.distinct_names([Path("/x/m.gguf"), Path("/y/n.gguf")]) == ["m.gguf", "n.gguf"]
 
 
 # -- RAM --------------------------------------------------------------------------------------
 
-def test_ram_need_is_for_the_models_context(qtbot, panel):
+def test_ram_need_is_for_the_models_context(qtbot, model_panel):
     entry = inspect_model(DEMO)
     assert entry.positions == 256 == gguf_file.read(DEMO).kv["llada.context_length"]
-    panel.select_path(DEMO)
-    assert f"{theme.gib(entry.ram_needed)} for 256 positions" in panel.details.toPlainText()
+    model_panel.select_path(DEMO)
+    assert f"{theme.gib(entry.ram_needed)} for 256 positions" in model_panel.details.toPlainText()
 
 
 def test_ram_is_written_in_one_unit_everywhere(qtbot, monkeypatch):
@@ -225,12 +216,12 @@ def test_file_dialogs_open_in_the_users_folders_and_remember_each_kind(
     assert asked[2] == str(tmp_path / "pictures")     # pictures: where the last one went
     assert asked[3] != asked[2]                       # runs saved: their own memory
 
-    panel = window.model_panel
-    qtbot.waitUntil(lambda: panel._scan is None, timeout=10000)
-    panel.select_path(DEMO)
+    model_panel = window.model_panel
+    qtbot.waitUntil(lambda: model_panel._scan is None, timeout=10000)
+    model_panel.select_path(DEMO)
     monkeypatch.setattr(mp.QInputDialog, "getItem", staticmethod(lambda *a: ("Q8_0", True)))
     monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(pick("")))
-    panel._quantise_clicked()
+    model_panel._quantise_clicked()
     out = Path(asked[-1])
     assert out.parent == storage.models_dir() and out.parent.is_relative_to(studio_home)
     assert not out.resolve().is_relative_to(Path(diffuse.__file__).parent)
