@@ -259,6 +259,15 @@ def test_cli_refuses_a_taken_port(server, capsys):
     assert "cannot listen" in capsys.readouterr().err
 
 
+def test_cli_warns_when_every_interface_may_use_the_model_without_a_key(monkeypatch, capsys):
+    from diffuse.cli import main
+    monkeypatch.setattr(Server, "serve", lambda self: self.socket.close())     # bind, warn, return
+    assert main(["serve", "-m", str(DEMO), "--host", "0.0.0.0", "--port", "0", "--threads", "1"]) == 0
+    assert "without --api-key: anyone who can reach this machine" in capsys.readouterr().err
+    assert main(["serve", "-m", str(DEMO), "--port", "0", "--threads", "1"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_an_engine_failure_answers_the_waiting_requests_and_serving_goes_on(model):
     class FailsOnce:
         """The model, except that its first stream fails before admitting anything."""

@@ -64,5 +64,8 @@ def run(args: argparse.Namespace) -> int:
     server.batcher.listeners.append(_log)
     print(f"serving {Path(args.model).name} ({model.arch}) at {server.url}, batches of up to {args.max_batch} "
           f"sequences{', API key required' if args.api_key else ''}; Ctrl-C stops", file=sys.stderr, flush=True)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        print(f"warning: listening on {args.host} without --api-key: anyone who can reach this machine "
+              "can use the model", file=sys.stderr, flush=True)
     server.serve()
     return 0
