@@ -27,6 +27,7 @@ _GGUF_FIELDS = {"repo": str, "file": str, "quantization": str, "architecture": s
                 "file_gb": (int, float), "ram_gb": (int, float)}
 _OPTIONAL_GGUF_FIELDS = {"file_bytes": int, "sha256": str}
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+RAM_POSITIONS = 256      # the prompt + answer positions every ram_gb of the catalog plans for
 
 
 def shipped_models_dir() -> Path | None:

@@ -105,7 +105,8 @@ class ModelCard(QGroupBox):
             f"Hugging Face checkpoint: {model['download_bytes'] / GB:.1f} GB "
             f"({model['download_files']}), made into a GGUF here:"
             "<table cellspacing=6><tr><th align=left>weights</th><th>file</th>"
-            "<th>RAM needed</th><th></th></tr>" + "".join(rows) + "</table>")
+            f"<th>RAM needed at {catalog.RAM_POSITIONS} positions</th><th></th></tr>" + "".join(rows)
+            + "</table>")
         facts.setOpenExternalLinks(True)
         facts.setWordWrap(True)
         facts.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
@@ -175,7 +176,8 @@ def _ready_line(model: dict, ram_total: int) -> str:
     if gguf is None:
         return ""
     return (f"<b>Ready GGUF</b> ({gguf['quantization'].upper()}): {gguf['repo']}/{gguf['file']}"
-            f" · {catalog.gguf_size_text(gguf)} · needs {theme.gib(gguf['ram_gb'] * GB)} of RAM, "
+            f" · {catalog.gguf_size_text(gguf)} · needs {theme.gib(gguf['ram_gb'] * GB)} of RAM at "
+            f"{catalog.RAM_POSITIONS} positions, "
             f"{_verdict(gguf['ram_gb'], ram_total)} · {catalog.gguf_checks_text(gguf)}<br>")
 
 

@@ -603,4 +603,5 @@ def _gguf_offer(model: dict, available: int) -> str:
     ram = gguf["ram_gb"] * 1e9
     fits = "fits" if ram <= available else f"more than the {theme.gib(available)} available"
     return (f"{model['name']} · {gguf['quantization'].upper()} · "
-            f"{catalog.gguf_size_text(gguf)} · needs {theme.gib(ram)} of RAM ({fits})")
+            f"{catalog.gguf_size_text(gguf)} · needs {theme.gib(ram)} of RAM at {catalog.RAM_POSITIONS} "
+            f"positions ({fits})")
