@@ -243,10 +243,11 @@ class Tokenizer:
         finally:
             env.budget.current = None
 
-    def encode_chat(self, prompt: str) -> list[int]:
-        """Token ids of `prompt` as a user turn ready for the assistant's answer (BOS included when
-        the template writes one)."""
-        return self.encode(self.apply_chat_template([{"role": "user", "content": prompt}]))
+    def encode_chat(self, prompt: str | list[dict]) -> list[int]:
+        """Token ids of a conversation ready for the assistant's answer (BOS included when the
+        template writes one): `prompt` is its messages, or the text of one user turn."""
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        return self.encode(self.apply_chat_template(messages))
 
     def __repr__(self) -> str:
         return f"<diffuse.Tokenizer {self.vocab_size} tokens from {self.source}>"

@@ -135,6 +135,9 @@ class FakeTokenizer:
     def encode(self, text):
         return [self._ids[ord(c) % len(self._ids)] for c in text]
 
+    def encode_chat(self, messages):
+        return self.encode(self.apply_chat_template(messages))
+
 
 SYNTHETIC_TOKENIZER = FakeTokenizer(dict(enumerate(VOCAB)), [EOS_ID], [MASK_ID, EOS_ID])
 

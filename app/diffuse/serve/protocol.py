@@ -191,7 +191,7 @@ def _chat_prompt(body: dict, model) -> list[list[int]]:
     if not any(m["content"].strip() for m in plain):
         raise BadRequest("the prompt is empty: every message's content is blank", param="messages")
     try:
-        return [model.tokenizer.encode(model.tokenizer.apply_chat_template(plain))]
+        return [model.tokenizer.encode_chat(plain)]
     except DiffuseError as e:
         raise BadRequest(str(e), param="messages") from None
 

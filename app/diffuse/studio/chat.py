@@ -35,7 +35,7 @@ def fit_history(tokenizer, messages: list[dict], gen_length: int,
     many messages were left out. DiffuseError if the latest message alone does not fit."""
     room = n_ctx - gen_length
     for start in (i for i, m in enumerate(messages) if m["role"] == "user"):
-        ids = tokenizer.encode(tokenizer.apply_chat_template(messages[start:]))
+        ids = tokenizer.encode_chat(messages[start:])
         if len(ids) <= room:
             return ids, start
     raise DiffuseError(f"the prompt takes {len(ids)} tokens: with gen_length {gen_length} it "
