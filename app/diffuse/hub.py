@@ -150,11 +150,7 @@ def download(repo_id: str, dest, revision: str = "main", endpoint: str | None = 
             raise DiffuseError(f"{dest / f.path}: refusing to download through a link "
                                f"that leads outside {dest}")
     have = {f.path: _local_size(dest, f) for f in files}
-    missing = total - sum(have.values())
-    free = shutil.disk_usage(dest).free
-    if missing > free:
-        raise DiffuseError(f"{dest}: {repo_id} needs {missing / 1e9:.1f} GB more disk, "
-                           f"only {free / 1e9:.1f} GB are free")
+    _check_free(dest, repo_id, total - sum(have.values()))
     done = sum(have.values())
     for f in files:
         if cancel is not None and cancel():
@@ -215,10 +211,7 @@ def download_file(repo_id: str, filename: str, out, revision: str = "main",
         raise DiffuseError(f"{out}: a different file is already there; refusing to overwrite it "
                            f"(move it away or choose another folder)")
     have = part.st_size if part is not None and part.st_size <= f.size else 0
-    free = shutil.disk_usage(out.parent).free
-    if f.size - have > free:
-        raise DiffuseError(f"{out.parent}: {filename} needs {(f.size - have) / 1e9:.1f} GB more "
-                           f"disk, only {free / 1e9:.1f} GB are free")
+    _check_free(out.parent, filename, f.size - have)
     try:
         _fetch(repo_id, commit, f, out, endpoint, have, f.size, progress, cancel)
     except _Cancelled:
@@ -226,6 +219,14 @@ def download_file(repo_id: str, filename: str, out, revision: str = "main",
     if progress is not None:
         progress(f.size, f.size, "done")
     return out
+
+
+def _check_free(folder: Path, what: str, missing: int) -> None:
+    """Refuse before fetching when the disk cannot hold the `missing` bytes still to come."""
+    free = shutil.disk_usage(folder).free
+    if missing > free:
+        raise DiffuseError(f"{folder}: {what} needs {missing / 1e9:.1f} GB more disk, "
+                           f"only {free / 1e9:.1f} GB are free")
 
 
 def _regular(path: Path) -> os.stat_result | None:
