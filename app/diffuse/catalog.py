@@ -47,15 +47,32 @@ def default_path() -> Path:
     return folder / "catalog.json"
 
 
+def _section(path: Path, name: str, kind: type):
+    """One top-level member of the catalog file, of type `kind`; DiffuseError when unreadable."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))[name]
+        if not isinstance(value, kind):
+            raise TypeError(f"{name!r} is not a {kind.__name__}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DiffuseError(f"{path}: unreadable model catalog ({e})") from e
+    return value
+
+
+def demo() -> tuple[Path, dict] | None:
+    """The shipped demo model's file and catalog entry (its suggested settings...); None when the
+    installation has none or its catalog is unreadable: the app then starts without it."""
+    folder = shipped_models_dir()
+    try:
+        entry = _section(folder / "catalog.json", "demo", dict) if folder is not None else None
+    except DiffuseError:
+        return None
+    return (folder / str(entry.get("file", "")), entry) if entry is not None else None
+
+
 def load(path: str | Path | None = None) -> list[dict]:
     """The real models of the catalog, each checked (DiffuseError names what is wrong)."""
     path = Path(path) if path is not None else default_path()
-    try:
-        models = json.loads(path.read_text(encoding="utf-8"))["models"]
-        if not isinstance(models, list):
-            raise TypeError("'models' is not a list")
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DiffuseError(f"{path}: unreadable model catalog ({e})") from e
+    models = _section(path, "models", list)
     for i, model in enumerate(models):
         problem = _problem(model)
         if problem:

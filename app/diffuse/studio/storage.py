@@ -10,7 +10,6 @@ noted once for the window to show (`take_problems`).
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -141,25 +140,13 @@ def conversations_dir() -> Path:
     return d
 
 
-def _demo_entry() -> tuple[Path, dict] | None:
-    """The shipped models/ folder and the "demo" entry of its catalog.json."""
-    d = catalog.shipped_models_dir()
-    if d is None:
-        return None
-    try:
-        return d, dict(json.loads((d / "catalog.json").read_text(encoding="utf-8"))["demo"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def demo_model() -> Path | None:
     """The demo model that ships with the app, as models/catalog.json names it."""
-    found = _demo_entry()
-    path = found[0] / str(found[1].get("file", "")) if found else None
-    return path if path is not None and path.is_file() else None
+    found = catalog.demo()
+    return found[0] if found is not None and found[0].is_file() else None
 
 
 def demo_options() -> dict:
     """Generation settings the catalog suggests for the demo model (it loops when greedy)."""
-    found = _demo_entry()
-    return dict(found[1].get("suggested", {})) if found else {}
+    found = catalog.demo()
+    return dict(found[1].get("suggested", {})) if found is not None else {}
