@@ -33,7 +33,9 @@ struct Error : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
-enum class Arch { LLaDA, Dream };
+// Model families: each has its own defaults and chat conventions. LLaDA and Dream attend to the whole
+// sequence; SDAR (and TraDo) and Fast-dLLM v2 are block diffusion (causal across blocks).
+enum class Arch { LLaDA, Dream, SDAR, FastDLLMv2 };
 enum class Dialect { Ours, LlamaCpp, DiffuseCpp };
 
 // Hyper-parameters, read from any of the three GGUF dialects.
@@ -47,7 +49,7 @@ struct HParams {
     int64_t  n_head_kv;     // < n_head for GQA (Dream: 28 q / 4 kv heads)
     int64_t  n_ff;
     int64_t  n_ctx_train;
-    int64_t  head_dim;      // n_embd / n_head
+    int64_t  head_dim;      // {arch}.attention.key_length, else n_embd / n_head
     float    rope_theta;
     float    rms_eps;
     int      rope_mode;     // GGML_ROPE_TYPE_NEOX or 0 (NORM, for llama.cpp's permuted LLaDA q/k)
@@ -58,8 +60,12 @@ struct HParams {
     int64_t  n_expert;      // routed experts per layer
     int64_t  n_expert_used; // experts each position uses (top k of the router's softmax)
     int64_t  n_ff_exp;      // hidden size of one expert's SwiGLU
-    bool     qk_norm;       // RMSNorm of q and k over the head dimension before RoPE (LLaDA-MoE)
+    bool     qk_norm;       // RMSNorm of q and k over the head dimension before RoPE (LLaDA-MoE, SDAR)
+    // Block diffusion: attention is causal across blocks of block_size positions (aligned at
+    // position 0) and bidirectional inside one; 0 for models that attend to the whole sequence.
+    int      block_size;
     bool moe() const { return n_expert > 0; }
+    bool block_diffusion() const { return block_size > 0; }
 };
 
 class Model;
@@ -78,6 +84,11 @@ enum class Scheduler {
     MaskgitPlus,    // Dream: top-1 probability
     TopkMargin,     // Dream: p1 - p2
     Entropy,        // Dream: negative entropy
+    // Block diffusion (SDAR's generate.py, LLaDA2, Fast-dLLM); confidence = probability of x0.
+    LowConfidenceDynamic,  // every position above confidence_threshold if at least k are, else the top k
+    LowConfidenceStatic,   // the k most confident
+    ConfidenceThreshold,   // Fast-dLLM: every position >= confidence_threshold, at least the top one
+    EntropyBounded,        // EB-sampler: lowest entropies while their sum minus the largest <= entropy_budget
 };
 
 // How many positions each step commits.
@@ -88,10 +99,14 @@ enum class Schedule {
 
 struct GenerateParams {
     int       gen_length     = 128;   // generated positions appended to the prompt
-    int       steps          = 128;   // step budget for the whole run (per block: steps / blocks, at most the block length)
-    int       block_length   = 32;    // semi-autoregressive block size; gen_length when <= 0
+    int       steps          = 128;   // step budget for the whole run (per block: steps / blocks, at most the block length);
+                                      // block-diffusion models: steps per block (SDAR's denoising_steps)
+    int       block_length   = 32;    // semi-autoregressive block size; <= 0: gen_length (block
+                                      // diffusion: the model's block size)
     Scheduler scheduler      = Scheduler::LowConfidence;
     float     threshold      = 1.5f;  // entropy_exit tau, nats
+    float     confidence_threshold = 0.9f;  // low_confidence_dynamic / confidence_threshold tau, a probability
+    float     entropy_budget = 0.35f; // entropy_bounded: sum of entropies minus the largest, nats
     bool      cache          = true;  // inter-step KV cache
     int       keep_active    = 2;     // a position stays active this many steps after it changed
                                       // (2: fidelity 0.84 vs 0.83 at 1 on the demo model)
@@ -108,7 +123,8 @@ struct GenerateParams {
     bool      expert_routing = false; // MoE: fill StepEvent::experts (costs a copy per step)
 };
 
-// Per-family defaults (LLaDA: low_confidence in blocks of 32; Dream: its entropy rule, no blocks).
+// Per-family defaults (LLaDA: low_confidence in blocks of 32; Dream: its entropy rule, no blocks;
+// block diffusion: the model's block, one step per position, low_confidence_dynamic greedy).
 GenerateParams default_generate_params(Arch arch);
 
 // One denoising step, as seen by listeners. Positions are absolute (prompt included).
@@ -135,9 +151,11 @@ struct StepEvent {
 using StepCallback = std::function<bool(const StepEvent &)>;
 
 struct GenerateOutput {
-    std::vector<int32_t> tokens;         // (gen_length,), final generated positions
-    std::vector<int32_t> decided_step;   // (gen_length,), step at which each position was committed
+    std::vector<int32_t> tokens;         // (gen_length,), final generated positions; block diffusion: up
+                                         // to the end of the last block (the run is whole blocks)
+    std::vector<int32_t> decided_step;   // (tokens.size(),), step at which each position was committed
     std::vector<double>  step_ms, forward_ms, sample_ms;
+    double               prefill_ms = 0;  // block diffusion: the prompt's whole blocks, once (not a step)
     int                  steps = 0;
     int                  steps_allowed = 0;
     std::string          stop_reason;    // "done", "eos", "cancelled"; "error" for an item generate_stream refused
@@ -200,7 +218,8 @@ public:
     virtual int n_threads() const = 0;
     virtual void set_n_threads(int n) = 0;
 
-    // Logits under bidirectional attention, before any Dream shift: (n_rows, n_vocab) row-major for
+    // Logits under the model's attention pattern (bidirectional, or block-causal with the model's
+    // block size), before any logit shift: (n_rows, n_vocab) row-major for
     // the positions in `rows` (every position when empty). A diffusion step needs only the masked
     // positions of its block, so the head runs over those rows only.
     // forward_into writes them to `out`, which holds rows.size() (or tokens.size()) * n_vocab floats.

@@ -55,64 +55,6 @@ KVCache::~KVCache() {
     if (ctx_) ggml_free(ctx_);
 }
 
-// ---- graph ----
-
-namespace {
-
-ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * weight, float eps) {
-    return ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), weight);
-}
-
-ggml_tensor * linear(ggml_context * ctx, ggml_tensor * w, ggml_tensor * b, ggml_tensor * x) {
-    ggml_tensor * y = ggml_mul_mat(ctx, w, x);
-    return b ? ggml_add(ctx, y, b) : y;
-}
-
-// Bidirectional attention of one sequence's queries over its cache rows [0, n_kv).
-// Q: (hd, n_q, n_head); K, V: cache views (hd, n_kv, n_head_kv). Returns (hd * n_head, n_q).
-ggml_tensor * attention(ggml_context * ctx, const HParams & hp, bool flash, ggml_tensor * Q, ggml_tensor * K,
-                        ggml_tensor * V) {
-    const int64_t hd = hp.head_dim, n_q = Q->ne[1];
-    const float scale = 1.0f / std::sqrt((float) hd);
-    ggml_tensor * o;
-    if (flash) {
-        // Scores are computed in tiles and never stored: memory O(n_q + n_kv), not O(n_q * n_kv).
-        o = ggml_flash_attn_ext(ctx, Q, K, V, nullptr, scale, 0.0f, 0.0f);   // (hd, n_head, n_q)
-    } else {
-        ggml_tensor * kq = ggml_mul_mat(ctx, K, Q);                          // (n_kv, n_q, n_head); GQA by broadcast
-        kq = ggml_soft_max_ext(ctx, kq, nullptr, scale, 0.0f);
-        ggml_tensor * Vt = ggml_cont(ctx, ggml_permute(ctx, V, 1, 0, 2, 3)); // (n_kv, hd, n_head_kv)
-        o = ggml_mul_mat(ctx, Vt, kq);                                       // (hd, n_q, n_head)
-        o = ggml_cont(ctx, ggml_permute(ctx, o, 0, 2, 1, 3));                // (hd, n_head, n_q)
-    }
-    return ggml_reshape_2d(ctx, o, hd * hp.n_head, n_q);
-}
-
-// SwiGLU FFN of the k experts the router picks for each row, weighted by their router
-// probabilities (softmax over all experts, not renormalised over the k: LLaDA-MoE's rule).
-// x: (n_embd, n). Returns the output (n_embd, n) and the chosen experts (k, n), I32, best first.
-std::pair<ggml_tensor *, ggml_tensor *> moe_ffn(ggml_context * ctx, const HParams & hp, const LayerWeights & L,
-                                                 ggml_tensor * x) {
-    const int64_t n = x->ne[1], k = hp.n_expert_used;
-    ggml_tensor * probs = ggml_soft_max(ctx, ggml_mul_mat(ctx, L.ffn_gate_inp, x));        // (n_expert, n)
-    ggml_tensor * chosen = ggml_argsort_top_k(ctx, probs, (int) k);                        // (k, n)
-    ggml_tensor * weights = ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, hp.n_expert, n), chosen);  // (1, k, n)
-    ggml_tensor * xe = ggml_reshape_3d(ctx, x, x->ne[0], 1, n);      // (n_embd, 1, n): one input shared by its k
-    ggml_tensor * gate = ggml_mul_mat_id(ctx, L.ffn_gate_exps, xe, chosen);                // (n_ff_exp, k, n)
-    ggml_tensor * up = ggml_mul_mat_id(ctx, L.ffn_up_exps, xe, chosen);
-    ggml_tensor * act = ggml_swiglu_split(ctx, gate, up);                                  // silu(gate) * up, one pass
-    ggml_tensor * out = ggml_mul_mat_id(ctx, L.ffn_down_exps, act, chosen);                // (n_embd, k, n)
-    out = ggml_mul(ctx, out, weights);
-    ggml_tensor * sum = nullptr;
-    for (int64_t j = 0; j < k; ++j) {
-        ggml_tensor * e = ggml_view_2d(ctx, out, out->ne[0], n, out->nb[2], j * out->nb[1]);
-        sum = sum ? ggml_add(ctx, sum, e) : e;
-    }
-    return {sum, chosen};
-}
-
-}  // namespace
-
 // ---- ForwardRunner ----
 
 ForwardRunner::ForwardRunner(const ModelImpl & model) : model_(model) {
@@ -127,102 +69,18 @@ ForwardRunner::~ForwardRunner() {
     ggml_backend_free(backend_);
 }
 
-// Builds logits (n_vocab, n_out_total) for the batch. The two families differ only in the q/k/v
-// biases (present in Dream), the head counts (Dream is GQA) and the rope mode, all read from the file.
+// The architecture's graph over this batch: logits (n_vocab, n_out_total).
 void ForwardRunner::build(const std::vector<SequenceRows> & seqs) {
-    const HParams & hp = model_.hparams();
-    const Weights & w = model_.weights();
-    const int64_t hd = hp.head_dim, kv_row = hd * hp.n_head_kv;
-    const int n_seq = (int) seqs.size();
-    const int n_q = std::accumulate(shape_.n_q.begin(), shape_.n_q.end(), 0);
-    const int n_out = std::accumulate(shape_.n_out.begin(), shape_.n_out.end(), 0);
-
     if (ctx_) ggml_free(ctx_);
-    const size_t n_nodes = graph_nodes(hp, seqs.size());
+    const size_t n_nodes = graph_nodes(model_.hparams(), seqs.size());
     graph_meta_.resize(ggml_tensor_overhead() * n_nodes + ggml_graph_overhead_custom(n_nodes, false));
     ggml_init_params ip = {graph_meta_.size(), graph_meta_.data(), /*no_alloc*/ true};
-    ggml_context * ctx = ctx_ = ggml_init(ip);
-    graph_ = ggml_new_graph_custom(ctx, n_nodes, false);
-
-    in_ = Inputs{};
-    in_.tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_q);
-    in_.positions = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_q);
-    in_.out_rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_out);
-    for (int s = 0; s < n_seq; ++s) {
-        in_.cache_rows.push_back(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, shape_.n_q[s]));
-        if (n_seq > 1) in_.gather_rows.push_back(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, shape_.n_q[s]));
-    }
-    for (ggml_tensor * t : {in_.tokens, in_.positions, in_.out_rows}) ggml_set_input(t);
-    for (ggml_tensor * t : in_.cache_rows) ggml_set_input(t);
-    for (ggml_tensor * t : in_.gather_rows) ggml_set_input(t);
-
-    ggml_tensor * x = ggml_get_rows(ctx, w.tok_embd, in_.tokens);   // (n_embd, n_q)
-
-    for (int il = 0; il < hp.n_layer; ++il) {
-        const LayerWeights & L = w.layers[il];
-        ggml_tensor * cur = rms_norm(ctx, x, L.attn_norm, hp.rms_eps);
-
-        ggml_tensor * q = ggml_reshape_3d(ctx, linear(ctx, L.wq, L.bq, cur), hd, hp.n_head, n_q);
-        ggml_tensor * k = ggml_reshape_3d(ctx, linear(ctx, L.wk, L.bk, cur), hd, hp.n_head_kv, n_q);
-        ggml_tensor * v = linear(ctx, L.wv, L.bv, cur);                 // (kv_row, n_q)
-        if (hp.qk_norm) {   // over each head's hd values, one weight for all heads
-            q = rms_norm(ctx, q, L.attn_q_norm, hp.rms_eps);
-            k = rms_norm(ctx, k, L.attn_k_norm, hp.rms_eps);
-        }
-        q = ggml_rope_ext(ctx, q, in_.positions, nullptr, hd, hp.rope_mode, 0, hp.rope_theta,
-                          1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
-        k = ggml_reshape_2d(ctx, ggml_rope_ext(ctx, k, in_.positions, nullptr, hd, hp.rope_mode, 0, hp.rope_theta,
-                                               1.0f, 0.0f, 1.0f, 0.0f, 0.0f), kv_row, n_q);
-
-        // Per sequence: store its rows' K/V in its cache, attend over its first n_kv cache rows.
-        ggml_tensor * attn = nullptr;   // (hd * n_head, n_q)
-        for (int s = 0, off = 0; s < n_seq; off += shape_.n_q[s], ++s) {
-            const int n = shape_.n_q[s], n_kv = shape_.n_kv[s];
-            KVCache & cache = *seqs[s].cache;
-            ggml_tensor * ks = ggml_view_2d(ctx, k, kv_row, n, k->nb[1], off * k->nb[1]);
-            ggml_tensor * vs = ggml_view_2d(ctx, v, kv_row, n, v->nb[1], off * v->nb[1]);
-            ggml_tensor * kc = ggml_set_rows(ctx, cache.k[il], ks, in_.cache_rows[s]);
-            ggml_tensor * vc = ggml_set_rows(ctx, cache.v[il], vs, in_.cache_rows[s]);
-            const size_t el = ggml_element_size(kc);
-            // (hd, n_kv, n_head_kv) views of the cache; (hd, n, n_head) of this sequence's queries.
-            ggml_tensor * K = ggml_view_3d(ctx, kc, hd, n_kv, hp.n_head_kv, kc->nb[1], el * hd, 0);
-            ggml_tensor * V = ggml_view_3d(ctx, vc, hd, n_kv, hp.n_head_kv, vc->nb[1], el * hd, 0);
-            ggml_tensor * Q = ggml_view_3d(ctx, q, hd, n, hp.n_head, q->nb[2], q->nb[1], off * q->nb[2]);
-            ggml_tensor * o = attention(ctx, hp, model_.flash_attn(), Q, K, V);
-            if (n_seq == 1) attn = o;
-            else {
-                if (!attn) attn = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hd * hp.n_head, n_q);
-                attn = ggml_set_rows(ctx, attn, o, in_.gather_rows[s]);   // back to its rows of the batch
-            }
-        }
-        ggml_tensor * o = ggml_mul_mat(ctx, L.wo, attn);
-
-        if (il == hp.n_layer - 1) {
-            // Only rows whose logits are wanted go through the last FFN and the head.
-            o = ggml_get_rows(ctx, o, in_.out_rows);
-            x = ggml_get_rows(ctx, x, in_.out_rows);
-        }
-        x = ggml_add(ctx, x, o);
-
-        cur = rms_norm(ctx, x, L.ffn_norm, hp.rms_eps);
-        if (hp.moe()) {
-            auto [ffn, chosen] = moe_ffn(ctx, hp, L, cur);
-            // chosen views the first k of each row of the router's full ranking: kept for
-            // routing() as an output (n_expert ints per row), so the allocator never reuses it.
-            ggml_set_output(chosen->view_src);
-            in_.experts.push_back(chosen->view_src);
-            x = ggml_add(ctx, x, ffn);
-        } else {
-            ggml_tensor * gate = ggml_silu(ctx, ggml_mul_mat(ctx, L.ffn_gate, cur));
-            ggml_tensor * up = ggml_mul_mat(ctx, L.ffn_up, cur);
-            x = ggml_add(ctx, x, ggml_mul_mat(ctx, L.ffn_down, ggml_mul(ctx, gate, up)));
-        }
-    }
-
-    x = rms_norm(ctx, x, w.output_norm, hp.rms_eps);
-    in_.logits = ggml_mul_mat(ctx, w.output, x);                       // (n_vocab, n_out)
-    ggml_set_output(in_.logits);
-    ggml_build_forward_expand(graph_, in_.logits);
+    ctx_ = ggml_init(ip);
+    graph_ = ggml_new_graph_custom(ctx_, n_nodes, false);
+    std::vector<KVCache *> caches;
+    for (const SequenceRows & s : seqs) caches.push_back(s.cache);
+    GraphBuilder g(ctx_, model_, shape_, caches, in_);
+    ggml_build_forward_expand(graph_, model_.arch().build(g));
 }
 
 // Every node of a graph ends in a barrier, where sleeping OpenMP threads must be woken: tens of
@@ -246,12 +104,13 @@ int ForwardRunner::threads_for_pass(int n_threads) const {
 void ForwardRunner::run(const std::vector<SequenceRows> & seqs, int n_threads, float * logits) {
     const HParams & hp = model_.hparams();
     if (seqs.empty()) throw Error("empty forward batch");
-    Shape shape;
+    BatchShape shape;
     for (const SequenceRows & s : seqs) {
         if (!s.cache) throw Error("forward batch: a sequence has no KV cache");
         if (s.tokens.empty() || s.out_rows.empty()) throw Error("empty forward batch");
         if (s.positions.size() != s.tokens.size()) throw Error("forward batch: positions and tokens differ in length");
         if (s.n_kv <= 0 || s.n_kv > s.cache->n_ctx()) throw Error("forward batch: n_kv out of range");
+        if (s.attn_block < 0) throw Error("forward batch: negative attention block");
         model_.check_tokens(s.tokens.data(), s.tokens.size());
         for (int32_t p : s.positions)
             if (p < 0 || p >= s.n_kv) throw Error("forward batch: position " + std::to_string(p) + " outside the context");
@@ -263,6 +122,7 @@ void ForwardRunner::run(const std::vector<SequenceRows> & seqs, int n_threads, f
         shape.n_q.push_back((int) s.tokens.size());
         shape.n_kv.push_back(s.n_kv);
         shape.n_out.push_back((int) s.out_rows.size());
+        shape.masked.push_back(s.attn_block > 0);
     }
 
     if (!ctx_ || !(shape == shape_)) {
@@ -272,7 +132,7 @@ void ForwardRunner::run(const std::vector<SequenceRows> & seqs, int n_threads, f
             ggml_free(ctx_);
             ctx_ = nullptr;
             throw Error("out of memory allocating the compute graph (" +
-                        std::to_string(std::accumulate(shape_.n_q.begin(), shape_.n_q.end(), 0)) + " positions)");
+                        std::to_string(shape_.total_q()) + " positions)");
         }
     }
 
@@ -289,6 +149,18 @@ void ForwardRunner::run(const std::vector<SequenceRows> & seqs, int n_threads, f
         if (!in_.gather_rows.empty()) {
             std::iota(rows.begin(), rows.end(), (int64_t) off);
             ggml_backend_tensor_set(in_.gather_rows[s], rows.data(), 0, sizeof(int64_t) * rows.size());
+        }
+        if (q.attn_block > 0) {
+            // Block-causal: query row j (at position p) sees cache row r iff block(r) <= block(p).
+            static const uint16_t zero = ggml_fp32_to_fp16(0.0f), minus_inf = ggml_fp32_to_fp16(-INFINITY);
+            const int n_kv = q.n_kv, B = q.attn_block;
+            mask_.resize((size_t) n_kv * q.positions.size());
+            for (size_t j = 0; j < q.positions.size(); ++j) {
+                const int visible = std::min(n_kv, (q.positions[j] / B + 1) * B);
+                std::fill_n(mask_.begin() + j * n_kv, visible, zero);
+                std::fill(mask_.begin() + j * n_kv + visible, mask_.begin() + (j + 1) * n_kv, minus_inf);
+            }
+            ggml_backend_tensor_set(in_.masks[s], mask_.data(), 0, sizeof(uint16_t) * mask_.size());
         }
     }
     ggml_backend_tensor_set(in_.tokens, tokens.data(), 0, sizeof(int32_t) * tokens.size());

@@ -1,12 +1,10 @@
-// The transformer forward pass of both families, batched over sequences, with an inter-step K/V cache.
-//
-// One graph serves every case: each sequence's rows are run through the network together (the
-// mat-muls see every row of every sequence), their post-RoPE K/V are written into that sequence's
-// cache at their positions, and their queries attend over that cache's rows [0, n_kv) only. A full
+// The forward pass, batched over sequences, with a K/V cache per sequence: the architecture's
+// graph (core_cpp/src/models/, built from graph.h's blocks) planned, allocated and run. A full
 // forward pass is the batch of every position; a cached step is the batch of the active positions,
 // the other rows keeping the K/V of an earlier step.
 #pragma once
 
+#include "graph.h"
 #include "model_impl.h"
 
 #include <vector>
@@ -42,6 +40,9 @@ struct SequenceRows {
     std::vector<int32_t> tokens;     // (n_q,) ids of the rows to compute
     std::vector<int32_t> positions;  // (n_q,) their absolute positions: RoPE angle and cache row
     int n_kv = 0;                    // its queries attend over cache rows [0, n_kv)
+    // > 0: block-causal attention over blocks of attn_block positions aligned at 0 (a query at
+    // position p sees cache row r iff r / attn_block <= p / attn_block); 0: bidirectional.
+    int attn_block = 0;
     std::vector<int32_t> out_rows;   // indices into [0, n_q) whose logits are wanted
 };
 
@@ -64,24 +65,6 @@ public:
     void routing(size_t s, const std::vector<int32_t> & out_rows, std::vector<int32_t> & experts) const;
 
 private:
-    struct Shape {
-        std::vector<uint64_t> caches;   // KVCache ids
-        std::vector<int> n_q, n_kv, n_out;
-        bool operator==(const Shape & o) const {
-            return caches == o.caches && n_q == o.n_q && n_kv == o.n_kv && n_out == o.n_out;
-        }
-    };
-    struct Inputs {
-        ggml_tensor * tokens = nullptr;     // I32 (n_q_total)
-        ggml_tensor * positions = nullptr;  // I32 (n_q_total)
-        std::vector<ggml_tensor *> cache_rows;   // per sequence, I64 (n_q): cache rows to write
-        std::vector<ggml_tensor *> gather_rows;  // per sequence, I64 (n_q): its rows in the batch (B > 1)
-        ggml_tensor * out_rows = nullptr;   // I32 (n_out_total), into the batch
-        ggml_tensor * logits = nullptr;     // (n_vocab, n_out_total)
-        // MoE, per layer: the router's ranking, I32 (n_expert, rows) best first; rows = n_q_total
-        // (last layer: n_out_total)
-        std::vector<ggml_tensor *> experts;
-    };
     void build(const std::vector<SequenceRows> & seqs);
     int threads_for_pass(int n_threads) const;   // at most n_threads, fewer for a small pass
 
@@ -91,8 +74,9 @@ private:
     std::vector<uint8_t> graph_meta_;   // tensor and graph headers of the current graph
     ggml_context * ctx_ = nullptr;      // the current graph's context, kept while its shape repeats
     ggml_cgraph * graph_ = nullptr;
-    Shape shape_;
-    Inputs in_;
+    BatchShape shape_;
+    GraphInputs in_;
+    std::vector<uint16_t> mask_;        // staging for a sequence's attention mask
 };
 
 }  // namespace diffuse

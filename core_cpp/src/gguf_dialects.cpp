@@ -11,6 +11,7 @@ static const DialectKeys LLAMA_CPP_KEYS = {
     "{arch}.rope.freq_base", "{arch}.attention.layer_norm_rms_epsilon",
     "tokenizer.ggml.mask_token_id", "diffusion.shift_logits",
     "{arch}.expert_count", "{arch}.expert_used_count", "{arch}.expert_feed_forward_length",
+    "{arch}.attention.key_length", "diffusion.block_size",
 };
 
 static const DialectKeys OURS_KEYS = [] {
@@ -28,9 +29,18 @@ static const DialectKeys DIFFUSE_CPP_KEYS = {
     "diffuse.rope.freq_base", "diffuse.attention.layer_norm_rms_epsilon",
     "diffuse.mask_token_id", nullptr,
     nullptr, nullptr, nullptr,
+    nullptr, nullptr,
 };
 
-const char * arch_name(Arch a) { return a == Arch::LLaDA ? "llada" : "dream"; }
+const char * arch_name(Arch a) {
+    switch (a) {
+        case Arch::LLaDA:      return "llada";
+        case Arch::Dream:      return "dream";
+        case Arch::SDAR:       return "sdar";
+        case Arch::FastDLLMv2: return "fast-dllm-v2";
+    }
+    return "?";
+}
 
 const char * dialect_name(Dialect d) {
     switch (d) {
@@ -53,15 +63,6 @@ std::string tensor_names::blk(int il, const char * what) {
     return "blk." + std::to_string(il) + "." + what;
 }
 
-static bool parse_family(const std::string & s, Arch & out) {
-    if (s == "llada") { out = Arch::LLaDA; return true; }
-    if (s == "dream") { out = Arch::Dream; return true; }
-    return false;
-}
-
-// LLaDA-MoE is the LLaDA family (schedules, no logit shift) with routed experts.
-constexpr const char * LLADA_MOE_ARCH = "llada-moe";
-
 Identity identify(const GGUFFile & file) {
     const auto arch = file.get_string("general.architecture");
     if (!arch) file.fail("no general.architecture key: not a model file");
@@ -69,17 +70,17 @@ Identity identify(const GGUFFile & file) {
     id.arch_key = *arch;
     if (*arch == "diffuse") {
         const auto type = file.get_string("diffuse.model_type");
-        if (!type || !parse_family(*type, id.arch))
+        if (type != "llada" && type != "dream")
             file.fail("diffuse-cpp file with unknown diffuse.model_type '" + type.value_or("") +
                       "' (expected llada or dream)");
+        id.arch = &arch_of_family(*type == "llada" ? Arch::LLaDA : Arch::Dream);
         id.keys = &DIFFUSE_CPP_KEYS;
         return id;
     }
-    id.moe = *arch == LLADA_MOE_ARCH;
-    if (id.moe) id.arch = Arch::LLaDA;
-    else if (!parse_family(*arch, id.arch))
-        file.fail("unsupported architecture '" + *arch +
-                  "': diffuse runs masked diffusion models (llada, llada-moe, dream, or diffuse-cpp files)");
+    id.arch = arch_by_name(*arch);
+    if (!id.arch)
+        file.fail("unsupported architecture '" + *arch + "': diffuse runs diffusion models (" + arch_names() +
+                  ", or diffuse-cpp files)");
     id.keys = file.has("diffuse.format_version") ? &OURS_KEYS : &LLAMA_CPP_KEYS;
     return id;
 }

@@ -2,6 +2,7 @@
 // Tensor names are llama.cpp's in all three (see docs/ARCHITECTURE.md).
 #pragma once
 
+#include "architectures.h"
 #include "diffuse.h"
 
 #include <string>
@@ -27,23 +28,19 @@ struct DialectKeys {
     const char * expert_count;       // MoE keys; nullptr where the dialect has no MoE models
     const char * expert_used_count;
     const char * expert_ff_length;
+    const char * head_dim;           // nullptr or absent: n_embd / n_head
+    const char * block_size;         // block diffusion: the trained block length
 };
 
 // Identify the dialect and family of an opened file (throws diffuse::Error when neither fits).
 struct Identity {
     const DialectKeys * keys;
-    Arch arch;
-    bool moe = false;                // LLaDA-MoE ("llada-moe"): the LLaDA family with routed experts
+    const ArchInfo * arch;           // the architecture (architectures.h)
     std::string arch_key;            // value that replaces {arch}
 };
 Identity identify(const GGUFFile & file);
 
 std::string key_for(const char * tmpl, const std::string & arch_key);
-
-// LLaDA's mask id when a llama.cpp-converted file does not record one.
-constexpr int32_t LLADA_DEFAULT_MASK_ID = 126336;
-// LLaDA-MoE-7B-A1B's mask id (the id llama.cpp's converter writes).
-constexpr int32_t LLADA_MOE_DEFAULT_MASK_ID = 156895;
 
 const char * arch_name(Arch a);
 const char * dialect_name(Dialect d);

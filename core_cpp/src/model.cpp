@@ -152,18 +152,24 @@ void ModelImpl::read_hparams() {
         return bounded(f, k, f.get_int(k), lo, hi);
     };
 
-    hp_.arch = id.arch;
+    arch_ = id.arch;
+    hp_.arch = id.arch->family;
     hp_.dialect = K.dialect;
     hp_.n_layer = int_key(K.block_count, 1, 1024);
     hp_.n_embd = int_key(K.embedding_length, 1, 1 << 17);
     hp_.n_head = int_key(K.head_count, 1, 4096);
     hp_.n_head_kv = f.has(key(K.head_count_kv)) ? int_key(K.head_count_kv, 1, 4096) : hp_.n_head;
     // A MoE file's feed_forward_length (the unused dense width) may be absent.
-    hp_.n_ff = id.moe && !f.has(key(K.feed_forward_length)) ? 0 : int_key(K.feed_forward_length, 1, 1 << 20);
+    hp_.n_ff = arch_->moe && !f.has(key(K.feed_forward_length)) ? 0 : int_key(K.feed_forward_length, 1, 1 << 20);
     hp_.n_ctx_train = f.has(key(K.context_length)) ? int_key(K.context_length, 1, 1 << 24) : 4096;
-    if (hp_.n_embd % hp_.n_head != 0) f.fail("embedding length is not a multiple of the head count");
     if (hp_.n_head % hp_.n_head_kv != 0) f.fail("head count is not a multiple of the KV head count");
-    hp_.head_dim = hp_.n_embd / hp_.n_head;
+    // Qwen3 (SDAR) states its head size, which need not be n_embd / n_head (SDAR-4B: 2560 / 32 heads of 128).
+    if (K.head_dim && f.has(key(K.head_dim))) {
+        hp_.head_dim = int_key(K.head_dim, 2, 1 << 12);
+    } else {
+        if (hp_.n_embd % hp_.n_head != 0) f.fail("embedding length is not a multiple of the head count");
+        hp_.head_dim = hp_.n_embd / hp_.n_head;
+    }
     if (hp_.head_dim % 2 != 0) f.fail("head dimension must be even for RoPE");
 
     const std::string theta_key = key(K.rope_freq_base);
@@ -173,7 +179,7 @@ void ModelImpl::read_hparams() {
     if (!(hp_.rope_theta > 0 && std::isfinite(hp_.rope_theta))) f.fail("key " + theta_key + " must be a positive number");
     if (!(hp_.rms_eps > 0 && hp_.rms_eps < 1)) f.fail("key " + eps_key + " must be in (0, 1)");
 
-    if (id.moe) {
+    if (arch_->moe) {
         // Bounds first, so a hostile header never sizes a tensor: 0 experts, more used than exist.
         hp_.n_expert = int_key(K.expert_count, 1, 4096);
         hp_.n_expert_used = int_key(K.expert_used_count, 1, hp_.n_expert);
@@ -181,27 +187,34 @@ void ModelImpl::read_hparams() {
         hp_.n_ff_exp = f.has(key(K.expert_ff_length)) ? int_key(K.expert_ff_length, 1, 1 << 20)
                                                       : hp_.n_ff / hp_.n_expert_used;
         if (hp_.n_ff_exp < 1) f.fail("missing key " + key(K.expert_ff_length));
-        hp_.qk_norm = true;
     }
+    hp_.qk_norm = arch_->qk_norm;
 
     // llama.cpp's LLaDA converter permutes q/k like Llama, so those files (and ours, which follow
     // them) rotate interleaved pairs; diffuse-cpp's unpermuted LLaDA, LLaDA-MoE and every Dream
     // use NEOX.
-    const bool permuted = hp_.arch == Arch::LLaDA && !id.moe && K.dialect != Dialect::DiffuseCpp;
+    const bool permuted = arch_->build == build_llada && K.dialect != Dialect::DiffuseCpp;
     hp_.rope_mode = permuted ? 0 : GGML_ROPE_TYPE_NEOX;
 
-    hp_.shift_logits = hp_.arch == Arch::Dream;
+    hp_.shift_logits = arch_->shift_logits;
     if (K.shift_logits && f.has(K.shift_logits)) hp_.shift_logits = *f.get_bool(K.shift_logits);
 
     const std::string mask_key = key(K.mask_token_id);
     if (f.has(mask_key)) {
         hp_.mask_token_id = (int32_t) bounded(f, mask_key, f.get_int(mask_key), 0, INT32_MAX);
-    } else if (hp_.arch == Arch::LLaDA) {
-        hp_.mask_token_id = id.moe ? LLADA_MOE_DEFAULT_MASK_ID : LLADA_DEFAULT_MASK_ID;
+    } else if (arch_->default_mask_id >= 0) {
+        hp_.mask_token_id = arch_->default_mask_id;
     } else {
         f.fail("missing mask token id (" + mask_key + ")");
     }
     hp_.file_type = (int32_t) f.get_int("general.file_type").value_or(-1);
+
+    hp_.block_size = 0;
+    if (arch_->block_diffusion) {
+        const std::string block_key = K.block_size ? key(K.block_size) : "diffusion.block_size";
+        if (!f.has(block_key)) f.fail("missing key " + block_key + ": a block-diffusion model must state its block size");
+        hp_.block_size = (int) int_key(K.block_size, 1, hp_.n_ctx_train);
+    }
 }
 
 // Types the CPU matrix product handles for weights; anything else is refused at load.
@@ -281,7 +294,7 @@ void ModelImpl::bind_weights(bool repack) {
     w_.output_norm = get(tensor_names::output_norm, {n_embd}, false);
     w_.output = get(tensor_names::output, {n_embd, hp.n_vocab}, true, /*required*/ false);
     if (!w_.output) w_.output = w_.tok_embd;   // tied embeddings
-    const bool biases = hp.arch == Arch::Dream;
+    const bool biases = arch_->qkv_bias;
     for (int il = 0; il < hp.n_layer; ++il) {
         auto n = [&](const char * what) { return tensor_names::blk(il, what); };
         LayerWeights L{};
@@ -408,6 +421,7 @@ void ModelImpl::forward_into(const std::vector<int32_t> & tokens, const std::vec
     b.cache = &ctx->cache(0, n);
     b.tokens = tokens;
     b.n_kv = n;
+    b.attn_block = hp_.block_size;   // the model's own pattern
     for (int i = 0; i < n; ++i) b.positions.push_back(i);
     b.out_rows = rows;
     if (rows.empty())

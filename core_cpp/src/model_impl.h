@@ -1,6 +1,7 @@
 // Internal model state: hyper-parameters, memory-mapped weights, load options and the pool of contexts.
 #pragma once
 
+#include "architectures.h"
 #include "diffuse.h"
 #include "gguf_file.h"
 
@@ -90,6 +91,7 @@ public:
     bool kv_f16() const override { return kv_f16_; }
 
     const Weights & weights() const { return w_; }
+    const ArchInfo & arch() const { return *arch_; }
     int64_t layer_matmul_params() const { return layer_matmul_params_; }   // all layers' matrices one position uses
     const GGUFFile & file() const { return *file_; }
 
@@ -111,6 +113,7 @@ private:
     ggml_backend_buffer * repack_buf_ = nullptr;   // repacked copies of quantised matrices
     ggml_context * widened_ctx_ = nullptr;         // F32 copies of F16/BF16 norms and biases
     ggml_backend_buffer * widened_buf_ = nullptr;
+    const ArchInfo * arch_ = nullptr;
     HParams hp_{};
     Weights w_{};
     size_t weights_bytes_ = 0;

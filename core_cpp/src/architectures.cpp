@@ -1,0 +1,39 @@
+#include "architectures.h"
+
+namespace diffuse {
+
+// LLaDA's mask id when a llama.cpp-converted file does not record one; LLaDA-MoE-7B-A1B's is the
+// id llama.cpp's converter writes.
+constexpr int32_t LLADA_MASK_ID = 126336;
+constexpr int32_t LLADA_MOE_MASK_ID = 156895;
+
+static const ArchInfo ARCHS[] = {
+    // name            family            graph            bias   qknorm moe    shift  block  mask
+    {"llada",          Arch::LLaDA,      build_llada,     false, false, false, false, false, LLADA_MASK_ID},
+    {"llada-moe",      Arch::LLaDA,      build_llada_moe, false, true,  true,  false, false, LLADA_MOE_MASK_ID},
+    {"dream",          Arch::Dream,      build_dream,     true,  false, false, true,  false, -1},
+    // SDAR and TraDo: Qwen3 blocks, trained block-causal (JetAstra/SDAR modeling_sdar.py).
+    {"sdar",           Arch::SDAR,       build_sdar,      false, true,  false, false, true,  -1},
+    // Fast-dLLM v2: Qwen2.5 blocks (Dream's graph), block-causal, shifted logits.
+    {"fast-dllm-v2",   Arch::FastDLLMv2, build_dream,     true,  false, false, true,  true,  -1},
+};
+
+const ArchInfo * arch_by_name(const std::string & name) {
+    for (const ArchInfo & a : ARCHS)
+        if (name == a.name) return &a;
+    return nullptr;
+}
+
+const ArchInfo & arch_of_family(Arch family) {
+    for (const ArchInfo & a : ARCHS)
+        if (a.family == family && !a.moe) return a;
+    throw Error("no architecture for this family");
+}
+
+std::string arch_names() {
+    std::string s;
+    for (const ArchInfo & a : ARCHS) s += (s.empty() ? "" : ", ") + std::string(a.name);
+    return s;
+}
+
+}  // namespace diffuse

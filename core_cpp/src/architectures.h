@@ -1,0 +1,43 @@
+// The architectures the engine runs, as one table (llama.cpp's llama-arch.cpp in small): the GGUF
+// general.architecture name, the family whose schedules and defaults apply, the graph that computes
+// it (core_cpp/src/models/) and what the loader requires of the file. Everything else a model
+// differs by (head counts, block size, mask id, logit shift) is read from its GGUF.
+#pragma once
+
+#include "diffuse.h"
+
+#include <string>
+
+struct ggml_tensor;
+
+namespace diffuse {
+
+class GraphBuilder;
+using BuildGraph = ggml_tensor * (*)(GraphBuilder & g);   // returns the logits (n_vocab, n_out)
+
+struct ArchInfo {
+    const char * name;         // general.architecture
+    Arch         family;
+    BuildGraph   build;
+    bool         qkv_bias;     // q/k/v projections carry biases (Qwen2)
+    bool         qk_norm;      // per-head RMSNorm of q and k before RoPE (Qwen3, LLaDA-MoE)
+    bool         moe;          // routed experts instead of a dense FFN
+    bool         shift_logits; // position i takes the logits of i - 1, when the file does not say
+    bool         block_diffusion;  // causal across blocks, bidirectional inside: diffusion.block_size required
+    int32_t      default_mask_id;  // when the file records none; -1: the file must record it
+};
+
+// nullptr for a name the engine does not run.
+const ArchInfo * arch_by_name(const std::string & name);
+// diffuse-cpp files name only the family (diffuse.model_type): its dense architecture.
+const ArchInfo & arch_of_family(Arch family);
+// Every architecture name, for messages.
+std::string arch_names();
+
+// The graphs (core_cpp/src/models/*.cpp).
+ggml_tensor * build_llada(GraphBuilder & g);
+ggml_tensor * build_llada_moe(GraphBuilder & g);
+ggml_tensor * build_dream(GraphBuilder & g);
+ggml_tensor * build_sdar(GraphBuilder & g);
+
+}  // namespace diffuse

@@ -1,0 +1,167 @@
+#include "graph.h"
+
+#include "forward.h"
+
+#include "ggml.h"
+
+#include <cmath>
+#include <numeric>
+#include <string>
+
+namespace diffuse {
+
+int BatchShape::total_q() const { return std::accumulate(n_q.begin(), n_q.end(), 0); }
+int BatchShape::total_out() const { return std::accumulate(n_out.begin(), n_out.end(), 0); }
+
+GraphBuilder::GraphBuilder(ggml_context * ctx_, const ModelImpl & model, const BatchShape & shape,
+                           const std::vector<KVCache *> & caches, GraphInputs & in)
+    : ctx(ctx_), hp(model.hparams()), w(model.weights()), model_(model), shape_(shape), caches_(caches), in_(in) {
+    const int n_seq = (int) shape.n_q.size();
+    in = GraphInputs{};
+    in.tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, shape.total_q());
+    in.positions = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, shape.total_q());
+    in.out_rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, shape.total_out());
+    for (ggml_tensor * t : {in.tokens, in.positions, in.out_rows}) ggml_set_input(t);
+    for (int s = 0; s < n_seq; ++s) {
+        in.cache_rows.push_back(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, shape.n_q[s]));
+        ggml_set_input(in.cache_rows.back());
+        if (n_seq > 1) {
+            in.gather_rows.push_back(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, shape.n_q[s]));
+            ggml_set_input(in.gather_rows.back());
+        }
+        ggml_tensor * mask = nullptr;
+        if (shape.masked[s]) {
+            mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, shape.n_kv[s], shape.n_q[s]);
+            ggml_set_input(mask);
+        }
+        in.masks.push_back(mask);
+    }
+}
+
+void GraphBuilder::name(ggml_tensor * t, const char * what, int il) {
+    if (il < 0) ggml_set_name(t, what);
+    else ggml_format_name(t, "%s-%d", what, il);
+}
+
+ggml_tensor * GraphBuilder::embed() {
+    ggml_tensor * x = ggml_get_rows(ctx, w.tok_embd, in_.tokens);
+    name(x, "embd");
+    return x;
+}
+
+ggml_tensor * GraphBuilder::norm(ggml_tensor * x, ggml_tensor * weight) {
+    return ggml_mul(ctx, ggml_rms_norm(ctx, x, hp.rms_eps), weight);
+}
+
+ggml_tensor * GraphBuilder::linear(ggml_tensor * wt, ggml_tensor * b, ggml_tensor * x) {
+    ggml_tensor * y = ggml_mul_mat(ctx, wt, x);
+    return b ? ggml_add(ctx, y, b) : y;
+}
+
+std::tuple<ggml_tensor *, ggml_tensor *, ggml_tensor *> GraphBuilder::qkv(const LayerWeights & L, ggml_tensor * x) {
+    const int64_t n_q = x->ne[1];
+    ggml_tensor * q = ggml_reshape_3d(ctx, linear(L.wq, L.bq, x), hp.head_dim, hp.n_head, n_q);
+    ggml_tensor * k = ggml_reshape_3d(ctx, linear(L.wk, L.bk, x), hp.head_dim, hp.n_head_kv, n_q);
+    ggml_tensor * v = linear(L.wv, L.bv, x);
+    return {q, k, v};
+}
+
+ggml_tensor * GraphBuilder::rope(ggml_tensor * t) {
+    return ggml_rope_ext(ctx, t, in_.positions, nullptr, (int) hp.head_dim, hp.rope_mode, 0, hp.rope_theta,
+                         1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+}
+
+// Attention of one sequence's queries over its cache rows [0, n_kv), through `mask` (F16
+// (n_kv, n_q), 0 or -inf) when there is one. Q: (hd, n_q, n_head); K, V: cache views
+// (hd, n_kv, n_head_kv). Returns (hd * n_head, n_q).
+static ggml_tensor * attend(ggml_context * ctx, const HParams & hp, bool flash, ggml_tensor * Q, ggml_tensor * K,
+                            ggml_tensor * V, ggml_tensor * mask) {
+    const int64_t hd = hp.head_dim, n_q = Q->ne[1];
+    const float scale = 1.0f / std::sqrt((float) hd);
+    ggml_tensor * o;
+    if (flash) {
+        // Scores are computed in tiles and never stored: memory O(n_q + n_kv), not O(n_q * n_kv).
+        o = ggml_flash_attn_ext(ctx, Q, K, V, mask, scale, 0.0f, 0.0f);    // (hd, n_head, n_q)
+    } else {
+        ggml_tensor * kq = ggml_mul_mat(ctx, K, Q);                          // (n_kv, n_q, n_head); GQA by broadcast
+        kq = ggml_soft_max_ext(ctx, kq, mask, scale, 0.0f);
+        ggml_tensor * Vt = ggml_cont(ctx, ggml_permute(ctx, V, 1, 0, 2, 3)); // (n_kv, hd, n_head_kv)
+        o = ggml_mul_mat(ctx, Vt, kq);                                       // (hd, n_q, n_head)
+        o = ggml_cont(ctx, ggml_permute(ctx, o, 0, 2, 1, 3));                // (hd, n_head, n_q)
+    }
+    return ggml_reshape_2d(ctx, o, hd * hp.n_head, n_q);
+}
+
+ggml_tensor * GraphBuilder::attention(int il, const LayerWeights & L, ggml_tensor * q, ggml_tensor * k,
+                                      ggml_tensor * v) {
+    const int64_t hd = hp.head_dim, kv_row = hd * hp.n_head_kv, n_q = q->ne[2];
+    const int n_seq = (int) shape_.n_q.size();
+    k = ggml_reshape_2d(ctx, k, kv_row, n_q);
+    ggml_tensor * out = nullptr;   // (hd * n_head, n_q)
+    for (int s = 0, off = 0; s < n_seq; off += shape_.n_q[s], ++s) {
+        const int n = shape_.n_q[s], n_kv = shape_.n_kv[s];
+        KVCache & cache = *caches_[s];
+        ggml_tensor * ks = ggml_view_2d(ctx, k, kv_row, n, k->nb[1], off * k->nb[1]);
+        ggml_tensor * vs = ggml_view_2d(ctx, v, kv_row, n, v->nb[1], off * v->nb[1]);
+        ggml_tensor * kc = ggml_set_rows(ctx, cache.k[il], ks, in_.cache_rows[s]);
+        ggml_tensor * vc = ggml_set_rows(ctx, cache.v[il], vs, in_.cache_rows[s]);
+        const size_t el = ggml_element_size(kc);
+        // (hd, n_kv, n_head_kv) views of the cache; (hd, n, n_head) of this sequence's queries.
+        ggml_tensor * K = ggml_view_3d(ctx, kc, hd, n_kv, hp.n_head_kv, kc->nb[1], el * hd, 0);
+        ggml_tensor * V = ggml_view_3d(ctx, vc, hd, n_kv, hp.n_head_kv, vc->nb[1], el * hd, 0);
+        ggml_tensor * Q = ggml_view_3d(ctx, q, hd, n, hp.n_head, q->nb[2], q->nb[1], off * q->nb[2]);
+        ggml_tensor * o = attend(ctx, hp, model_.flash_attn(), Q, K, V, in_.masks[s]);
+        if (n_seq == 1) out = o;
+        else {
+            if (!out) out = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hd * hp.n_head, n_q);
+            out = ggml_set_rows(ctx, out, o, in_.gather_rows[s]);   // back to its rows of the batch
+        }
+    }
+    name(out, "kqv_out", il);
+    return ggml_mul_mat(ctx, L.wo, out);
+}
+
+ggml_tensor * GraphBuilder::output_rows(ggml_tensor * x) { return ggml_get_rows(ctx, x, in_.out_rows); }
+
+ggml_tensor * GraphBuilder::swiglu(const LayerWeights & L, ggml_tensor * x) {
+    ggml_tensor * gate = ggml_silu(ctx, ggml_mul_mat(ctx, L.ffn_gate, x));
+    ggml_tensor * up = ggml_mul_mat(ctx, L.ffn_up, x);
+    return ggml_mul_mat(ctx, L.ffn_down, ggml_mul(ctx, gate, up));
+}
+
+// SwiGLU FFN of the k experts the router picks for each row, weighted by their router
+// probabilities (softmax over all experts, not renormalised over the k: LLaDA-MoE's rule).
+// x: (n_embd, n). The router's full ranking is kept as an output for ForwardRunner::routing.
+ggml_tensor * GraphBuilder::moe(const LayerWeights & L, ggml_tensor * x) {
+    const int64_t n = x->ne[1], k = hp.n_expert_used;
+    ggml_tensor * probs = ggml_soft_max(ctx, ggml_mul_mat(ctx, L.ffn_gate_inp, x));        // (n_expert, n)
+    ggml_tensor * chosen = ggml_argsort_top_k(ctx, probs, (int) k);                        // (k, n)
+    ggml_tensor * weights = ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, hp.n_expert, n), chosen);  // (1, k, n)
+    ggml_tensor * xe = ggml_reshape_3d(ctx, x, x->ne[0], 1, n);      // (n_embd, 1, n): one input shared by its k
+    ggml_tensor * gate = ggml_mul_mat_id(ctx, L.ffn_gate_exps, xe, chosen);                // (n_ff_exp, k, n)
+    ggml_tensor * up = ggml_mul_mat_id(ctx, L.ffn_up_exps, xe, chosen);
+    ggml_tensor * act = ggml_swiglu_split(ctx, gate, up);                                  // silu(gate) * up, one pass
+    ggml_tensor * out = ggml_mul_mat_id(ctx, L.ffn_down_exps, act, chosen);                // (n_embd, k, n)
+    out = ggml_mul(ctx, out, weights);
+    ggml_tensor * sum = nullptr;
+    for (int64_t j = 0; j < k; ++j) {
+        ggml_tensor * e = ggml_view_2d(ctx, out, out->ne[0], n, out->nb[2], j * out->nb[1]);
+        sum = sum ? ggml_add(ctx, sum, e) : e;
+    }
+    // chosen views the first k of each row of the router's full ranking: kept as an output
+    // (n_expert ints per row), so the allocator never reuses it.
+    ggml_set_output(chosen->view_src);
+    in_.experts.push_back(chosen->view_src);
+    return sum;
+}
+
+ggml_tensor * GraphBuilder::head(ggml_tensor * x) {
+    x = norm(x, w.output_norm);
+    ggml_tensor * logits = ggml_mul_mat(ctx, w.output, x);   // (n_vocab, n_out)
+    name(logits, "logits");
+    ggml_set_output(logits);
+    in_.logits = logits;
+    return logits;
+}
+
+}  // namespace diffuse

@@ -1,0 +1,82 @@
+// The shared blocks every architecture's graph is built from (core_cpp/src/models/*.cpp compose
+// them, as llama.cpp's src/models/ do over llama-graph.cpp). A graph computes one forward pass over
+// a batch of sequences: each sequence's rows go through the network together (the mat-muls see
+// every row of every sequence), their post-RoPE K/V are written into that sequence's cache at their
+// positions, and their queries attend over that cache's rows [0, n_kv), bidirectionally or
+// block-causally.
+#pragma once
+
+#include "model_impl.h"
+
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+struct ggml_context;
+struct ggml_tensor;
+
+namespace diffuse {
+
+class KVCache;
+
+// What fixes a graph's shape: a pass of the same shape reuses the graph, only its inputs change.
+struct BatchShape {
+    std::vector<uint64_t> caches;   // KVCache ids, one per sequence
+    std::vector<int> n_q, n_kv, n_out;
+    std::vector<uint8_t> masked;    // 1: attention through a mask (block-causal), 0: over all n_kv rows
+    bool operator==(const BatchShape & o) const {
+        return caches == o.caches && n_q == o.n_q && n_kv == o.n_kv && n_out == o.n_out && masked == o.masked;
+    }
+    int total_q() const;
+    int total_out() const;
+};
+
+// The graph's inputs, written before every run.
+struct GraphInputs {
+    ggml_tensor * tokens = nullptr;          // I32 (n_q_total)
+    ggml_tensor * positions = nullptr;       // I32 (n_q_total)
+    std::vector<ggml_tensor *> cache_rows;   // per sequence, I64 (n_q): cache rows to write
+    std::vector<ggml_tensor *> gather_rows;  // per sequence, I64 (n_q): its rows in the batch (B > 1)
+    std::vector<ggml_tensor *> masks;        // per sequence, F16 (n_kv, n_q) additive, or nullptr
+    ggml_tensor * out_rows = nullptr;        // I32 (n_out_total), into the batch
+    ggml_tensor * logits = nullptr;          // (n_vocab, n_out_total)
+    // MoE, per layer: the router's ranking, I32 (n_expert, rows) best first; rows = n_q_total
+    // (last layer: n_out_total)
+    std::vector<ggml_tensor *> experts;
+};
+
+class GraphBuilder {
+public:
+    GraphBuilder(ggml_context * ctx, const ModelImpl & model, const BatchShape & shape,
+                 const std::vector<KVCache *> & caches, GraphInputs & in);
+
+    ggml_context * const ctx;
+    const HParams & hp;
+    const Weights & w;
+
+    bool last_layer(int il) const { return il == hp.n_layer - 1; }
+
+    ggml_tensor * embed();                                            // (n_embd, n_q)
+    ggml_tensor * norm(ggml_tensor * x, ggml_tensor * weight);        // RMSNorm times weight
+    ggml_tensor * linear(ggml_tensor * w, ggml_tensor * b, ggml_tensor * x);   // w x (+ b)
+    // Q (hd, n_head, n_q), K (hd, n_head_kv, n_q), V (hd * n_head_kv, n_q) of a layer, biases
+    // added where the layer has them.
+    std::tuple<ggml_tensor *, ggml_tensor *, ggml_tensor *> qkv(const LayerWeights & L, ggml_tensor * x);
+    ggml_tensor * rope(ggml_tensor * t);                              // (hd, heads, n_q), at the rows' positions
+    // Writes K/V into each sequence's cache, attends over it, projects: (n_embd, n_q).
+    ggml_tensor * attention(int il, const LayerWeights & L, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v);
+    // The last layer runs its FFN and the head only for the rows whose logits are wanted.
+    ggml_tensor * output_rows(ggml_tensor * x);                       // (n, n_out)
+    ggml_tensor * swiglu(const LayerWeights & L, ggml_tensor * x);    // down(silu(gate x) * up x)
+    ggml_tensor * moe(const LayerWeights & L, ggml_tensor * x);       // routed experts, routing kept
+    ggml_tensor * head(ggml_tensor * x);                              // logits (n_vocab, n_out)
+    void name(ggml_tensor * t, const char * what, int il = -1);       // "attn_out-3", for dumps
+
+private:
+    const ModelImpl & model_;
+    const BatchShape & shape_;
+    const std::vector<KVCache *> & caches_;
+    GraphInputs & in_;
+};
+
+}  // namespace diffuse
