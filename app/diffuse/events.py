@@ -61,6 +61,7 @@ class GenerateResult:
     gen_length: int
     useful_length: int                 # decided (non-mask) tokens before the first end-of-text
     decided_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # (gen_length,)
+    prefill_ms: float = 0.0            # block diffusion: the prompt's whole blocks, once (in total_ms)
 
     @property
     def buffer_tokens_per_s(self) -> float:

@@ -22,9 +22,10 @@ DIALECT_OURS = "diffuse"
 DIALECT_LLAMA_CPP = "llama.cpp"
 DIALECT_DIFFUSE_CPP = "diffuse-cpp"
 DIALECT_OTHER = "other"
-FAMILIES = ("llada", "dream")
+FAMILIES = ("llada", "dream", "sdar", "fast-dllm-v2")
 # general.architecture -> family: LLaDA-MoE runs as the LLaDA family (schedules, chat, no shift).
-ARCH_FAMILIES = {"llada": "llada", "dream": "dream", "llada-moe": "llada"}
+ARCH_FAMILIES = {"llada": "llada", "dream": "dream", "llada-moe": "llada", "sdar": "sdar",
+                 "fast-dllm-v2": "fast-dllm-v2"}
 
 # ggml's names for GGUF value types (gguf_type_name), as read_gguf reports them in kv_types.
 _VALUE_TYPES = {

@@ -67,11 +67,13 @@ class Model:
     def repacked_bytes(self) -> int:
         return self._core.repacked_bytes
 
-    def forward(self, token_ids, positions=None) -> np.ndarray:
-        """Raw logits float32 under bidirectional attention, before any Dream shift.
+    def forward(self, token_ids, positions=None, block_size: int | None = None) -> np.ndarray:
+        """Raw logits float32 under the model's attention pattern, before any logit shift.
 
         (n_tokens, n_vocab) for every position, or (len(positions), n_vocab) for the positions given
-        (the head then runs over those rows only, as in a denoising step).
+        (the head then runs over those rows only, as in a denoising step). Full-attention models
+        attend bidirectionally; block-diffusion models block-causally, in blocks of their own block
+        size or of `block_size` (what a run with that block_length sees).
         """
         ids = np.asarray(token_ids)
         if ids.ndim != 1 or ids.size == 0:
@@ -82,7 +84,7 @@ class Model:
         rows = [] if positions is None else [int(p) for p in positions]
         if positions is not None and not rows:
             raise DiffuseError("forward: positions is empty")
-        return self._core.forward(ids.astype(np.int32), rows)
+        return self._core.forward(ids.astype(np.int32), rows, -1 if block_size is None else block_size)
 
     def _check_ids(self, ids: np.ndarray) -> None:
         # Checked before the cast to int32, which would wrap 2**32 + 5 into a valid id.
@@ -230,7 +232,8 @@ class Model:
             text=text, tokens=tokens, prompt_tokens=np.asarray(prompt_ids, dtype=np.int32), steps=out["steps"],
             steps_allowed=out["steps_allowed"], stop_reason=out["stop_reason"], step_ms=out["step_ms"],
             forward_ms=out["forward_ms"], sample_ms=out["sample_ms"], total_ms=total_ms,
-            gen_length=len(tokens), useful_length=useful, decided_step=out["decided_step"])
+            gen_length=len(tokens), useful_length=useful, decided_step=out["decided_step"],
+            prefill_ms=out["prefill_ms"])
 
     def _tokenizer_or_none(self):
         try:

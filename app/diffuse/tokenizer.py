@@ -80,7 +80,9 @@ _DREAM_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-_DEFAULT_TEMPLATES = {"llada": _LLADA_TEMPLATE, "dream": _DREAM_TEMPLATE}
+# SDAR/TraDo and Fast-dLLM v2 are Qwen models: ChatML, as Dream.
+_DEFAULT_TEMPLATES = {"llada": _LLADA_TEMPLATE, "dream": _DREAM_TEMPLATE, "sdar": _DREAM_TEMPLATE,
+                      "fast-dllm-v2": _DREAM_TEMPLATE}
 
 # Token strings, looked up in the vocabulary: ends of text (LLaDA: <|endoftext|> 126081 and
 # <|eot_id|> 126348; Dream: <|endoftext|>, <|im_end|>), beginnings of text and mask tokens.

@@ -61,6 +61,7 @@ static py::dict output_dict(const diffuse::GenerateOutput & out) {
     d["sample_ms"] = to_numpy(out.sample_ms);
     d["steps"] = out.steps;
     d["steps_allowed"] = out.steps_allowed;
+    d["prefill_ms"] = out.prefill_ms;
     d["stop_reason"] = out.stop_reason;
     d["error"] = out.error;
     return d;
@@ -77,9 +78,10 @@ static const char * kind_name(OptionKind k) {
     return "?";
 }
 
-static diffuse::Arch arch_of(const std::string & arch) {
-    if (arch != "llada" && arch != "dream") throw diffuse::Error("unknown architecture '" + arch + "'");
-    return arch == "llada" ? diffuse::Arch::LLaDA : diffuse::Arch::Dream;
+static diffuse::Arch arch_of(const std::string & family) {
+    for (diffuse::Arch a : {diffuse::Arch::LLaDA, diffuse::Arch::Dream, diffuse::Arch::SDAR, diffuse::Arch::FastDLLMv2})
+        if (family == diffuse::arch_name(a)) return a;
+    throw diffuse::Error("unknown model family '" + family + "'");
 }
 
 static py::object option_value(const OptionInfo & o, const diffuse::GenerateParams & p) {

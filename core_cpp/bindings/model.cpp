@@ -33,6 +33,7 @@ static py::dict hparams_dict(const diffuse::HParams & hp) {
     d["n_expert_used"] = hp.n_expert_used;
     d["n_ff_exp"] = hp.n_ff_exp;
     d["qk_norm"] = hp.qk_norm;
+    d["block_size"] = hp.block_size;        // 0: attends to the whole sequence
     return d;
 }
 
@@ -59,7 +60,7 @@ void diffuse_py::register_model(py::module_ & m) {
         .def_property_readonly("kv_f16", &Model::kv_f16)
         .def_property("threads", &Model::n_threads, &Model::set_n_threads)
         .def("forward",
-             [](const Model & self, I32Array tokens, std::vector<int32_t> rows) {
+             [](const Model & self, I32Array tokens, std::vector<int32_t> rows, int block_size) {
                  if (tokens.ndim() != 1) throw diffuse::Error("forward: expected a 1-D array of token ids");
                  std::vector<int32_t> ids(tokens.data(), tokens.data() + tokens.size());
                  // The engine writes straight into the array: one allocation, one copy.
@@ -68,10 +69,11 @@ void diffuse_py::register_model(py::module_ & m) {
                  float * dst = out.mutable_data();
                  {
                      py::gil_scoped_release release;
-                     self.forward_into(ids, rows, dst);
+                     self.forward_into(ids, rows, dst, block_size);
                  }
                  return out;
              },
-             py::arg("tokens"), py::arg("rows") = std::vector<int32_t>{},
-             "Logits (n_rows, n_vocab) of the given positions (all when empty), bidirectional, no Dream shift.");
+             py::arg("tokens"), py::arg("rows") = std::vector<int32_t>{}, py::arg("block_size") = -1,
+             "Logits (n_rows, n_vocab) of the given positions (all when empty), under the model's attention "
+             "pattern (bidirectional or block-causal), before any logit shift.");
 }

@@ -223,8 +223,10 @@ public:
     // the positions in `rows` (every position when empty). A diffusion step needs only the masked
     // positions of its block, so the head runs over those rows only.
     // forward_into writes them to `out`, which holds rows.size() (or tokens.size()) * n_vocab floats.
+    // block_size of a block-diffusion model: the blocks of a run with another block_length (< 0:
+    // the model's own).
     virtual void forward_into(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows,
-                              float * out) const = 0;
+                              float * out, int block_size = -1) const = 0;
     std::vector<float> forward(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows = {}) const {
         std::vector<float> out((rows.empty() ? tokens.size() : rows.size()) * hparams().n_vocab);
         forward_into(tokens, rows, out.data());

@@ -2,11 +2,18 @@
 // batch of them advancing together (one forward pass per step over every unfinished sequence). The
 // batch is a stream: sequences join and leave it at step boundaries; generate_batch admits all at once.
 //
-// Inter-step cache (the paper's): K/V of every layer stay in a KVCache between steps. A step
-// recomputes only its active positions (masked in the current block, changed within the last
-// keep_active steps, and for Dream the rows whose shifted logits are needed); every other position
-// keeps the K/V of the step that last computed it. Step 0 and every refresh_every-th step recompute
-// everything; cache=false recomputes everything every step (exact).
+// Inter-step cache of full-attention models (the paper's): K/V of every layer stay in a KVCache
+// between steps. A step recomputes only its active positions (masked in the current block, changed
+// within the last keep_active steps, and for Dream the rows whose shifted logits are needed); every
+// other position keeps the K/V of the step that last computed it. Step 0 and every refresh_every-th
+// step recompute everything; cache=false recomputes everything every step (exact).
+//
+// Block diffusion (SDAR, Fast-dLLM v2): blocks of block_length are aligned at position 0 and
+// attention is causal across them, so a finished block's K/V never change and the cache is exact.
+// The prompt's whole blocks are prefilled once; its tail shares the first answer block. A step
+// computes the current block's rows against the cache; the first step of a block also recomputes
+// the block that just finished, from its final tokens (in the same pass: the block-causal mask
+// keeps those rows from seeing the new block, so their K/V are what a pass of their own gives).
 #include "diffuse.h"
 
 #include "context.h"
@@ -27,10 +34,21 @@ namespace diffuse {
 
 GenerateParams default_generate_params(Arch arch) {
     GenerateParams p;
-    if (arch == Arch::Dream) {
-        // Dream's reference: whole-sequence denoising with the entropy rule and eps schedule.
-        p.scheduler = Scheduler::Entropy;
-        p.block_length = 0;
+    switch (arch) {
+        case Arch::LLaDA: break;
+        case Arch::Dream:
+            // Dream's reference: whole-sequence denoising with the entropy rule and eps schedule.
+            p.scheduler = Scheduler::Entropy;
+            p.block_length = 0;
+            break;
+        case Arch::SDAR:
+        case Arch::FastDLLMv2:
+            // SDAR's recipe: the model's block (block_length 0), one step per position at most,
+            // the dynamic rule at 0.9 (SDAR uses 0.85-0.9; Fast-dLLM v2 0.9).
+            p.scheduler = Scheduler::LowConfidenceDynamic;
+            p.block_length = 0;
+            p.confidence_threshold = 0.9f;
+            break;
     }
     return p;
 }
@@ -47,21 +65,45 @@ double ms_since(Clock::time_point t0) {
 // "recently changed", so the cache keeps serving it.
 constexpr int NEVER = INT_MIN / 2;
 
-// Checks a request against the model; returns the effective block length.
-int validate(const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p) {
+// Where a run's blocks lie: [origin, n_total) in blocks of `block`.
+struct Geometry {
+    int block, origin, n_total;
+};
+
+// Checks a request against the model; returns its blocks.
+Geometry validate(const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p) {
     const HParams & hp = model.hparams();
     if (prompt.empty()) throw Error("the prompt is empty");
     model.check_tokens(prompt.data(), prompt.size());
     check_options(p);
-    const int block = p.block_length <= 0 ? p.gen_length : std::min(p.block_length, p.gen_length);
-    if (p.gen_length % block != 0)
+    const int64_t n_prompt = (int64_t) prompt.size();
+    Geometry g;
+    if (hp.block_diffusion()) {
+        // Blocks aligned at position 0 (SDAR's generate.py): the prompt's whole blocks are
+        // prefilled, its tail shares the first answer block, the run ends on a block boundary.
+        if (p.cfg_scale > 0) throw Error("cfg_scale is not supported for block-diffusion models");
+        g.block = p.block_length > 0 ? p.block_length : hp.block_size;
+        const int64_t origin = n_prompt / g.block * g.block;
+        const int64_t end = origin + (n_prompt + p.gen_length - origin + g.block - 1) / g.block * g.block;
+        if (end > hp.n_ctx_train)
+            throw Error("prompt (" + std::to_string(n_prompt) + " tokens) + gen_length (" +
+                        std::to_string(p.gen_length) + "), in whole blocks of " + std::to_string(g.block) +
+                        ", exceeds the model's context of " + std::to_string(hp.n_ctx_train) + " positions");
+        g.origin = (int) origin;
+        g.n_total = (int) end;
+        return g;
+    }
+    g.block = p.block_length <= 0 ? p.gen_length : std::min(p.block_length, p.gen_length);
+    if (p.gen_length % g.block != 0)
         throw Error("gen_length (" + std::to_string(p.gen_length) + ") must be a multiple of block_length (" +
-                    std::to_string(block) + ")");
-    if ((int64_t) prompt.size() + p.gen_length > hp.n_ctx_train)
+                    std::to_string(g.block) + ")");
+    if (n_prompt + p.gen_length > hp.n_ctx_train)
         throw Error("prompt (" + std::to_string(prompt.size()) + " tokens) + gen_length (" +
                     std::to_string(p.gen_length) + ") exceeds the model's context of " +
                     std::to_string(hp.n_ctx_train) + " positions");
-    return block;
+    g.origin = (int) n_prompt;
+    g.n_total = (int) (n_prompt + p.gen_length);
+    return g;
 }
 
 // One sequence's state through the run.
@@ -69,7 +111,8 @@ struct Sequence {
     int index;
     const GenerateParams p;            // a copy: the admitted item is gone after admit()
     const SchedulerInfo & sched;
-    int n_prompt, n_total, block, n_blocks, steps_per_block;
+    const bool block_causal;           // block diffusion: exact cache, blocks aligned at 0
+    int n_prompt, n_total, block, origin, n_blocks, steps_per_block;
     std::vector<int> counts;           // LLaDA schedule: positions to commit at each step of a block
 
     std::vector<int32_t> x;            // (n_total,) current sequence
@@ -80,6 +123,7 @@ struct Sequence {
     KVCache * cache = nullptr;
     KVCache * uncond_cache = nullptr;
     std::vector<size_t> slots;         // the context's cache indices it holds, freed when it ends
+    int n_final = 0;                   // block diffusion: rows [0, n_final) of the cache are final
 
     int b = 0, i = 0, step = 0;        // current block, step within it, steps run
     bool done = false;
@@ -89,16 +133,19 @@ struct Sequence {
     std::vector<int32_t> cand, sources, active;
 
     Sequence(int index_, const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p_)
-        : index(index_), p(p_), sched(scheduler_info(p_.scheduler)) {
-        block = validate(model, prompt, p);
+        : index(index_), p(p_), sched(scheduler_info(p_.scheduler)), block_causal(model.hparams().block_diffusion()) {
+        const Geometry g = validate(model, prompt, p);
+        block = g.block;
+        origin = g.origin;
+        n_total = g.n_total;
         n_prompt = (int) prompt.size();
-        n_total = n_prompt + p.gen_length;
-        n_blocks = p.gen_length / block;
-        // Each block gets the same number of steps; the budget is rounded down to a multiple of the
-        // block count (at least one step per block), and a block never gets more steps than it has
-        // positions: past that a schedule only adds steps that commit nothing (Dream's eps schedule
-        // spent half of them so at steps = 2 x gen_length).
-        steps_per_block = std::clamp(p.steps / n_blocks, 1, block);
+        n_blocks = (n_total - origin) / block;
+        // Each block gets the same number of steps, and never more than it has positions: past
+        // that a schedule only adds steps that commit nothing (Dream's eps schedule spent half of
+        // them so at steps = 2 x gen_length). Full attention: the budget is the run's, rounded
+        // down to a multiple of the block count (at least one step per block); block diffusion:
+        // it is per block (SDAR's denoising_steps).
+        steps_per_block = std::clamp(block_causal ? p.steps : p.steps / n_blocks, 1, block);
         counts = llada_transfer_counts(block, steps_per_block);
         const int32_t mask_id = model.hparams().mask_token_id;
         x = prompt;
@@ -111,7 +158,7 @@ struct Sequence {
             x_uncond = x;
             std::fill(x_uncond.begin(), x_uncond.begin() + n_prompt, mask_id);
         }
-        out.steps_allowed = steps_per_block * n_blocks;
+        out.steps_allowed = (sched.until_done ? block : steps_per_block) * n_blocks;
         out.stop_reason = "done";
     }
 
@@ -121,15 +168,36 @@ struct Sequence {
         return std::move(out);
     }
 
-    int block_start() const { return n_prompt + b * block; }
+    int block_start() const { return origin + b * block; }
     int block_end() const { return block_start() + block; }
+    // Positions a step can see: block diffusion has no future yet.
+    int n_visible() const { return block_causal ? block_end() : n_total; }
     bool is_eos(int32_t t) const { return std::find(p.eos_ids.begin(), p.eos_ids.end(), t) != p.eos_ids.end(); }
+
+    // Positions to commit at step i of a block (the rule may commit more or fewer).
+    int scheduled(int n_cand) const {
+        if (sched.schedule == Schedule::DreamEps) return dream_transfer_count(n_cand, i, steps_per_block, p.eps);
+        return i >= steps_per_block - 1 ? n_cand : std::min(counts[i], n_cand);
+    }
+
+    // Whether the finished current block ends the answer: full attention, when it is all
+    // end-of-text; block diffusion (SDAR's and LLaDA2's stop), when it holds one.
+    bool ends_answer() const {
+        if (p.eos_ids.empty()) return false;
+        const int bs = std::max(block_start(), n_prompt), be = block_end();
+        for (int pos = bs; pos < be; ++pos) {
+            const bool eos = !mask[pos] && is_eos(x[pos]);
+            if (block_causal && eos) return true;
+            if (!block_causal && !eos) return false;
+        }
+        return !block_causal;
+    }
 
     // Moves to the next step that has work (finishing blocks on the way); false when the run is over.
     bool next_step(bool shift_logits) {
         while (!done && b < n_blocks) {
             const int bs = block_start(), be = block_end();
-            if (i < steps_per_block) {
+            if (i < steps_per_block || sched.until_done) {
                 cand.clear();
                 for (int pos = bs; pos < be; ++pos)
                     if (mask[pos]) cand.push_back(pos);
@@ -142,10 +210,7 @@ struct Sequence {
                     return true;
                 }
             }
-            // A finished block that is all end-of-text ends the answer: pad the rest and stop.
-            bool all_eos = !p.eos_ids.empty();
-            for (int pos = bs; pos < be && all_eos; ++pos) all_eos = !mask[pos] && is_eos(x[pos]);
-            if (all_eos && be < n_total) {
+            if (ends_answer() && be < n_total) {   // pad the rest and stop
                 for (int pos = be; pos < n_total; ++pos) {
                     x[pos] = p.eos_ids.front();
                     mask[pos] = 0;
@@ -162,34 +227,68 @@ struct Sequence {
 
     // Positions to recompute this step; the source row of every needed logit is always among them.
     void plan_active() {
-        const bool full = !p.cache || step == 0 || (p.refresh_every > 0 && step % p.refresh_every == 0);
+        active.clear();
         const int bs = block_start(), be = block_end();
+        if (block_causal) {
+            // The current block, and the rows whose K/V are not final yet (the block that just
+            // finished); with shifted logits also the block holding the first source row.
+            int from = p.cache ? std::min(n_final, bs) : 0;
+            from = std::min(from, sources.front() / block * block);
+            for (int pos = from; pos < be; ++pos) active.push_back(pos);
+            return;
+        }
+        const bool full = !p.cache || step == 0 || (p.refresh_every > 0 && step % p.refresh_every == 0);
         std::vector<uint8_t> on(n_total, 1);
         if (!full) {
             for (int pos = 0; pos < n_total; ++pos)
                 on[pos] = (mask[pos] && pos >= bs && pos < be) || step - last_change[pos] <= p.keep_active;
             for (int32_t s : sources) on[s] = 1;
         }
-        active.clear();
         for (int pos = 0; pos < n_total; ++pos)
             if (on[pos]) active.push_back(pos);
     }
 
-    // This step's rows of `cache` computed from `seq`.
-    SequenceRows rows(KVCache * kv, const std::vector<int32_t> & seq) const {
+    // Rows [from, to) of `seq` for `kv`, with block diffusion's mask (prefill and steps).
+    SequenceRows rows(KVCache * kv, const std::vector<int32_t> & seq, const std::vector<int32_t> & positions,
+                      const std::vector<int32_t> & wanted) const {
         SequenceRows r;
         r.cache = kv;
-        r.n_kv = n_total;
+        r.n_kv = block_causal ? (positions.back() / block + 1) * block : n_total;
+        r.attn_block = block_causal ? block : 0;
         std::vector<int32_t> row_of(n_total, -1);
-        for (int32_t pos : active) {
+        for (int32_t pos : positions) {
             row_of[pos] = (int32_t) r.tokens.size();
             r.tokens.push_back(seq[pos]);
             r.positions.push_back(pos);
         }
-        for (int32_t s : sources) r.out_rows.push_back(row_of[s]);
+        for (int32_t s : wanted) r.out_rows.push_back(row_of[s]);
         return r;
     }
+
+    // This step's rows of `kv`, computed from `seq`.
+    SequenceRows step_rows(KVCache * kv, const std::vector<int32_t> & seq) const { return rows(kv, seq, active, sources); }
 };
+
+// Block diffusion: the prompt's whole blocks [0, origin) written to the sequence's cache once,
+// in passes of at most PREFILL_ROWS rows (whole blocks) so that compute memory stays bounded
+// whatever the prompt's length. A pass must return some logits: one row's, unused.
+constexpr int PREFILL_ROWS = 512;
+
+void prefill(Sequence & q, ForwardRunner & runner, int n_threads, int64_t n_vocab) {
+    if (!q.block_causal || !q.p.cache || q.origin == 0) return;
+    const Clock::time_point t0 = Clock::now();
+    const int chunk = std::max(1, PREFILL_ROWS / q.block) * q.block;
+    std::vector<float> logits(n_vocab);
+    std::vector<int32_t> positions;
+    for (int from = 0; from < q.origin; from += chunk) {
+        positions.clear();
+        for (int pos = from; pos < std::min(q.origin, from + chunk); ++pos) positions.push_back(pos);
+        runner.run({q.rows(q.cache, q.x, positions, {positions.back()})}, n_threads, logits.data());
+    }
+    q.n_final = q.origin;
+    q.out.prefill_ms = ms_since(t0);
+    q.plan_active();   // planned at admission, before the prompt's blocks were in the cache
+}
 
 }  // namespace
 
@@ -252,12 +351,13 @@ int generate_stream(const Model & base, const BatchFeed & feed, const StepCallba
             if (items.empty()) break;
             continue;   // everything admitted was refused: ask again
         }
+        const int n_threads = work[0]->p.n_threads > 0 ? thread_count(work[0]->p.n_threads) : model.n_threads();
         for (Sequence * q : work) {
             if (q->cache) continue;
             q->cache = take_cache(*q);
             if (q->p.cfg_scale > 0) q->uncond_cache = take_cache(*q);
+            prefill(*q, ctx->runner, n_threads, V);
         }
-        const int n_threads = work[0]->p.n_threads > 0 ? thread_count(work[0]->p.n_threads) : model.n_threads();
 
         // ---- one forward pass for every sequence with a step to do ----
         const Clock::time_point t0 = Clock::now();
@@ -266,17 +366,18 @@ int generate_stream(const Model & base, const BatchFeed & feed, const StepCallba
         size_t n_out = 0;
         for (Sequence * q : work) {
             batch_index.push_back(batch.size());
-            batch.push_back(q->rows(q->cache, q->x));
+            batch.push_back(q->step_rows(q->cache, q->x));
             n_out += q->sources.size();
             if (q->uncond_cache) {
                 for (int pos = q->n_prompt; pos < q->n_total; ++pos) q->x_uncond[pos] = q->x[pos];
-                batch.push_back(q->rows(q->uncond_cache, q->x_uncond));
+                batch.push_back(q->step_rows(q->uncond_cache, q->x_uncond));
                 n_out += q->sources.size();
             }
         }
         logits.resize(n_out * (size_t) V);
         ctx->runner.run(batch, n_threads, logits.data());
         const double forward_ms = ms_since(t0);
+        for (Sequence * q : work) q->n_final = std::max(q->n_final, q->block_start());   // earlier blocks: final K/V
 
         // ---- per sequence: sample, commit, report ----
         float * row = logits.data();
@@ -305,10 +406,8 @@ int generate_stream(const Model & base, const BatchFeed & feed, const StepCallba
                 if (!std::isfinite(s.entropy))
                     throw Error(model.path() + ": the forward pass produced NaN/Inf logits (corrupt weights?)");
 
-            const int k = q.sched.schedule == Schedule::LLaDABlocks
-                              ? (q.i == q.steps_per_block - 1 ? n_cand : std::min(q.counts[q.i], n_cand))
-                              : dream_transfer_count(n_cand, q.i, q.steps_per_block, q.p.eps);
-            SelectInput in{stats, k, q.p.threshold, q.p.alg_temp, dream_transfer_prob(q.i, q.steps_per_block, q.p.eps),
+            SelectInput in{stats, q.scheduled(n_cand), q.p.threshold, q.p.confidence_threshold, q.p.entropy_budget,
+                           q.p.alg_temp, dream_transfer_prob(q.i, q.steps_per_block, q.p.eps),
                            rng_key(q.p.seed ^ 0x5ced5ced5cedULL, (uint64_t) q.step, 1)};
             const std::vector<int> chosen = q.sched.select(in);
 
@@ -332,7 +431,7 @@ int generate_stream(const Model & base, const BatchFeed & feed, const StepCallba
             const double total_ms = forward_ms + sample_ms;
 
             cached.clear();
-            for (int pos = 0, a = 0; pos < q.n_total; ++pos) {
+            for (int pos = 0, a = 0; pos < q.n_visible(); ++pos) {
                 if (a < (int) q.active.size() && q.active[a] == pos) ++a;
                 else cached.push_back(pos);
             }

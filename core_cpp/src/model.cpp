@@ -162,7 +162,6 @@ void ModelImpl::read_hparams() {
     // A MoE file's feed_forward_length (the unused dense width) may be absent.
     hp_.n_ff = arch_->moe && !f.has(key(K.feed_forward_length)) ? 0 : int_key(K.feed_forward_length, 1, 1 << 20);
     hp_.n_ctx_train = f.has(key(K.context_length)) ? int_key(K.context_length, 1, 1 << 24) : 4096;
-    if (hp_.n_head % hp_.n_head_kv != 0) f.fail("head count is not a multiple of the KV head count");
     // Qwen3 (SDAR) states its head size, which need not be n_embd / n_head (SDAR-4B: 2560 / 32 heads of 128).
     if (K.head_dim && f.has(key(K.head_dim))) {
         hp_.head_dim = int_key(K.head_dim, 2, 1 << 12);
@@ -170,6 +169,7 @@ void ModelImpl::read_hparams() {
         if (hp_.n_embd % hp_.n_head != 0) f.fail("embedding length is not a multiple of the head count");
         hp_.head_dim = hp_.n_embd / hp_.n_head;
     }
+    if (hp_.n_head % hp_.n_head_kv != 0) f.fail("head count is not a multiple of the KV head count");
     if (hp_.head_dim % 2 != 0) f.fail("head dimension must be even for RoPE");
 
     const std::string theta_key = key(K.rope_freq_base);
@@ -410,7 +410,7 @@ void ModelImpl::check_tokens(const int32_t * ids, size_t n) const {
 }
 
 void ModelImpl::forward_into(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows,
-                             float * out) const {
+                             float * out, int block_size) const {
     const int n = (int) tokens.size();
     if (n == 0) throw Error("forward: no tokens");
     if (n > hp_.n_ctx_train)
@@ -421,7 +421,10 @@ void ModelImpl::forward_into(const std::vector<int32_t> & tokens, const std::vec
     b.cache = &ctx->cache(0, n);
     b.tokens = tokens;
     b.n_kv = n;
-    b.attn_block = hp_.block_size;   // the model's own pattern
+    if (block_size >= 0 && !hp_.block_diffusion())
+        throw Error("forward: block_size applies to block-diffusion models only");
+    if (block_size == 0 || block_size > hp_.n_ctx_train) throw Error("forward: block_size out of range");
+    b.attn_block = block_size > 0 ? block_size : hp_.block_size;   // the model's own pattern by default
     for (int i = 0; i < n; ++i) b.positions.push_back(i);
     b.out_rows = rows;
     if (rows.empty())

@@ -84,7 +84,7 @@ public:
     int n_threads() const override { return n_threads_.load(); }
     void set_n_threads(int n) override;
     void forward_into(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows,
-                      float * out) const override;
+                      float * out, int block_size = -1) const override;
     size_t weights_bytes() const override { return weights_bytes_; }
     size_t repacked_bytes() const override { return repacked_bytes_; }
     bool flash_attn() const override { return flash_attn_; }

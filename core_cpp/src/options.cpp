@@ -24,10 +24,12 @@ const std::vector<OptionInfo> & generate_options() {
         {"gen_length", OptionKind::Int, 1, BIG, false, false,
          "positions to generate after the prompt", NUM_FIELD(gen_length, int)},
         {"steps", OptionKind::Int, 1, BIG, false, false,
-         "denoising step budget of the whole run (rounded down to a multiple of the block count; at most one step per position)",
+         "denoising step budget of the whole run (rounded down to a multiple of the block count; at most one step per position); "
+         "block-diffusion models: steps per block",
          NUM_FIELD(steps, int)},
         {"block_length", OptionKind::Int, 0, BIG, false, false,
-         "semi-autoregressive block size; 0 = one block over the whole answer", NUM_FIELD(block_length, int)},
+         "semi-autoregressive block size; 0 = one block over the whole answer (block-diffusion models: "
+         "the model's own block size)", NUM_FIELD(block_length, int)},
         {"scheduler", OptionKind::Choice, 0, 0, false, false, "which masked positions each step commits",
          nullptr, nullptr,
          [](const GenerateParams & p) { return std::string(scheduler_info(p.scheduler).name); },
@@ -35,8 +37,15 @@ const std::vector<OptionInfo> & generate_options() {
         {"threshold", OptionKind::Float, 0, 1e6, false, false,
          "entropy_exit tau, nats: commit every masked position whose entropy is below it",
          NUM_FIELD(threshold, float)},
+        {"confidence_threshold", OptionKind::Float, 0, 1, false, false,
+         "low_confidence_dynamic and confidence_threshold tau, a probability: commit the positions whose "
+         "x0 is at least this likely", NUM_FIELD(confidence_threshold, float)},
+        {"entropy_budget", OptionKind::Float, 0, 1e6, false, false,
+         "entropy_bounded budget, nats: commit the positions of lowest entropy while the sum of their entropies "
+         "minus the largest stays within it", NUM_FIELD(entropy_budget, float)},
         {"cache", OptionKind::Bool, 0, 1, false, false,
-         "inter-step K/V cache: recompute only active positions", NUM_FIELD(cache, bool)},
+         "inter-step K/V cache: recompute only active positions (block-diffusion models: exact, finished "
+         "blocks are never recomputed)", NUM_FIELD(cache, bool)},
         {"keep_active", OptionKind::Int, 1, BIG, false, false,
          "steps a changed position stays recomputed after its change",
          NUM_FIELD(keep_active, int)},

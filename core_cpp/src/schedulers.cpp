@@ -77,14 +77,62 @@ std::vector<int> select_entropy(const SelectInput & in) {
     return pick(scores(in, [](const RowStats & r) { return r.neg_entropy; }), in);
 }
 
+// Block diffusion rules. Confidence is the probability of x0 (at temperature 0: the softmax
+// probability of the argmax at temperature 1).
+float confidence(const RowStats & r) { return r.conf; }
+
+std::vector<int> select_low_confidence_static(const SelectInput & in) {
+    return top_k(scores(in, confidence), in.k);
+}
+
+// SDAR's low_confidence_dynamic (LLaDA2's rule too): every position above tau if there are at least
+// the scheduled count of them, else the scheduled count, most confident first.
+std::vector<int> select_low_confidence_dynamic(const SelectInput & in) {
+    std::vector<int> high;
+    for (size_t i = 0; i < in.stats.size(); ++i)
+        if (confidence(in.stats[i]) > in.confidence_threshold) high.push_back((int) i);
+    if ((int) high.size() >= in.k) return high;
+    return select_low_confidence_static(in);
+}
+
+// Fast-dLLM's get_transfer_index with a threshold: the most confident position, and every other
+// one whose confidence is not below tau.
+std::vector<int> select_confidence_threshold(const SelectInput & in) {
+    std::vector<int> order = top_k(scores(in, confidence), (int) in.stats.size());
+    std::vector<int> out;
+    for (size_t j = 0; j < order.size(); ++j)
+        if (j == 0 || confidence(in.stats[order[j]]) >= in.confidence_threshold) out.push_back(order[j]);
+    return out;
+}
+
+// EB-sampler (Ben-Hamu et al. 2025), as SDAR names it: the lowest-entropy positions, as many as keep
+// sum(H) - max(H) within the budget, at least one.
+std::vector<int> select_entropy_bounded(const SelectInput & in) {
+    const std::vector<int> order = top_k(scores(in, [](const RowStats & r) { return -r.entropy; }),
+                                         (int) in.stats.size());
+    std::vector<int> out;
+    double sum = 0;   // entropies taken so far: with the next (the largest yet), sum(H) - max(H) = sum
+    for (int j : order) {
+        if (!out.empty() && sum > in.entropy_budget) break;
+        sum += in.stats[j].entropy;
+        out.push_back(j);
+    }
+    return out;
+}
+
 const SchedulerInfo SCHEDULERS[] = {
-    {Scheduler::LowConfidence, "low_confidence", select_low_confidence, Schedule::LLaDABlocks, true, true},
-    {Scheduler::Random, "random", select_random, Schedule::LLaDABlocks, true, true},
-    {Scheduler::EntropyExit, "entropy_exit", select_entropy_exit, Schedule::LLaDABlocks, true, false},
-    {Scheduler::Origin, "origin", select_origin, Schedule::DreamEps, false, false},
-    {Scheduler::MaskgitPlus, "maskgit_plus", select_maskgit_plus, Schedule::DreamEps, false, true},
-    {Scheduler::TopkMargin, "topk_margin", select_topk_margin, Schedule::DreamEps, false, true},
-    {Scheduler::Entropy, "entropy", select_entropy, Schedule::DreamEps, false, true},
+    // id                              name                      rule                          schedule              gumbel fixed  until_done
+    {Scheduler::LowConfidence,        "low_confidence",         select_low_confidence,        Schedule::LLaDABlocks, true,  true,  false},
+    {Scheduler::Random,               "random",                 select_random,                Schedule::LLaDABlocks, true,  true,  false},
+    {Scheduler::EntropyExit,          "entropy_exit",           select_entropy_exit,          Schedule::LLaDABlocks, true,  false, false},
+    {Scheduler::Origin,               "origin",                 select_origin,                Schedule::DreamEps,    false, false, false},
+    {Scheduler::MaskgitPlus,          "maskgit_plus",           select_maskgit_plus,          Schedule::DreamEps,    false, true,  false},
+    {Scheduler::TopkMargin,           "topk_margin",            select_topk_margin,           Schedule::DreamEps,    false, true,  false},
+    {Scheduler::Entropy,              "entropy",                select_entropy,               Schedule::DreamEps,    false, true,  false},
+    {Scheduler::LowConfidenceDynamic, "low_confidence_dynamic", select_low_confidence_dynamic, Schedule::LLaDABlocks, false, false, false},
+    {Scheduler::LowConfidenceStatic,  "low_confidence_static",  select_low_confidence_static, Schedule::LLaDABlocks, false, true,  false},
+    {Scheduler::ConfidenceThreshold,  "confidence_threshold",   select_confidence_threshold,  Schedule::LLaDABlocks, false, false, true},
+    {Scheduler::EntropyBounded,       "entropy_bounded",        select_entropy_bounded,       Schedule::LLaDABlocks, false, false, true},
 };
 
 }  // namespace

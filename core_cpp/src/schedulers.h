@@ -15,6 +15,8 @@ struct SelectInput {
     const std::vector<RowStats> & stats;  // one per candidate
     int   k;                  // positions the schedule asks for this step (<= candidates)
     float threshold;          // entropy_exit tau, nats
+    float confidence_threshold;   // low_confidence_dynamic / confidence_threshold tau, a probability
+    float entropy_budget;     // entropy_bounded gamma, nats
     float alg_temp;           // Dream: > 0 samples positions instead of taking the top k
     double transfer_prob;     // Dream origin: 1 - s/t (1 on the last step)
     uint64_t rng;             // per-step key
@@ -30,6 +32,8 @@ struct SchedulerInfo {
     Schedule    schedule;     // how many positions a step commits
     bool        gumbel;       // LLaDA-style Gumbel sampling of x0 (else Dream's categorical)
     bool        fixed_count;  // false: the rule may commit more (entropy_exit) or a random number (origin)
+    bool        until_done;   // a block runs until it has no masks (each step commits >= 1); the
+                              // step budget does not bound it (Fast-dLLM's threshold, EB-sampler)
 };
 
 const SchedulerInfo & scheduler_info(Scheduler s);

@@ -11,13 +11,13 @@ F32, F16 = 0, 1     # GGML type ids
 
 def write_random(path: Path, arch: str, kv: dict, layer: dict[str, tuple], n_layer: int, n_embd: int,
                  n_vocab: int, f32: tuple[str, ...] = ()) -> Path:
-    """Write `arch`'s header (kv: keys without the `arch.` prefix, plus general.* and tokenizer.*
-    keys as they are) and n_layer blocks of `layer` (tensor name -> GGUF shape, fastest dimension
+    """Write `arch`'s header (kv: keys without the `arch.` prefix, plus general.*, tokenizer.* and
+    diffusion.* keys as they are) and n_layer blocks of `layer` (tensor name -> GGUF shape, fastest dimension
     first) between the embedding and the output head. 1-D tensors (norms, all ones) and the names
     in `f32` are F32; matrices are N(0, 1/fan_in)."""
     from diffuse.gguf_file import OutTensor, write
 
-    kv = {k if k.startswith(("general.", "tokenizer.")) else f"{arch}.{k}": v for k, v in kv.items()}
+    kv = {k if k.startswith(("general.", "tokenizer.", "diffusion.")) else f"{arch}.{k}": v for k, v in kv.items()}
     kv["general.architecture"], kv["general.file_type"] = arch, F16
     types = {k: "str" if isinstance(v, str) else "f32" if isinstance(v, float) else "u32" for k, v in kv.items()}
     shapes = {"token_embd.weight": (n_embd, n_vocab), "output_norm.weight": (n_embd,),
@@ -53,6 +53,21 @@ def write_random_llada(path: Path, n_layer: int, n_embd: int, n_head: int, n_ff:
           "attention.layer_norm_rms_epsilon": 1e-5, "tokenizer.ggml.mask_token_id": n_vocab - 1}
     layer = _attention(d) | {"ffn_gate.weight": (d, f), "ffn_up.weight": (d, f), "ffn_down.weight": (f, d)}
     return write_random(path, "llada", kv, layer, n_layer, d, n_vocab)
+
+
+def write_random_sdar(path: Path, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, head_dim: int,
+                      n_ff: int, n_vocab: int, n_ctx: int, block_size: int = 4) -> Path:
+    """An SDAR (Qwen3, block-causal) model: GQA with a stated head_dim, per-head q/k norms."""
+    d, f, q, kv_w = n_embd, n_ff, n_head * head_dim, n_head_kv * head_dim
+    kv = {"context_length": n_ctx, "embedding_length": d, "block_count": n_layer, "feed_forward_length": f,
+          "attention.head_count": n_head, "attention.head_count_kv": n_head_kv, "attention.key_length": head_dim,
+          "rope.freq_base": 1000000.0, "attention.layer_norm_rms_epsilon": 1e-6,
+          "tokenizer.ggml.mask_token_id": n_vocab - 1, "diffusion.block_size": block_size}
+    layer = {"attn_norm.weight": (d,), "attn_q.weight": (d, q), "attn_k.weight": (d, kv_w),
+             "attn_v.weight": (d, kv_w), "attn_output.weight": (q, d), "attn_q_norm.weight": (head_dim,),
+             "attn_k_norm.weight": (head_dim,), "ffn_norm.weight": (d,), "ffn_gate.weight": (d, f),
+             "ffn_up.weight": (d, f), "ffn_down.weight": (f, d)}
+    return write_random(path, "sdar", kv, layer, n_layer, d, n_vocab)
 
 
 def write_random_llada_moe(path: Path, n_layer: int, n_embd: int, n_head: int, n_expert: int, n_expert_used: int,

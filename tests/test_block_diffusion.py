@@ -1,0 +1,141 @@
+"""Block diffusion (SDAR, Fast-dLLM v2): block-causal attention, the exact growing K/V cache, the
+commit rules, batches and errors, on a random SDAR-shaped model (Qwen3 blocks, GQA, head_dim
+stated, q/k norms)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import diffuse
+from diffuse import DiffuseError, _core
+from diffuse.bench.random_models import write_random_sdar
+
+BLOCK_RULES = ["low_confidence_dynamic", "low_confidence_static", "confidence_threshold", "entropy_bounded"]
+PROMPT_13 = [5, 17, 42, 8, 99, 3, 250, 7, 61, 12, 140, 33, 90]   # ends mid-block (4 and 8)
+
+
+@pytest.fixture(scope="module")
+def sdar(tmp_path_factory):
+    path = write_random_sdar(tmp_path_factory.mktemp("sdar") / "sdar.gguf", n_layer=2, n_embd=64, n_head=4,
+                             n_head_kv=2, head_dim=24, n_ff=96, n_vocab=300, n_ctx=4608, block_size=4)
+    return diffuse.load(path, threads=2)
+
+
+def test_forward_is_causal_across_blocks(sdar):
+    ids = np.array(PROMPT_13, np.int32)
+    full = sdar.forward(ids)
+    for n in (4, 8, 12):                       # whole blocks see nothing after them
+        assert np.abs(sdar.forward(ids[:n]) - full[:n]).max() < 1e-5
+    part = sdar.forward(ids[:10])              # inside a block attention is bidirectional
+    assert np.abs(part[:8] - full[:8]).max() < 1e-5
+    assert np.abs(part[8:10] - full[8:10]).max() > 1e-3
+    wide = sdar.forward(ids, block_size=8)     # a run's own block length
+    assert np.abs(wide[:8] - sdar.forward(ids[:8], block_size=8)).max() < 1e-5
+    assert np.abs(wide[:4] - full[:4]).max() > 1e-3
+
+
+@pytest.mark.parametrize("scheduler", BLOCK_RULES)
+@pytest.mark.parametrize("block_length", [4, 8])
+@pytest.mark.parametrize("n_prompt", [8, 13])
+def test_cache_is_exact(sdar, scheduler, block_length, n_prompt):
+    kw = dict(gen_length=24, steps=block_length, block_length=block_length, scheduler=scheduler,
+              confidence_threshold=0.05, entropy_budget=8.0, temperature=0, chat=False)
+    cached = sdar.generate(PROMPT_13[:n_prompt], cache=True, **kw)
+    full = sdar.generate(PROMPT_13[:n_prompt], cache=False, **kw)
+    assert cached.tokens.tolist() == full.tokens.tolist()
+    assert cached.steps == full.steps
+    assert not (cached.tokens == sdar.mask_token_id).any()
+
+
+def test_a_step_computes_at_most_two_blocks_and_the_prompt_once(sdar):
+    prompt = list(np.random.default_rng(0).integers(0, 299, 1030))    # 257 whole blocks + 2
+    events = []
+    r = sdar.generate(prompt, gen_length=12, steps=4, block_length=4, scheduler="low_confidence_static",
+                      chat=False, on_step=events.append)
+    assert r.prefill_ms > 0
+    first = events[0]
+    assert first.active.tolist() == [1028, 1029, 1030, 1031]          # the prompt's tail and 2 masks
+    assert first.cached.tolist() == list(range(1028))                  # prefilled once, served from the cache
+    for ev in events:
+        assert len(ev.active) <= 8 and ev.active.max() < ev.block_end
+        assert ev.block_start % 4 == 0
+        if ev.block_start > 1028 and ev.active.min() < ev.block_start:   # the block that just finished
+            assert ev.active.min() == ev.block_start - 4
+    assert len(r.tokens) == 1032 + 12 - 1030    # whole blocks: the last one ends at 1044
+
+
+def test_answer_ends_on_a_block_boundary(sdar):
+    r = sdar.generate(PROMPT_13, gen_length=10, steps=4, block_length=4, chat=False)
+    assert (13 + len(r.tokens)) % 4 == 0 and len(r.tokens) >= 10
+
+
+@pytest.mark.parametrize("scheduler", BLOCK_RULES)
+def test_batches_and_streams_give_the_tokens_of_single_runs(sdar, scheduler):
+    prompts = [PROMPT_13, PROMPT_13[:8], PROMPT_13[:5]]
+    kw = dict(gen_length=16, steps=4, block_length=4, scheduler=scheduler, confidence_threshold=0.05,
+              chat=False)
+    batch = sdar.generate_batch(prompts, **kw)
+    for p, b in zip(prompts, batch):
+        assert sdar.generate(p, **kw).tokens.tolist() == b.tokens.tolist()
+
+
+def test_static_rule_commits_the_scheduled_count(sdar):
+    events = []
+    sdar.generate(PROMPT_13[:8], gen_length=16, steps=2, block_length=8, scheduler="low_confidence_static",
+                  chat=False, on_step=events.append)
+    assert [len(e.unmasked) for e in events] == [4, 4, 4, 4]
+
+
+def test_threshold_rules_commit_many_when_confident_and_one_at_least(sdar):
+    kw = dict(gen_length=16, steps=4, block_length=8, chat=False)
+    for rule in ("confidence_threshold", "low_confidence_dynamic"):
+        eager = sdar.generate(PROMPT_13[:8], scheduler=rule, confidence_threshold=0.0, **kw)
+        assert eager.steps == 2                          # every position of a block at once
+    slow = sdar.generate(PROMPT_13[:8], scheduler="confidence_threshold", confidence_threshold=1.0, **kw)
+    assert slow.steps == 16                              # one position per step
+    bounded = sdar.generate(PROMPT_13[:8], scheduler="entropy_bounded", entropy_budget=0.0, **kw)
+    assert bounded.steps == 16
+
+
+def test_a_block_holding_end_of_text_ends_the_answer(sdar):
+    def run(eos_ids):
+        options = diffuse.generation.resolve_options("sdar", gen_length=24, steps=4, block_length=4)
+        return _core.generate_batch(sdar._core, [np.array(PROMPT_13[:8], np.int32)], options=[options],
+                                    threads=2, eos_ids=eos_ids, on_step=None, expert_routing=False)[0]
+    plain = run([])
+    eos = int(plain["tokens"][5])                         # a token the second block commits
+    r = run([eos])
+    assert r["stop_reason"] == "eos" and r["steps"] < plain["steps"]
+    assert r["tokens"][:8].tolist() == plain["tokens"][:8].tolist()
+    assert r["tokens"][8:].tolist() == [eos] * 16         # the blocks after it: end-of-text
+
+
+def test_cancel_stops_at_the_step(sdar):
+    r = sdar.generate(PROMPT_13, gen_length=24, steps=4, block_length=4, chat=False, on_step=lambda ev: ev.step < 2)
+    assert r.stop_reason == "cancelled" and r.steps == 3
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"cfg_scale": 1.0}, "cfg_scale is not supported for block-diffusion models"),
+    ({"gen_length": 4600}, "exceeds the model's context"),
+    ({"block_length": 5000}, "exceeds the model's context"),
+])
+def test_bad_requests_get_one_clear_error(sdar, options, message):
+    with pytest.raises(DiffuseError, match=message):
+        sdar.generate(PROMPT_13, **{"gen_length": 8, **options}, chat=False)
+
+
+def test_forward_block_size_checked(sdar, tiny_gguf):
+    with pytest.raises(DiffuseError, match="out of range"):
+        sdar.forward(PROMPT_13, block_size=0)
+    llada = diffuse.load(tiny_gguf("llada", "f32"))
+    with pytest.raises(DiffuseError, match="block-diffusion models only"):
+        llada.forward([1, 2, 3], block_size=4)
+
+
+def test_missing_or_absurd_block_size_is_refused(tmp_path):
+    for block in (0, 1 << 20):
+        path = write_random_sdar(tmp_path / f"b{block}.gguf", n_layer=1, n_embd=32, n_head=2, n_head_kv=1,
+                                 head_dim=16, n_ff=32, n_vocab=64, n_ctx=256, block_size=block)
+        with pytest.raises(DiffuseError, match="diffusion.block_size"):
+            diffuse.load(path)
