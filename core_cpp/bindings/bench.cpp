@@ -2,6 +2,8 @@
 
 #include "diffuse.h"
 
+#include <pybind11/stl.h>
+
 namespace py = pybind11;
 
 void diffuse_py::register_bench(py::module_ & m) {
@@ -12,4 +14,11 @@ void diffuse_py::register_bench(py::module_ & m) {
           },
           py::arg("ggml_type"), py::arg("k"), py::arg("m"), py::arg("n"), py::kw_only(), py::arg("threads") = 1,
           py::arg("reps") = 3, py::arg("repack") = true, "Best wall time (s) of ggml's y = W x, W (m, k) of ggml_type, x (k, n) F32.");
+    m.def("bench_block_step",
+          [](const diffuse::Model & model, int depth, int width, int threads, int reps) {
+              py::gil_scoped_release release;
+              return diffuse::bench_block_step(model, depth, width, threads, reps);
+          },
+          py::arg("model"), py::arg("depth"), py::arg("width"), py::kw_only(), py::arg("threads") = 0,
+          py::arg("reps") = 5, "ms of each of `reps` block-diffusion steps: `width` new rows over `depth` cached rows.");
 }

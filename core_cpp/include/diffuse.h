@@ -257,4 +257,8 @@ namespace diffuse {
 // repack: place W in ggml's interleaved CPU layout when it can be (as the model loader does).
 double bench_matmul(int ggml_type, int64_t k, int64_t m, int64_t n, int n_threads, int reps, bool repack);
 
+// One block-diffusion step on its own: `width` new rows against `depth` cached rows (prefilled
+// first), logits for each new row. Wall time of each of `reps` passes after a warm-up, ms.
+std::vector<double> bench_block_step(const Model & model, int depth, int width, int n_threads, int reps);
+
 }  // namespace diffuse

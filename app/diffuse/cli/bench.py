@@ -139,6 +139,21 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_generation_options(st, skip=("steps", "scheduler"))
     add_threads_option(st)
 
+    bl = bs.add_parser("block", help="block diffusion against AR decode: block steps vs llama-bench pp/tg at depth",
+                       description="Block-diffusion steps of w rows at cached depth d beside llama-bench's prompt "
+                                   "pass of w tokens and decode token at that depth, then whole runs: tokens per "
+                                   "step and tok/s against AR decode (see docs/benchmarks.md).")
+    bl.add_argument("model", help="a block-diffusion GGUF (python -m diffuse.bench.ar_models makes one)")
+    bl.add_argument("--depths", type=int_list, default=[512, 2048], help="cached depths (default 512,2048)")
+    bl.add_argument("--widths", type=int_list, default=[1, 2, 4, 8, 32], help="rows per step (default 1,2,4,8,32)")
+    bl.add_argument("--threads", type=int, default=physical_cores(),
+                    help=f"threads (default: the physical cores, {physical_cores()} here)")
+    bl.add_argument("--reps", type=int, default=5, help="alternated repetitions per point (default 5)")
+    bl.add_argument("--gen-length", type=int, default=64, help="answer length of the whole runs (default 64)")
+    _llama_options(bl)
+    bl.add_argument("--json", type=Path, metavar="PATH", help="write the measurements as JSON")
+    bl.add_argument("--markdown", type=Path, metavar="PATH", help="write the tables as markdown")
+
     rp = bs.add_parser("report", help="the paper's tables, Fig. 3 and the study's findings from a folder of JSON",
                        description="Reads DIR/**/grid.json (bench grid) and DIR/batch.json, context.json, "
                                    "steps.json; writes DIR/study.md and its PNG plots.")
@@ -149,7 +164,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     return {"forward": _forward, "grid": _grid, "prompts": _prompts, "batch": _batch, "context": _context,
-            "steps": _steps, "report": _report}[args.bench_command](args)
+            "steps": _steps, "block": _block, "report": _report}[args.bench_command](args)
 
 
 def _write(path: Path | None, text: str) -> None:
@@ -310,6 +325,21 @@ def _steps(args) -> int:
                      log=lambda line: print(line, file=sys.stderr))
     print(text_table(rows, steps.COLUMNS))
     _write_json(args.json, _with_command(rows, args))
+    return 0
+
+
+def _block(args) -> int:
+    from diffuse.bench import block
+    from diffuse.bench.tables import text_table
+    _check_reps(args.reps)
+    if args.threads < 1 or args.gen_length < 1:
+        raise DiffuseError("--threads and --gen-length must be at least 1")
+    result = block.run(args.model, args.depths, args.widths, args.threads, args.reps, args.llama_bin,
+                       gen_length=args.gen_length, log=lambda line: print(line, file=sys.stderr))
+    print(text_table(result["steps"], block.STEP_COLUMNS))
+    print(text_table(result["runs"], block.RUN_COLUMNS))
+    _write_json(args.json, result)
+    _write(args.markdown, block.markdown(result))
     return 0
 
 

@@ -130,6 +130,7 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
     event = run.events[step]
     pl = run.prompt_length
     masked = event.gen_mask.tolist()
+    later = run.not_started(step).tolist()     # block diffusion: blocks not begun, drawn as outlines
     tokens = event.gen_tokens.tolist()
     colors = value_colors(run.cell_values(step, mode), mode, scale or value_range(run, mode))
     fresh = set((np.asarray(event.unmasked) - pl).tolist())
@@ -154,7 +155,11 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
     for i in range(first, last):
         r = layout.rect(i)
         color = colors[i]
-        if masked[i]:
+        if later[i]:
+            p.setPen(QPen(theme.GRID, 1.0))
+            p.setBrush(Qt.BrushStyle.NoBrush)
+            p.drawRoundedRect(r, RADIUS, RADIUS)
+        elif masked[i]:
             p.drawImage(r.topLeft(), mask_pix)
             if color is not None:     # pending uncertainty, as a bar along the bottom
                 p.fillRect(QRectF(r.left() + 3, r.bottom() - 4, r.width() - 6, 2.5), color)
@@ -185,7 +190,8 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
             p.drawRoundedRect(r.adjusted(-1, -1, 1, 1), RADIUS, RADIUS)
         if blocks and block_lo <= i < block_hi:   # underline the block being denoised
             p.fillRect(QRectF(r.left(), r.bottom() + 1, r.width(), 2), theme.ACCENT)
-        if i > 0 and i % block_len == 0:   # a block starts here
+        if i > 0 and (i - block_lo) % block_len == 0:   # a block starts here (block diffusion: at
+            # multiples of the block length from position 0, so the prompt's tail may share one)
             x = r.left() - layout.gap / 2
             p.fillRect(QRectF(x - 1, r.top() - 1, 2, r.height() + 2),
                        theme.ACCENT if i in (block_lo, block_hi) else theme.MUTED)
@@ -207,11 +213,15 @@ def tooltip_html(run: RunState, step: int, i: int) -> str:
     event = run.events[step]
     pl = run.prompt_length
     pos = pl + i
-    block = i // max(1, event.block_end - event.block_start)
+    block_len = max(1, event.block_end - event.block_start)
+    block = event.block + (pos - event.block_start) // block_len
     # counted from 1, like the header's "block k/n"
     lines = [f"<b>position {i}</b> &nbsp;<span style='color:#8a90a2'>(sequence {pos}, "
              f"block {block + 1}/{event.n_blocks})</span>"]
     decided = run.decided_step[i]
+    if run.not_started(step)[i]:
+        lines.append("<i>a later block: not started (block diffusion computes one block at a time)</i>")
+        return "<br>".join(lines)
     if event.gen_mask[i]:
         lines.append("<i>still masked</i>")
         ent, conf = run.latest_entropy[step, i], run.latest_confidence[step, i]
@@ -490,7 +500,8 @@ class CanvasPanel(QWidget):
         self.legend.set_scale(mode, self.canvas.scale, fitted)
         k = run.clamp(self.canvas.step)
         e = run.events[k]
-        self.status.setText(
-            f"{run.step_label(k)} · block {e.block + 1}/{e.n_blocks} · "
-            f"{int(e.gen_mask.sum())} of {run.gen_length} masked · "
-            f"{len(e.unmasked)} decided this step")
+        later = int(run.not_started(k).sum())
+        masked = (f"{int(e.gen_mask.sum()) - later} masked in this block · {later} positions in later blocks"
+                  if later else f"{int(e.gen_mask.sum())} of {run.gen_length} masked")
+        self.status.setText(f"{run.step_label(k)} · block {e.block + 1}/{e.n_blocks} · {masked} · "
+                            f"{len(e.unmasked)} decided this step")

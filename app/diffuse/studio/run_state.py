@@ -172,6 +172,12 @@ class RunState:
         decided = (self.decided_step >= 0) & (self.decided_step <= self.events[step].step)
         return np.where(decided, commit, latest[step])
 
+    def not_started(self, step: int) -> np.ndarray:
+        """bool (G,): masked positions the step neither computed nor read from the cache. Block
+        diffusion's later blocks: they do not exist for the model yet (full-attention runs have none)."""
+        event = self.events[step]
+        return event.gen_mask & (self.cache[step, self.prompt_length:] == 0)
+
     def fitted_range(self, mode: str) -> tuple[float, float] | None:
         """The FIT_PERCENTILES of the entropy (or top-1 probability) the answer's text tokens had
         when committed, or None before any; special tokens (end-of-text, near 0 nats) are left
