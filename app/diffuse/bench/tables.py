@@ -42,8 +42,13 @@ def text_table(rows: list[dict], columns: Columns) -> str:
     return "\n".join(fmt.format(*r) for r in [header, *body]) + "\n"
 
 
+def json_text(data) -> str:
+    return json.dumps(data, indent=1, default=_plain) + "\n"
+
+
 def write_json(path: Path, data) -> None:
-    path.write_text(json.dumps(data, indent=1, default=_plain) + "\n")
+    from diffuse.recording import write_atomic
+    write_atomic(path, json_text(data).encode())
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:

@@ -327,11 +327,11 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, previous)
         if view is not None:
             view.close()
-    if recording is not None:
-        recording.finish(result, model.tokenizer.decode).save(args.record)
     text = answer_text(result, model, resolve_options(model.arch, **options)["gen_length"])
     print(as_json(result, text, model.mask_token_id, resolved) if args.json else text, flush=True)
     print(summary(result), file=sys.stderr)
+    if recording is not None:   # after the answer: a save that fails (a full disk) does not lose it
+        recording.finish(result, model.tokenizer.decode).save(args.record)
     return 130 if interrupted else 0
 
 
