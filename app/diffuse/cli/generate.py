@@ -22,6 +22,7 @@ from diffuse.gguf_file import FAMILIES
 from diffuse.recording import Recording
 
 MASK_GLYPH = "\u2591"   # light shade: a position still masked
+EOS_GLYPH = "\u00b7"    # middle dot: end-of-text (the padding after the answer), not 13 columns of <|endoftext|>
 PARSE = {"int": int, "seed": int, "float": float}
 MAX_PROMPT_BYTES = 64 * 2**20   # far beyond any context; bounds what a stray file or pipe costs
 
@@ -115,7 +116,7 @@ class LiveView:
         self.tok = tokenizer
         self.out = stream
         self.lines_drawn = None     # newlines in the last frame; None before the first
-        self.pieces: dict[int, str] = {}
+        self.pieces: dict[int, str] = {int(t): EOS_GLYPH for t in tokenizer.eos_token_ids}
 
     def piece(self, token: int) -> str:
         if token not in self.pieces:
@@ -162,6 +163,8 @@ class LiveView:
         for pos in range(ev.prompt_length, len(ev.tokens)):
             if ev.mask[pos]:
                 text, style = MASK_GLYPH, "\x1b[2m"
+            elif self.pieces.get(int(ev.tokens[pos])) == EOS_GLYPH:
+                text, style = EOS_GLYPH, "\x1b[2m"
             else:
                 text, style = self.piece(ev.tokens[pos]), "\x1b[1;32m" if pos in new else ""
             for c in text:
@@ -322,14 +325,17 @@ def run(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
-        result = model.generate(prompt, chat=args.chat, on_step=on_step, **resolved)
+        try:
+            result = model.generate(prompt, chat=args.chat, on_step=on_step, **resolved)
+        finally:
+            if view is not None:
+                view.close()
+        # Until the answer is out, a late Ctrl-C only marks the run: it must not cut the answer short.
+        text = answer_text(result, model, resolve_options(model.arch, **options)["gen_length"])
+        print(as_json(result, text, model.mask_token_id, resolved) if args.json else text, flush=True)
+        print(summary(result), file=sys.stderr)
     finally:
         signal.signal(signal.SIGINT, previous)
-        if view is not None:
-            view.close()
-    text = answer_text(result, model, resolve_options(model.arch, **options)["gen_length"])
-    print(as_json(result, text, model.mask_token_id, resolved) if args.json else text, flush=True)
-    print(summary(result), file=sys.stderr)
     if recording is not None:   # after the answer: a save that fails (a full disk) does not lose it
         recording.finish(result, model.tokenizer.decode).save(args.record)
     return 130 if interrupted else 0
