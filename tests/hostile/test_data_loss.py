@@ -4,7 +4,10 @@ Each is refused with one clear error before any work, through the API and the CL
 is still there, byte for byte. A full disk leaves the input and any previous output as they were.
 
 Hostile outputs tried: 14 spellings for quantize, 15 for convert, 4 full-disk failures, and 2
-links at OUT / OUT.part to an unrelated file (written around, never through)."""
+links at OUT / OUT.part to an unrelated file (written around, never through). The same one output
+check guards bench --json / --markdown (3 spellings of the model for each of the 5 variants),
+--record and train: read-only folders and a disk with no free space are refused before the work,
+and a disk that fills during it leaves nothing behind (the answer is still printed)."""
 from __future__ import annotations
 
 import errno

@@ -292,6 +292,8 @@ def run(args: argparse.Namespace) -> int:
     if args.record:   # refused before the model loads: the run would be lost to a failing save
         check_output(args.record, "--record", [args.model], example_name="run.npz")
     check_input(args.model, "-m")
+    if args.tokenizer:
+        check_input(args.tokenizer, "--tokenizer")
     prompt = read_prompt(args)
     logical = os.cpu_count() or 1
     if args.threads is not None and args.threads > logical:

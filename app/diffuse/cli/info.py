@@ -30,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
         listing = f"; it holds {', '.join(models)}" if models else " with no .gguf file in it"
         raise DiffuseError(f"{folder}: is a folder, not a GGUF file{listing}")
     check_input(args.file)
+    if args.tokenizer:
+        check_input(args.tokenizer, "--tokenizer")
     with open(args.file, "rb") as f:
         if f.read(4) == b"PK\x03\x04":     # a zip (.npz): a recording of a run, not a model
             return _recording(args)

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 from diffuse import DiffuseError
-from diffuse.cli import check_output, check_output_folder
+from diffuse.cli import check_input, check_output, check_output_folder
 
 # Options that set a stored hyper-parameter (TrainConfig field): default None, so that a resume can
 # tell an explicit value from an absent one.
@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise DiffuseError(f"diffuse train needs PyTorch ({e}); install it with: pip install 'diffuse[train]'") from e
     name = args.name or args.out.resolve().name
+    if not args.data.is_dir():
+        check_input(args.data, "DATA")
     check_output_folder(args.out, "--out")   # before the training: its checkpoints go there
     if args.gguf:
         check_output(str(args.gguf), "--gguf", [str(args.data)])
