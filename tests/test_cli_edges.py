@@ -240,7 +240,7 @@ def test_prompt_file_and_prompt_are_one_or_the_other(capsys, tmp_path):
     assert "no such file" in error_line(capsys, ["generate", "-m", DEMO, "--prompt-file", str(tmp_path / "no")])
 
 
-def test_stdin_prompt_needs_a_pipe():
+def test_an_empty_stdin_prompt_is_refused():
     done = diffuse_process([*GENERATE[:3], "-p", "-"], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     assert done.returncode == 1 and "-p - (standard input): the prompt is empty" in done.stderr
 

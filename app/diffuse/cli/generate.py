@@ -258,9 +258,10 @@ def read_prompt(args: argparse.Namespace) -> str:
             raise DiffuseError(f"{where}: cannot read it: {e.strerror}") from None
     else:
         where = "-p - (standard input)"
-        if sys.stdin is None or sys.stdin.isatty():
-            raise DiffuseError(f"{where}: standard input is {'closed' if sys.stdin is None else 'a terminal'}; "
-                               "pipe the prompt in (echo TEXT | diffuse generate -p - ...) or use --prompt-file")
+        if sys.stdin is None:
+            raise DiffuseError(f"{where}: standard input is closed; pipe the prompt in or use --prompt-file")
+        if sys.stdin.isatty():
+            print("diffuse: type the prompt, then Ctrl-D on a line of its own", file=sys.stderr)
         data = sys.stdin.buffer.read(MAX_PROMPT_BYTES + 1)
     if len(data) > MAX_PROMPT_BYTES:
         raise DiffuseError(f"{where}: more than {MAX_PROMPT_BYTES // 2**20} MiB; no model's context holds that")
