@@ -19,6 +19,7 @@ from diffuse import DiffuseError
 from diffuse.bench import batch, context, steps
 from diffuse.bench.prompts import DIFFICULTY, PAPER_PROMPTS
 from diffuse.bench.tables import md_table
+from diffuse.recording import write_atomic
 
 STUDY = ("batch", "context", "steps")
 
@@ -482,7 +483,6 @@ def markdown(data: dict, pngs: list[str]) -> str:
 
 
 def write(folder: Path, plots: bool = True) -> list[Path]:
-    from diffuse.recording import write_atomic
     data = load(folder)
     data["grid_paths"] = sorted(folder.rglob("grid.json"))
     try:

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections.abc import Callable
 from pathlib import Path
+
+from diffuse.recording import write_atomic
 
 # (key in the row, header, format string or a function of the value)
 Columns = list[tuple[str, str, str | Callable]]
@@ -47,16 +50,16 @@ def json_text(data) -> str:
 
 
 def write_json(path: Path, data) -> None:
-    from diffuse.recording import write_atomic
     write_atomic(path, json_text(data).encode())
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
+    text = io.StringIO(newline="")
+    w = csv.DictWriter(text, fieldnames=keys)
+    w.writeheader()
+    w.writerows(rows)
+    write_atomic(path, text.getvalue().encode())
 
 
 def _plain(x):

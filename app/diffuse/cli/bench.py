@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from diffuse import DiffuseError, physical_cores
+from diffuse.recording import write_atomic
 from diffuse.cli import check_input, check_output, check_output_folder
 from diffuse.cli.generate import add_generation_options, add_threads_option, generation_options
 
@@ -168,7 +169,6 @@ def _check_files(args, *inputs) -> None:
 
 
 def _write(path: Path | None, text: str) -> None:
-    from diffuse.recording import write_atomic
     if path is not None:
         write_atomic(path, text.encode())
         print(f"wrote {path}", file=sys.stderr)
