@@ -21,7 +21,10 @@ def check_output(path: str | os.PathLike, option: str, inputs: list[str], exampl
     a run would otherwise go to the end and fail at the save). Overwriting an input is named first.
     Every command that writes a file calls this, then writes through write_atomic or gguf_file.write."""
     path = str(path)
-    gguf_file.refuse_overwrite(path, inputs)
+    try:
+        gguf_file.refuse_overwrite(path, inputs)
+    except DiffuseError as e:
+        raise DiffuseError(f"{option} {e}") from None
     example = f"{path.rstrip('/' + os.sep)}/{example_name}"
     if Path(path).is_dir():
         raise DiffuseError(f"{option} {path}: is a folder; give a file name (e.g. {example})")
