@@ -433,3 +433,14 @@ def test_a_recording_that_cannot_be_saved_still_prints_the_answer(work, monkeypa
     assert out.endswith("\n")                                      # the answer was printed
     assert err.splitlines()[-1] == "diffuse: error: run.npz: the disk is full; nothing was written"
     assert not list(work.glob("*run.npz*"))
+
+
+def test_download_checks_its_folder_before_fetching(tmp_path, monkeypatch, capsys):
+    from diffuse import hub
+    monkeypatch.setattr(hub, "download", lambda *a, **k: pytest.fail("fetched first"))
+    ro = read_only_folder(tmp_path)
+    assert main(["download", "llada-8b-instruct", "--format", "hf", "-o", str(ro / "models")]) == 1
+    assert "not writable" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    assert main(["download", "llada-8b-instruct", "--format", "hf", "-o", str(tmp_path / "file")]) == 1
+    assert "is a file, not a folder" in capsys.readouterr().err
