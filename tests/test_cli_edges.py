@@ -202,6 +202,13 @@ def test_a_full_disk_on_stdout_is_an_error(command):
     assert "Traceback" not in done.stderr
 
 
+def test_a_closed_stderr_still_gives_the_answer():
+    done = subprocess.run([sys.executable, "-m", "diffuse.cli", *GENERATE], stdout=subprocess.PIPE, text=True,
+                          timeout=120, preexec_fn=lambda: os.close(2))
+    given = diffuse_process(GENERATE, stdout=subprocess.PIPE)
+    assert done.returncode == 0 and done.stdout == given.stdout and "steps" not in done.stdout
+
+
 def test_a_closed_stdout_is_an_error():
     done = diffuse_process(GENERATE, stdout=subprocess.DEVNULL, preexec_fn=lambda: os.close(1))
     assert done.returncode == 1

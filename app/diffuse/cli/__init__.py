@@ -137,6 +137,8 @@ class _Stdout:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)   # benchmarks record their command
+    if sys.stderr is None:   # `2>&-`: no notes wanted; the answer still goes out, the exit status still tells
+        sys.stderr = open(os.devnull, "w")
     if sys.stdout is None:   # Python's stdout when descriptor 1 is closed (`>&-`): print() would drop it all
         print("diffuse: error: standard output is closed; the output has nowhere to go", file=sys.stderr)
         return 1
