@@ -2,8 +2,11 @@
 file; and the notes and warnings a user should see."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from fixtures.dialects import to_diffuse_cpp
@@ -124,3 +127,147 @@ def test_grid_checks_the_ar_backend_before_loading(capsys, tmp_path, monkeypatch
                                "--ar-backend", backend, "-o", str(tmp_path / "out")])
     assert "--ar-" in line and ("llama-bench" in line or "llama-cpp-python" in line)
     assert not (tmp_path / "out").exists()
+
+
+# ---- what a model path names: missing, a folder, a FIFO, a device (a FIFO must never block) ----
+
+DEMO = str(Path(__file__).resolve().parent.parent / "models" / "diffuse-demo-3m.gguf")
+MODEL_COMMANDS = {
+    "generate": lambda m: ["generate", "-m", m, "-p", "hi"],
+    "info": lambda m: ["info", m],
+    "quantize": lambda m: ["quantize", m, "out.gguf", "Q8_0"],
+    "bench forward": lambda m: ["bench", "forward", m],
+    "bench prompts": lambda m: ["bench", "prompts", m],
+    "bench batch": lambda m: ["bench", "batch", m],
+    "bench context": lambda m: ["bench", "context", m],
+    "bench steps": lambda m: ["bench", "steps", m],
+    "bench grid": lambda m: ["bench", "grid", m, "--no-plots", "-o", "g"],
+}
+NOT_FILES = {"fifo": "is a FIFO (named pipe), not a regular file",
+             "device": "is a character device, not a regular file",
+             "folder": "is a folder", "missing": "no such file"}
+
+
+@pytest.mark.parametrize("kind", list(NOT_FILES))
+@pytest.mark.parametrize("command", list(MODEL_COMMANDS))
+def test_a_model_path_that_is_no_file_says_what_it_is(capsys, tmp_path, monkeypatch, command, kind):
+    monkeypatch.chdir(tmp_path)
+    path = {"fifo": "pipe", "device": "/dev/zero", "folder": "dir", "missing": "absent.gguf"}[kind]
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "pipe")      # opening it for reading would block: the test would hang
+    if kind == "folder":
+        (tmp_path / "dir").mkdir()
+    line = error_line(capsys, MODEL_COMMANDS[command](path))
+    assert NOT_FILES[kind] in line and path in line
+
+
+def test_convert_says_what_its_folder_is(capsys, tmp_path):
+    os.mkfifo(tmp_path / "pipe")
+    assert "is a FIFO" in error_line(capsys, ["convert", str(tmp_path / "pipe")])
+    (tmp_path / "f").write_text("x")
+    assert "is a file; give the checkpoint's folder" in error_line(capsys, ["convert", str(tmp_path / "f")])
+
+
+# ---- stdout: a reader that goes away, a full disk, a closed descriptor (real processes) ----
+
+def diffuse_process(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "diffuse.cli", *argv], stderr=subprocess.PIPE, text=True,
+                          timeout=120, **kwargs)
+
+
+GENERATE = ["generate", "-m", DEMO, "-p", "Once upon a time", "--gen-length", "32", "--steps", "8", "--threads", "1"]
+PIPED = {"info --tensors": ["info", DEMO, "--tensors"], "generate": GENERATE, "download": ["download"]}
+
+
+@pytest.mark.parametrize("command", list(PIPED))
+def test_a_closed_pipe_ends_quietly(command):
+    """`diffuse ... | head` where head has exited: the status of SIGPIPE, nothing on stderr."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = diffuse_process(PIPED[command], stdout=write)
+    finally:
+        os.close(write)
+    assert done.returncode == 128 + signal.SIGPIPE
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
+
+
+@pytest.mark.parametrize("command", ["generate", "info --json"])
+def test_a_full_disk_on_stdout_is_an_error(command):
+    argv = GENERATE if command == "generate" else ["info", DEMO, "--json"]
+    with open("/dev/full", "w") as full:
+        done = diffuse_process(argv, stdout=full)
+    assert done.returncode == 1
+    assert "diffuse: error: cannot write the output (standard output): No space left on device" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_closed_stderr_still_gives_the_answer():
+    done = subprocess.run([sys.executable, "-m", "diffuse.cli", *GENERATE], stdout=subprocess.PIPE, text=True,
+                          timeout=120, preexec_fn=lambda: os.close(2))
+    given = diffuse_process(GENERATE, stdout=subprocess.PIPE)
+    assert done.returncode == 0 and done.stdout == given.stdout and "steps" not in done.stdout
+
+
+def test_a_closed_stdout_is_an_error():
+    done = diffuse_process(GENERATE, stdout=subprocess.DEVNULL, preexec_fn=lambda: os.close(1))
+    assert done.returncode == 1
+    assert done.stderr == "diffuse: error: standard output is closed; the output has nowhere to go\n"
+
+
+# ---- the prompt from a file or standard input ----
+
+def test_prompt_from_a_file_and_from_stdin(tmp_path):
+    (tmp_path / "p.txt").write_text("Once upon a time\n")
+    from_file = diffuse_process([*GENERATE[:3], "--prompt-file", str(tmp_path / "p.txt"), *GENERATE[5:]],
+                                stdout=subprocess.PIPE)
+    from_stdin = diffuse_process([*GENERATE[:3], "-p", "-", *GENERATE[5:]], stdout=subprocess.PIPE,
+                                 input="Once upon a time\n")
+    given = diffuse_process(GENERATE, stdout=subprocess.PIPE)
+    assert from_file.returncode == from_stdin.returncode == given.returncode == 0, from_file.stderr
+    assert from_file.stdout == from_stdin.stdout == given.stdout     # greedy: the same prompt, the same answer
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "the prompt is empty"), (b" \n\t\n", "the prompt is empty"),
+    (b"GGUF\x03\x00\x00\x00", "holds NUL bytes, so it is a binary file"),
+    (b"caf\xe9", "not UTF-8 text (byte 3 is 0xe9)")])
+def test_a_prompt_file_that_is_no_prompt(capsys, tmp_path, content, message):
+    (tmp_path / "p.txt").write_bytes(content)
+    line = error_line(capsys, ["generate", "-m", DEMO, "--prompt-file", str(tmp_path / "p.txt")])
+    assert f"--prompt-file {tmp_path / 'p.txt'}: {message}" in line
+
+
+def test_prompt_file_and_prompt_are_one_or_the_other(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        main(["generate", "-m", DEMO, "-p", "hi", "--prompt-file", "x"])
+    assert "not allowed with" in capsys.readouterr().err
+    os.mkfifo(tmp_path / "pipe")
+    assert "is a FIFO" in error_line(capsys, ["generate", "-m", DEMO, "--prompt-file", str(tmp_path / "pipe")])
+    assert "no such file" in error_line(capsys, ["generate", "-m", DEMO, "--prompt-file", str(tmp_path / "no")])
+
+
+def test_an_empty_stdin_prompt_is_refused():
+    done = diffuse_process([*GENERATE[:3], "-p", "-"], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1 and "-p - (standard input): the prompt is empty" in done.stderr
+
+
+# ---- bench report on JSON that is not what the bench commands write ----
+
+@pytest.mark.parametrize("name, content, message", [
+    ("grid.json", '{"rows": [1', "not valid JSON (line 1, column 12"),
+    ("grid.json", "[1, 2]", "expected a JSON object, found list"),
+    ("grid.json", '{"rows": 3}', 'not what `diffuse bench grid` writes: "rows" is not a list of records'),
+    ("grid.json", '{"rows": [{"x": 1}], "ar": []}', "not what `diffuse bench grid` writes (a record lacks the field"),
+    ("batch.json", '{"a": 1}', "expected a JSON list, found dict"),
+    ("batch.json", '[{"batch": 1}]', "not what `diffuse bench batch` writes"),
+    ("steps.json", "[1]", "not what `diffuse bench steps` writes: a list of records"),
+    ("context.json", b"\xff\xfe", "not valid JSON"),
+])
+def test_bench_report_names_the_malformed_file(capsys, tmp_path, name, content, message):
+    path = tmp_path / "sub" / name
+    path.parent.mkdir()
+    path.write_bytes(content.encode() if isinstance(content, str) else content)
+    line = error_line(capsys, ["bench", "report", str(tmp_path), "--no-plots"])
+    assert f"{path}: {message}" in line
+    assert not (tmp_path / "study.md").exists()

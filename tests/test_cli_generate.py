@@ -98,9 +98,8 @@ def test_a_cancelled_runs_useful_length_counts_only_decided_tokens():
 def test_generate_reports_bad_requests(tiny_gguf, capsys):
     code = main(["generate", "-m", str(tiny_gguf("dream", "f32")), "-p", "  ", "--threads", "1"])
     assert code == 1 and "the prompt is empty" in capsys.readouterr().err
-    code = main(["generate", "-m", str(tiny_gguf("dream", "f32")), "-p", "hi", "--gen-length", "30",
-                 "--block-length", "8"])
-    assert code == 1 and "multiple of block_length" in capsys.readouterr().err
+    code = main(["generate", "-m", str(tiny_gguf("llada", "f32")), "-p", "hi", "--gen-length", "9000"])
+    assert code == 1 and "exceeds the model's context" in capsys.readouterr().err
 
 
 def flag(o: dict) -> str:
@@ -181,3 +180,58 @@ def test_threads_beyond_the_logical_cpus_are_capped_with_a_note(tiny_gguf, capsy
     code = main(["generate", "-m", str(tiny_gguf("llada", "f32")), "-p", "Hello", "--gen-length", "8",
                  "--steps", "2", "--block-length", "8", "--threads", "500"])
     assert code == 0 and f"--threads 500 -> {os.cpu_count()}" in capsys.readouterr().err
+
+
+def interrupt_after_steps(monkeypatch, n: int) -> None:
+    """Ctrl-C after step n, through the handler generate installs (the cancel path, no signal)."""
+    import signal
+
+    from diffuse.model import Model
+    original = Model.generate
+
+    def generate(self, prompt, *, on_step, **kw):
+        def step(ev):
+            if ev.step + 1 == n:
+                signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+            return on_step(ev)
+        return original(self, prompt, on_step=step, **kw)
+    monkeypatch.setattr(Model, "generate", generate)
+
+
+@pytest.mark.parametrize("family", ["dream", "llada"])
+def test_an_interrupted_answer_marks_undecided_positions(tiny_gguf, capsys, monkeypatch, family):
+    interrupt_after_steps(monkeypatch, 2)
+    path = str(tiny_gguf(family, "f32"))
+    argv = ["generate", "-m", path, "-p", "Hello", "--gen-length", "16", "--steps", "16", "--block-length", "16",
+            "--threads", "1", "--no-chat"]
+    assert main(argv) == 130
+    text = capsys.readouterr().out[:-1]
+    assert main([*argv, "--json"]) == 130
+    r = json.loads(capsys.readouterr().out)
+    assert r["stop_reason"] == "cancelled" and r["text"] == text
+    model = load(path)
+    eos = [i for i, t in enumerate(r["tokens"]) if t in model.tokenizer.eos_token_ids] + [16]
+    undecided = [i for i in r["undecided"] if i < eos[0]]
+    assert undecided and text.count("\u2591") == len(undecided)    # one mark per undecided position
+    assert "PAD" not in text and "mask" not in text                 # e.g. Dream's [PAD151665]
+    assert r["undecided"] == [i for i, t in enumerate(r["tokens"]) if t == model.mask_token_id]
+
+
+def test_gen_length_is_rounded_up_to_whole_blocks_as_the_server_does(tiny_gguf, capsys):
+    code = main(["generate", "-m", str(tiny_gguf("llada", "f32")), "-p", "Hello", "--gen-length", "20",
+                 "--steps", "20", "--block-length", "8", "--threads", "1", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "gen_length 20 -> 24: whole blocks of 8; the answer is cut at 20 tokens" in err
+    r = json.loads(out)
+    assert r["options"]["gen_length"] == 24 and len(r["tokens"]) == 24
+    model = load(str(tiny_gguf("llada", "f32")))
+    ids = r["tokens"][:20]
+    ids = ids[:next((i for i, t in enumerate(ids) if t in model.tokenizer.eos_token_ids), 20)]
+    assert r["text"] == model.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_help_says_gen_length_is_rounded_up(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert "multiple of --block-length" in " ".join(capsys.readouterr().out.split())

@@ -5,11 +5,13 @@ import json
 import os
 import pty
 import re
+import shutil
 import signal
 import struct
 import subprocess
 import sys
 import termios
+import time
 from pathlib import Path
 
 import pytest
@@ -19,9 +21,10 @@ from diffuse import load
 DIFFUSE = Path(sys.executable).parent / "diffuse"      # the console script
 DEMO = Path(__file__).resolve().parent.parent / "models" / "diffuse-demo-3m.gguf"
 PROMPT = "Continue: She was a woman of"
-# One redraw: back to the start of the line, up over the last frame's other lines, clear below.
-REDRAW = re.compile(r"\r(?:\x1b\[(\d+)A)?\x1b\[J")
-SGR = re.compile(r"\x1b\[[0-9;]*m")
+# One redraw: back to the start of the line and up over the last frame's other lines (each line
+# then ends with "clear to the end of the line", the frame with "clear below").
+REDRAW = re.compile(r"\r(?:\x1b\[(\d+)A)?")
+SGR = re.compile(r"\x1b\[[0-9;]*[mKJ]")
 
 
 def run_in_pty(cols: int, rows: int, *argv: str, interrupt_after: int = 0) -> tuple[int, str, str]:
@@ -76,8 +79,9 @@ def test_every_frame_fits_the_terminal(cols, rows):
     if cols < 20 or rows < 4:
         assert all(up == 0 for _, up in drawn)                  # the compact one-line view
     if (cols, rows) == (40, 6):
-        assert "lines above" in screen                          # 224 positions do not fit in 5 lines
+        assert re.search(r"\d+ lines? above", screen)             # 224 positions do not fit in 5 lines
     assert "step " not in out and out.strip()                   # stdout: the answer only
+    assert "endoftext" not in screen                            # end-of-text padding is one dim dot each
 
 
 def test_compact_view_on_a_tiny_terminal():
@@ -101,3 +105,31 @@ def test_ctrl_c_cancels_and_counts_only_decided_tokens():
     assert model.mask_token_id in tokens
     assert result["useful_length"] == sum(t != model.mask_token_id for t in tokens[:ends[0]])
     assert "(cancelled)" in screen
+    # the answer marks each undecided position; the mask token's own text is never shown
+    undecided = [i for i in result["undecided"] if i < ends[0]]
+    assert undecided and result["text"].count("\u2591") == len(undecided)
+    assert "mdm_mask" not in result["text"] and all(result["decided_step"][i] == -1 for i in undecided)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_a_small_tmux_pane_keeps_one_frame(tmp_path):
+    """tmux copies a screen cleared from its top-left corner into the scrollback: a frame as tall
+    as the pane, redrawn that way, left one copy per step there. One status line must remain."""
+    socket, done = str(tmp_path / "tmux.sock"), tmp_path / "done"
+    command = (f"{DIFFUSE} generate -m {DEMO} -p 'Once upon a time' --threads 1 --gen-length 224 "
+               f"--block-length 32 --steps 64 --temperature 0.8 --seed 3 > {tmp_path / 'out.txt'}; touch {done}")
+    tmux = ["tmux", "-S", socket, "-f", os.devnull]
+    subprocess.run([*tmux, "new-session", "-d", "-x", "60", "-y", "12", "sh", "-c", f"{command}; sleep 600"],
+                   check=True)
+    try:
+        for _ in range(1200):     # at most 120 s under load
+            if done.exists():
+                break
+            time.sleep(0.1)
+        assert done.exists()
+        history = subprocess.run([*tmux, "capture-pane", "-p", "-S", "-"], capture_output=True, text=True,
+                                 check=True).stdout
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+    assert "steps " in history                                  # the summary: the run finished
+    assert len(re.findall(r"step \d+/\d+  block", history)) == 1, history

@@ -122,3 +122,30 @@ def test_cli(tiny_gguf, capsys):
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(describe(path)))
     assert main(["info", path + ".missing"]) == 1
     assert "missing: no such file" in capsys.readouterr().err
+
+
+def test_cli_fails_on_a_truncated_model_after_describing_it(tiny_gguf, tmp_path, capsys):
+    data = tiny_gguf("llada", "f32").read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[:len(data) - 1000])     # a download that stopped
+    assert main(["info", str(tmp_path / "cut.gguf")]) == 1
+    out, err = capsys.readouterr()
+    assert "cannot load" in out                                      # still described as far as it goes
+    assert err.strip().splitlines() == [f"diffuse: error: the engine cannot load it: {tmp_path / 'cut.gguf'}: "
+                                        "tensor output.weight lies past the end of the file (truncated download?)"]
+
+
+def test_cli_summarises_a_recording(tiny_gguf, tmp_path, capsys):
+    run = tmp_path / "run.npz"
+    assert main(["generate", "-m", str(tiny_gguf("llada", "f32")), "-p", "Hello", "--gen-length", "8",
+                 "--steps", "4", "--block-length", "8", "--threads", "1", "--record", str(run)]) == 0
+    answer = capsys.readouterr().out[:-1]
+    assert main(["info", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "a recording of a run, not a GGUF model" in out and "invalid magic" not in out
+    assert "prompt        Hello" in out and "steps         4 recorded, 4/4 (done)" in out
+    assert main(["info", str(run), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert (d["kind"], d["prompt"], d["steps_recorded"], d["text"]) == ("recording", "Hello", 4, answer)
+    run.write_bytes(run.read_bytes()[:200])
+    assert main(["info", str(run)]) == 1
+    assert "not a diffuse recording" in capsys.readouterr().err

@@ -150,3 +150,35 @@ def test_corpus_keeps_prose_fortunes(tmp_path, monkeypatch):
         "   /\\_/\\\n  ( o.o )\n   > ^ <   ===|||===\n%\nshort\n%\n", encoding="utf-8")
     monkeypatch.setattr(corpus, "FORTUNE_DIR", tmp_path)
     assert corpus.fortunes() == ["A penny saved is a penny earned. -- Benjamin Franklin"]
+
+
+@pytest.mark.parametrize("where", ["state", "checkpoint"])
+def test_a_full_disk_keeps_the_last_checkpoint(trained, tmp_path, capsys, monkeypatch, where):
+    run, _ = trained
+    shutil.copytree(run, tmp_path / "run")
+    before = {p.relative_to(tmp_path).as_posix(): p.read_bytes() for p in sorted(tmp_path.rglob("*"))
+              if p.is_file() and p.name != "train.log"}
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:603] . PytorchStreamWriter failed "
+                           "writing file data/0: file write failed")
+    if where == "state":
+        monkeypatch.setattr(torch, "save", full)
+    else:
+        monkeypatch.setattr("diffuse.train.export.save_file", full)
+    assert main(["train", str(run.parent / "data"), "--out", str(tmp_path / "run"), *TINY, "--steps", "9"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot save the checkpoint" in err and "the last complete one is kept" in err
+    after = {p.relative_to(tmp_path).as_posix(): p.read_bytes() for p in sorted(tmp_path.rglob("*"))
+             if p.is_file() and p.name != "train.log"}
+    if where == "state":
+        assert after == before                                   # no state.pt.part, state.pt as it was
+    else:
+        assert not list(tmp_path.rglob("*.part")) and after.keys() == before.keys()
+
+
+def test_a_fifo_as_data_is_refused(tmp_path, capsys):
+    import os
+    os.mkfifo(tmp_path / "pipe")
+    assert main(["train", str(tmp_path / "pipe"), "--out", str(tmp_path / "run"), *TINY]) == 1
+    assert "is a FIFO" in capsys.readouterr().err and not (tmp_path / "run").exists()

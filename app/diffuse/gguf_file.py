@@ -167,13 +167,13 @@ def write(out_path: str | os.PathLike, kv: dict, kv_types: dict, tensors: list[O
         writer.close()
         replace_durably(part, out_path)
     except OSError as e:
-        writer.close()
+        _close(writer)
         _remove(part)
-        if e.errno == errno.ENOSPC:
-            raise DiffuseError(f"{out_path}: the disk is full; nothing was written") from e
-        raise DiffuseError(f"{out_path}: cannot write: {e}") from e
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiffuseError(f"{out_path}: the disk is full; nothing was written") from None
+        raise DiffuseError(f"{out_path}: cannot write: {e.strerror or e}; nothing was written") from None
     except BaseException:
-        writer.close()
+        _close(writer)
         _remove(part)
         raise
 
@@ -235,6 +235,19 @@ def _add_kv(writer: GGUFWriter, key: str, value, type_name: str) -> None:
         writer.add_key_value(key, values, GGUFValueType.ARRAY, sub_type=sub)
     else:
         writer.add_key_value(key, value, _VALUE_TYPES[type_name])
+
+
+def _close(writer: GGUFWriter) -> None:
+    """Close after a failure: flushing what is buffered fails again on a full disk, and must not
+    replace the first error (that was a chained traceback)."""
+    try:
+        writer.close()
+    except OSError:
+        for f in writer.fout or []:
+            try:
+                f.close()
+            except OSError:
+                pass
 
 
 def _remove(path: Path) -> None:

@@ -21,6 +21,7 @@ N = prompt + generated positions:
 """
 from __future__ import annotations
 
+import errno
 import io
 import json
 import math
@@ -81,15 +82,20 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
     if not path.parent.is_dir():
         raise DiffuseError(f"{path}: the folder {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             if hasattr(os, "fchmod"):
                 os.fchmod(f.fileno(), 0o666 & ~_UMASK)
         replace_durably(Path(tmp), path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):   # a full disk, a read-only folder: one line, not a traceback
+            why = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else f"cannot write: {e.strerror or e}"
+            raise DiffuseError(f"{path}: {why}; nothing was written") from None
         raise
 
 

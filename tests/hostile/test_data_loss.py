@@ -4,7 +4,10 @@ Each is refused with one clear error before any work, through the API and the CL
 is still there, byte for byte. A full disk leaves the input and any previous output as they were.
 
 Hostile outputs tried: 14 spellings for quantize, 15 for convert, 4 full-disk failures, and 2
-links at OUT / OUT.part to an unrelated file (written around, never through)."""
+links at OUT / OUT.part to an unrelated file (written around, never through). The same one output
+check guards bench --json / --markdown (3 spellings of the model for each of the 5 variants),
+--record and train: read-only folders and a disk with no free space are refused before the work,
+and a disk that fills during it leaves nothing behind (the answer is still printed)."""
 from __future__ import annotations
 
 import errno
@@ -274,3 +277,170 @@ def test_a_full_disk_loses_nothing(work, tiny_hf_dream, monkeypatch, where, tool
         else:
             convert_hf("hf", "out.gguf", "f16")
     assert snapshot(work) == before      # no .part, input and previous output as they were
+
+
+def _buffered_full_disk(monkeypatch):
+    """The GGUF writer's file on a full disk, as the buffered writes meet it: the file appears
+    (empty), every flush fails, and so does the flush in close() after the first failure."""
+    import builtins
+
+    import gguf.gguf_writer
+    real_open = builtins.open
+
+    def full_open(name, mode="r", *args, **kwargs):
+        if "w" not in mode:
+            return real_open(name, mode, *args, **kwargs)
+        real_open(name, mode).close()
+        return real_open("/dev/full", mode, *args, **kwargs)
+    monkeypatch.setattr(gguf.gguf_writer, "open", full_open, raising=False)
+
+
+@pytest.mark.parametrize("tool", ["quantize", "convert"])
+def test_a_full_disk_through_the_cli_is_one_line(work, tiny_hf_dream, monkeypatch, capsys, tool):
+    shutil.copytree(tiny_hf_dream, work / "hf")
+    before = snapshot(work)
+    _buffered_full_disk(monkeypatch)
+    argv = ["quantize", "m.gguf", "out.gguf", "Q8_0"] if tool == "quantize" else ["convert", "hf", "-o", "out.gguf"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err == "diffuse: error: out.gguf: the disk is full; nothing was written\n"   # no chained traceback
+    assert snapshot(work) == before                                                   # no 0-byte .part
+
+
+# ---- bench, generate --record, train: the one output check, before any measurement ----
+
+BENCH = {
+    "steps": ["--budgets", "2", "--prompts", "1", "--gen-length", "8", "--block-length", "8", "--threads", "1"],
+    "forward": ["--tokens", "8", "--threads", "1", "--reps", "1", "--no-ceiling"],
+    "prompts": ["--gen-length", "8", "--steps", "2", "--threads", "1"],
+    "batch": ["--batch", "1", "--gen-length", "8", "--steps", "2", "--threads", "1"],
+    "context": ["--lengths", "8", "--block-length", "8", "--steps", "1", "--threads", "1"],
+}
+MARKDOWN = ("forward", "prompts")
+
+
+def _no_measurement(monkeypatch):
+    """Any measurement fails the test: the refusal must come first."""
+    import diffuse.model
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the output was checked")
+    monkeypatch.setattr(diffuse.model.Model, "__init__", refuse)
+
+
+@pytest.mark.parametrize("option", ["--json", "--markdown"])
+@pytest.mark.parametrize("variant", list(BENCH))
+def test_bench_never_overwrites_the_model(work, variant, option, monkeypatch, capsys):
+    if option == "--markdown" and variant not in MARKDOWN:
+        pytest.skip(f"bench {variant} writes no markdown")
+    before = snapshot(work)
+    _no_measurement(monkeypatch)
+    for spelling in ("m.gguf", str(work / "m.gguf"), "./m.gguf"):
+        assert main(["bench", variant, "m.gguf", *BENCH[variant], option, spelling]) == 1
+        assert REFUSED in capsys.readouterr().err
+    assert snapshot(work) == before
+
+
+def read_only_folder(tmp_path: Path) -> Path:
+    """A folder this process cannot write: chmod'd, or for root (whom the mode does not stop) a
+    folder of /proc, where nothing can be created."""
+    if os.geteuid() != 0:
+        folder = tmp_path / "ro"
+        folder.mkdir()
+        folder.chmod(0o555)
+        return folder
+    folder = Path("/proc/self")
+    assert not os.access(folder, os.W_OK)
+    return folder
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "-m", "m.gguf", "-p", "hi", "--record", "{ro}/run.npz"],
+    ["bench", "steps", "m.gguf", *BENCH["steps"], "--json", "{ro}/s.json"],
+    ["bench", "forward", "m.gguf", *BENCH["forward"], "--markdown", "{ro}/f.md"],
+    ["bench", "grid", "m.gguf", "--no-plots", "-o", "{ro}/grid"],
+    ["quantize", "m.gguf", "{ro}/q.gguf", "Q8_0"],
+], ids=["record", "bench-json", "bench-markdown", "grid", "quantize"])
+def test_a_read_only_folder_is_refused_before_the_work(work, tmp_path, argv, monkeypatch, capsys):
+    ro = read_only_folder(tmp_path)
+    _no_measurement(monkeypatch)
+    monkeypatch.setattr("diffuse.quantize.quantize_file", lambda *a, **k: pytest.fail("quantized first"))
+    assert main([a.format(ro=ro) for a in argv]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and f"the folder {ro}" in err and "not writable" in err
+
+
+def test_train_checks_its_folders_before_training(tmp_path, capsys):
+    pytest.importorskip("torch")
+    ro = read_only_folder(tmp_path)
+    (tmp_path / "data.txt").write_text("some text\n\nmore text\n")
+    assert main(["train", str(tmp_path / "data.txt"), "--out", f"{ro}/run"]) == 1
+    assert "not writable" in capsys.readouterr().err
+    assert main(["train", str(tmp_path / "data.txt"), "--out", str(tmp_path / "run"), "--gguf", f"{ro}/m.gguf"]) == 1
+    assert "not writable" in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "-m", "m.gguf", "-p", "hi", "--record", "run.npz"],
+    ["bench", "context", "m.gguf", *BENCH["context"], "--json", "c.json"],
+    ["quantize", "m.gguf", "q.gguf", "Q8_0"],
+], ids=["record", "bench-json", "quantize"])
+def test_no_free_space_is_refused_before_the_work(work, argv, monkeypatch, capsys):
+    real = os.statvfs
+    monkeypatch.setattr(os, "statvfs", lambda p: os.statvfs_result((*real(p)[:4], 0, 0, *real(p)[6:])))
+    _no_measurement(monkeypatch)
+    before = snapshot(work)
+    assert main(argv) == 1
+    assert "is full" in capsys.readouterr().err and snapshot(work) == before
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "-m", "m.gguf", "-p", "hi", "--gen-length", "8", "--steps", "2", "--record", "run.npz"],
+    ["bench", "context", "m.gguf", *BENCH["context"], "--json", "c.json"],
+], ids=["record", "bench-json"])
+def test_a_disk_that_fills_during_the_run_leaves_nothing(work, argv, monkeypatch, capsys):
+    real_fdopen = os.fdopen
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def fileno(self):
+            return self.f.fileno()
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode="r", *a, **k: Full(real_fdopen(fd, mode, *a, **k)))
+    before = snapshot(work)
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].endswith(": the disk is full; nothing was written") and "Traceback" not in err
+    assert snapshot(work) == before
+
+
+def test_a_recording_that_cannot_be_saved_still_prints_the_answer(work, monkeypatch, capsys):
+    from diffuse import recording
+    monkeypatch.setattr(recording.tempfile, "mkstemp", _full)
+    assert main(["generate", "-m", "m.gguf", "-p", "hi", "--gen-length", "8", "--steps", "2", "--threads", "1",
+                 "--record", "run.npz"]) == 1
+    out, err = capsys.readouterr()
+    assert out.endswith("\n")                                      # the answer was printed
+    assert err.splitlines()[-1] == "diffuse: error: run.npz: the disk is full; nothing was written"
+    assert not list(work.glob("*run.npz*"))
+
+
+def test_download_checks_its_folder_before_fetching(tmp_path, monkeypatch, capsys):
+    from diffuse import hub
+    monkeypatch.setattr(hub, "download", lambda *a, **k: pytest.fail("fetched first"))
+    ro = read_only_folder(tmp_path)
+    assert main(["download", "llada-8b-instruct", "--format", "hf", "-o", str(ro / "models")]) == 1
+    assert "not writable" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    assert main(["download", "llada-8b-instruct", "--format", "hf", "-o", str(tmp_path / "file")]) == 1
+    assert "is a file, not a folder" in capsys.readouterr().err

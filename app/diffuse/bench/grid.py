@@ -22,6 +22,7 @@ from diffuse.bench.llama_ref import LlamaBins, ar_baseline
 from diffuse.bench.prompts import PAPER_PROMPTS
 from diffuse.bench.tables import md_table, on_off, text_table, write_csv, write_json
 from diffuse.quantize import QTYPES
+from diffuse.recording import write_atomic
 
 
 @dataclass
@@ -174,7 +175,7 @@ def write(result: dict, out_dir: Path, plots: bool = True) -> list[Path]:
     if plots:
         from diffuse.bench import plots as plotting
         pngs = plotting.grid_plots(result, out_dir)
-    files[2].write_text(report(result, [p.name for p in pngs]))
+    write_atomic(files[2], report(result, [p.name for p in pngs]).encode())
     return files + pngs
 
 

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from diffuse import DiffuseError
 from diffuse.bench import batch, context, steps
 from diffuse.bench.prompts import DIFFICULTY, PAPER_PROMPTS
 from diffuse.bench.tables import md_table
+from diffuse.recording import write_atomic
 
 STUDY = ("batch", "context", "steps")
 
@@ -26,19 +28,62 @@ def load(folder: Path) -> dict:
     """{"grids": [grid results], "rows": pooled grid rows (each with its grid's command), "ar": AR
     baselines, "models": {label: model facts}, "batch"/"context"/"steps": [(path, records)]}."""
     if not folder.is_dir():
-        from diffuse import DiffuseError
         raise DiffuseError(f"{folder}: not a folder")
-    grids = [json.loads(p.read_text()) for p in sorted(folder.rglob("grid.json"))]
+    return _pool(sorted(folder.rglob("grid.json")), {name: sorted(folder.rglob(f"{name}.json")) for name in STUDY})
+
+
+def _pool(grid_paths: list[Path], study_paths: dict[str, list[Path]]) -> dict:
+    grids = [_read(p, dict) for p in grid_paths]
     data = {"grids": grids, "rows": [], "ar": [], "models": {}}
-    for g in grids:
+    for p, g in zip(grid_paths, grids):
+        for key in ("rows", "ar", "models"):
+            if not isinstance(g.get(key, []), list) or not all(isinstance(x, dict) for x in g.get(key, [])):
+                raise DiffuseError(f"{p}: not what `diffuse bench grid` writes: \"{key}\" is not a list of records")
         command = g.get("command", "diffuse bench grid ...")
-        g["rows"] = [{**r, "command": command} for r in g["rows"]]
+        g["rows"] = [{**r, "command": command} for r in g.get("rows", [])]
         data["rows"] += g["rows"]
-        data["ar"] += [{**a, "command": command} for a in g["ar"]]
-        data["models"].update({m["model"]: m for m in g.get("models", [])})
+        data["ar"] += [{**a, "command": command} for a in g.get("ar", [])]
+        data["models"].update({m.get("model"): m for m in g.get("models", [])})
     for name in STUDY:
-        data[name] = [(p, json.loads(p.read_text())) for p in sorted(folder.rglob(f"{name}.json"))]
+        data[name] = [(p, _read(p, list)) for p in study_paths.get(name, [])]
+        for p, records in data[name]:
+            if not all(isinstance(r, dict) for r in records):
+                raise DiffuseError(f"{p}: not what `diffuse bench {name}` writes: a list of records (objects)")
     return data
+
+
+def _read(path: Path, kind: type):
+    """One JSON file of the folder; a clear error naming it when it is not JSON of that kind."""
+    try:
+        value = json.loads(path.read_bytes())
+    except OSError as e:
+        raise DiffuseError(f"{path}: cannot read it: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise DiffuseError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except (UnicodeDecodeError, RecursionError, ValueError) as e:
+        raise DiffuseError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(value, kind):
+        raise DiffuseError(f"{path}: expected a JSON {'object' if kind is dict else 'list'}, found "
+                           f"{type(value).__name__ if value is not None else 'null'}")
+    return value
+
+
+# What a record with a missing or wrong-typed field raises deep in a table or a plot.
+_BAD_RECORD = (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError)
+
+
+def _culprit(data: dict, error: Exception) -> DiffuseError:
+    """The file whose records a table could not use: each one is tried alone, so the error names it."""
+    what = f"a record lacks the field {error}" if isinstance(error, KeyError) else f"{type(error).__name__}: {error}"
+    files = [(p, "grid") for p in data["grid_paths"]] + [(p, n) for n in STUDY for p, _ in data[n]]
+    for p, name in files:
+        try:
+            markdown(_pool([p] if name == "grid" else [], {name: [p]} if name != "grid" else {}), [])
+        except _BAD_RECORD:
+            return DiffuseError(f"{p}: not what `diffuse bench {name}` writes ({what})")
+        except DiffuseError as e:
+            return e
+    return DiffuseError(f"the JSON files together do not make a report ({what})")
 
 
 def _where(rows: list[dict], **eq) -> list[dict]:
@@ -439,10 +484,16 @@ def markdown(data: dict, pngs: list[str]) -> str:
 
 def write(folder: Path, plots: bool = True) -> list[Path]:
     data = load(folder)
-    pngs = []
-    if plots:
-        from diffuse.bench import plots as plotting
-        pngs = plotting.study_plots(data, waterfall_stages(data), waterfall_ar(data), folder)
+    data["grid_paths"] = sorted(folder.rglob("grid.json"))
+    try:
+        markdown(data, [])            # every table, before a plot is drawn or a file is written
+        pngs = []
+        if plots:
+            from diffuse.bench import plots as plotting
+            pngs = plotting.study_plots(data, waterfall_stages(data), waterfall_ar(data), folder)
+        text = markdown(data, [p.name for p in pngs])
+    except _BAD_RECORD as e:
+        raise _culprit(data, e) from None
     out = folder / "study.md"
-    out.write_text(markdown(data, [p.name for p in pngs]))
+    write_atomic(out, text.encode())
     return [out, *pngs]

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections.abc import Callable
 from pathlib import Path
+
+from diffuse.recording import write_atomic
 
 # (key in the row, header, format string or a function of the value)
 Columns = list[tuple[str, str, str | Callable]]
@@ -42,16 +45,21 @@ def text_table(rows: list[dict], columns: Columns) -> str:
     return "\n".join(fmt.format(*r) for r in [header, *body]) + "\n"
 
 
+def json_text(data) -> str:
+    return json.dumps(data, indent=1, default=_plain) + "\n"
+
+
 def write_json(path: Path, data) -> None:
-    path.write_text(json.dumps(data, indent=1, default=_plain) + "\n")
+    write_atomic(path, json_text(data).encode())
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
+    text = io.StringIO(newline="")
+    w = csv.DictWriter(text, fieldnames=keys)
+    w.writeheader()
+    w.writerows(rows)
+    write_atomic(path, text.getvalue().encode())
 
 
 def _plain(x):

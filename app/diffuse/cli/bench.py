@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 from diffuse import DiffuseError, physical_cores
+from diffuse.recording import write_atomic
+from diffuse.cli import check_input, check_output, check_output_folder
 from diffuse.cli.generate import add_generation_options, add_threads_option, generation_options
 
 # The grid's axes: lists of values, not the single-valued generation flags.
@@ -167,19 +169,29 @@ def run(args: argparse.Namespace) -> int:
             "steps": _steps, "block": _block, "report": _report}[args.bench_command](args)
 
 
+def _check_files(args, *inputs) -> None:
+    """Before any measurement: the models can be read, and --json / --markdown can be written
+    without overwriting one of them (or each other)."""
+    given = [x for x in inputs if x]
+    for path in given:
+        check_input(path)
+    outputs = [(option, getattr(args, option.strip("-"), None)) for option in ("--json", "--markdown")]
+    outputs = [(option, path) for option, path in outputs if path is not None]
+    for option, path in outputs:
+        check_output(path, option, given + [str(p) for o, p in outputs if o != option], example_name="bench.json")
+    if len(outputs) == 2 and Path(outputs[0][1]).resolve() == Path(outputs[1][1]).resolve():
+        raise DiffuseError(f"--json and --markdown are both {outputs[0][1]}; give two file names")
+
+
 def _write(path: Path | None, text: str) -> None:
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        write_atomic(path, text.encode())
         print(f"wrote {path}", file=sys.stderr)
 
 
-def _write_json(path: Path | None, result: dict) -> None:
-    from diffuse.bench.tables import write_json
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, result)
-        print(f"wrote {path}", file=sys.stderr)
+def _write_json(path: Path | None, result) -> None:
+    from diffuse.bench.tables import json_text
+    _write(path, json_text(result))
 
 
 def _check_reps(reps: int) -> None:
@@ -191,6 +203,7 @@ def _forward(args) -> int:
     from diffuse.bench import forward, llama_ref
     from diffuse.bench.tables import text_table
     _check_reps(args.reps)
+    _check_files(args, args.model)
     llama = llama_ref.find_bins(args.llama_bin) if args.llama else None
     if llama is not None and llama.bench is None and llama.diffusion is None:
         raise DiffuseError("--llama: llama-bench / llama-diffusion-cli not found (--llama-bin DIR)")
@@ -245,6 +258,8 @@ def _grid(args) -> int:
                      prompts=[i - 1 for i in args.prompts])
     fixed = generation_options(args, skip=GRID_AXES)
     bins = _ar_bins(args)
+    _check_files(args, *args.models, args.ar_model)
+    check_output_folder(args.out, "-o")
     result = grid.run(axes, args.reps, fixed, ar_model=args.ar_model, ar_backend=args.ar_backend, llama=bins,
                       log=lambda line: print(line, file=sys.stderr))
     result["command"] = "diffuse " + " ".join(args.argv)
@@ -260,6 +275,7 @@ def _prompts(args) -> int:
     _check_reps(args.reps)
     options = generation_options(args)
     bins = _ar_bins(args)
+    _check_files(args, args.model, args.ar_model, args.tokenizer)
     threads = args.threads or physical_cores()
     gen = options.get("gen_length") or prompts.DEFAULTS["gen_length"]
     ar = _ar(args, bins, threads, n_prompt=32, n_gen=gen, reps=max(args.reps, 2))
@@ -293,6 +309,7 @@ def _batch(args) -> int:
             raise DiffuseError("--ar-model needs llama.cpp's llama-batched-bench (--llama-bin DIR or "
                                f"${llama_ref.ENV_BIN}); build it with `cmake --build BUILD --target "
                                "llama-batched-bench` (see diffuse/bench/llama_ref.py)")
+    _check_files(args, args.model, args.ar_model)
     rows = batch.run(args.model, args.batch, args.threads or physical_cores(), args.reps,
                      generation_options(args), ar_model=args.ar_model, batched_bin=batched,
                      log=lambda line: print(line, file=sys.stderr))
@@ -306,6 +323,7 @@ def _context(args) -> int:
     from diffuse.bench.tables import text_table
     if args.steps < 1 or args.block_length < 1:
         raise DiffuseError("--steps and --block-length must be at least 1")
+    _check_files(args, args.model)
     rows = context.run(args.model, args.lengths, args.block_length, args.threads or physical_cores(), args.steps,
                        log=lambda line: print(line, file=sys.stderr))
     print(text_table(context.shown(rows), context.COLUMNS))
@@ -320,6 +338,9 @@ def _steps(args) -> int:
     bad = [i for i in args.prompts if not 1 <= i <= len(PAPER_PROMPTS)]
     if bad:
         raise DiffuseError(f"--prompts: {bad} outside 1..{len(PAPER_PROMPTS)}")
+    _check_files(args, args.model)
+    if args.heldout is not None and not args.heldout.is_dir():
+        check_input(args.heldout, "--heldout")
     rows = steps.run(args.model, args.budgets, args.threads, [i - 1 for i in args.prompts],
                      generation_options(args, skip=("steps", "scheduler")), heldout=args.heldout,
                      log=lambda line: print(line, file=sys.stderr))
@@ -347,6 +368,9 @@ def _report(args) -> int:
     from diffuse.bench import plots, report
     if args.plots and not plots.available():
         raise DiffuseError("the plots need matplotlib: pip install 'diffuse[bench]' (or pass --no-plots)")
+    if not args.dir.is_dir():
+        raise DiffuseError(f"{args.dir}: not a folder (the folder of the bench commands' JSON)")
+    check_output(args.dir / "study.md", "DIR", [])
     for path in report.write(args.dir, plots=args.plots):
         print(f"wrote {path}", file=sys.stderr)
     return 0

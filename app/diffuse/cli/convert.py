@@ -7,7 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from diffuse.cli import check_output
+from diffuse import DiffuseError
+from diffuse.cli import check_input, check_output
 from diffuse.convert import OUTTYPES, convert_hf
 
 
@@ -24,6 +25,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not Path(args.hf_dir).is_dir():
+        check_input(args.hf_dir, "HF_DIR")     # says what it is instead (missing, a FIFO, ...)
+        raise DiffuseError(f"HF_DIR {args.hf_dir}: is a file; give the checkpoint's folder (config.json, *.safetensors)")
     out = args.output or f"{Path(args.hf_dir).resolve().name}-{args.outtype}.gguf"
     out = Path(check_output(out, "-o", [args.hf_dir]))
     start = time.monotonic()

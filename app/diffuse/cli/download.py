@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from diffuse import catalog, hub
+from diffuse.cli import check_output_folder
 
 FORMATS = ("gguf", "hf")
 
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     model = catalog.find(models, args.model)
     fmt = args.format or ("gguf" if "ready_gguf" in model else "hf")
-    folder = Path(args.output_dir)
+    folder = check_output_folder(args.output_dir, "-o")   # before anything is fetched
     live = sys.stderr.isatty()
 
     def progress(done: int, total: int, what: str) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -14,14 +15,16 @@ from pathlib import Path
 import numpy as np
 
 from diffuse import DiffuseError, load, physical_cores
-from diffuse.cli import check_output
+from diffuse.cli import check_input, check_output
 from diffuse.events import GenerateResult, StepEvent
 from diffuse.generation import OPTIONS, default_options, resolve_options
 from diffuse.gguf_file import FAMILIES
 from diffuse.recording import Recording
 
 MASK_GLYPH = "\u2591"   # light shade: a position still masked
+EOS_GLYPH = "\u00b7"    # middle dot: end-of-text (the padding after the answer), not 13 columns of <|endoftext|>
 PARSE = {"int": int, "seed": int, "float": float}
+MAX_PROMPT_BYTES = 64 * 2**20   # far beyond any context; bounds what a stray file or pipe costs
 
 
 def _checked(o: dict):
@@ -84,9 +87,16 @@ def generation_options(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="generate text from a prompt, showing the denoising live",
-                       description="Generate text with a masked diffusion model.")
+                       description="Generate text with a masked diffusion model. The answer goes to "
+                                   "standard output, the live view and the summary to standard error. "
+                                   "--gen-length is rounded up to a multiple of --block-length (the "
+                                   "answer is cut at the length asked for), as the server does. Ctrl-C "
+                                   f"stops at the end of the step and prints the answer so far, {MASK_GLYPH} "
+                                   "marking each position still undecided.")
     p.add_argument("-m", "--model", required=True, help="GGUF model file")
-    p.add_argument("-p", "--prompt", required=True, help="prompt text")
+    given = p.add_mutually_exclusive_group(required=True)
+    given.add_argument("-p", "--prompt", help="prompt text; - reads it from standard input")
+    given.add_argument("--prompt-file", metavar="PATH", help="read the prompt from a UTF-8 text file")
     p.add_argument("--no-chat", dest="chat", action="store_false", help="do not apply the chat template")
     p.add_argument("--tokenizer", help="tokenizer.json for model files that carry none")
     p.add_argument("--quiet", action="store_true", help="no live view, only the answer and the summary")
@@ -106,7 +116,7 @@ class LiveView:
         self.tok = tokenizer
         self.out = stream
         self.lines_drawn = None     # newlines in the last frame; None before the first
-        self.pieces: dict[int, str] = {}
+        self.pieces: dict[int, str] = {int(t): EOS_GLYPH for t in tokenizer.eos_token_ids}
 
     def piece(self, token: int) -> str:
         if token not in self.pieces:
@@ -136,8 +146,13 @@ class LiveView:
                 body = body[hidden:]
                 status = f"{hidden} line{'s' if hidden > 1 else ''} above  {status}"
             lines = body + [f"\x1b[2m{clip(status, width)}\x1b[0m"]
-        self.erase()
-        self.out.write("\n".join(lines))    # no final newline: a frame of `rows` lines still fits
+        # Back to the first line of the last frame, then each line overwrites one of the last
+        # frame's (\e[K clears what is left of it) and \e[J clears what is below. Never one clear of
+        # the whole screen: tmux and other terminals copy a screen cleared from the top-left corner
+        # into the scrollback, one copy per step. No final newline: a frame of `rows` lines fits.
+        if self.lines_drawn is not None:
+            self.out.write(f"\r\x1b[{self.lines_drawn}A" if self.lines_drawn else "\r")
+        self.out.write("\x1b[K\n".join(lines) + "\x1b[J")
         self.out.flush()
         self.lines_drawn = len(lines) - 1
 
@@ -148,6 +163,8 @@ class LiveView:
         for pos in range(ev.prompt_length, len(ev.tokens)):
             if ev.mask[pos]:
                 text, style = MASK_GLYPH, "\x1b[2m"
+            elif self.pieces.get(int(ev.tokens[pos])) == EOS_GLYPH:
+                text, style = EOS_GLYPH, "\x1b[2m"
             else:
                 text, style = self.piece(ev.tokens[pos]), "\x1b[1;32m" if pos in new else ""
             for c in text:
@@ -158,12 +175,6 @@ class LiveView:
                 line += f"{style}{c}\x1b[0m" if style else c
                 used += w
         return lines + [line]
-
-    def erase(self) -> None:
-        """Back to the first line of the last frame and clear everything below."""
-        if self.lines_drawn is not None:
-            up = f"\x1b[{self.lines_drawn}A" if self.lines_drawn else ""
-            self.out.write(f"\r{up}\x1b[J")
 
     def close(self) -> None:
         """Leave the last frame on screen and the cursor below it."""
@@ -205,9 +216,13 @@ def summary(r: GenerateResult) -> str:
             f"useful {r.useful_tokens_per_s:.2f} tok/s ({r.useful_length}/{r.gen_length} tokens)")
 
 
-def as_json(r: GenerateResult, options: dict) -> str:
+def as_json(r: GenerateResult, text: str, mask_id: int, options: dict) -> str:
+    # Per generated position: its token, the step that committed it (-1: none did) and, after a
+    # cancel, which positions are still masked (their token is the mask id, not an answer).
     return json.dumps({
-        "text": r.text, "tokens": r.tokens.tolist(), "steps": r.steps, "steps_allowed": r.steps_allowed,
+        "text": text, "tokens": r.tokens.tolist(), "decided_step": np.asarray(r.decided_step).tolist(),
+        "undecided": np.flatnonzero(r.tokens == mask_id).tolist(),
+        "steps": r.steps, "steps_allowed": r.steps_allowed,
         "stop_reason": r.stop_reason, "gen_length": r.gen_length, "useful_length": r.useful_length,
         "timings": {"total_ms": r.total_ms, "step_ms": np.asarray(r.step_ms).tolist(),
                     "forward_ms": np.asarray(r.forward_ms).tolist(), "sample_ms": np.asarray(r.sample_ms).tolist()},
@@ -229,9 +244,58 @@ def steps_note(options: dict) -> str | None:
     return f"steps {steps} -> {ran}: {n_blocks} blocks get the same number of steps each"
 
 
+def read_prompt(args: argparse.Namespace) -> str:
+    """The prompt of -p TEXT, -p - (standard input) or --prompt-file PATH."""
+    if args.prompt is not None and args.prompt != "-":
+        return args.prompt
+    if args.prompt is None:
+        where = f"--prompt-file {args.prompt_file}"
+        check_input(args.prompt_file, "--prompt-file")
+        try:
+            with open(args.prompt_file, "rb") as f:
+                data = f.read(MAX_PROMPT_BYTES + 1)
+        except OSError as e:
+            raise DiffuseError(f"{where}: cannot read it: {e.strerror}") from None
+    else:
+        where = "-p - (standard input)"
+        if sys.stdin is None:
+            raise DiffuseError(f"{where}: standard input is closed; pipe the prompt in or use --prompt-file")
+        if sys.stdin.isatty():
+            print("diffuse: type the prompt, then Ctrl-D on a line of its own", file=sys.stderr)
+        data = sys.stdin.buffer.read(MAX_PROMPT_BYTES + 1)
+    if len(data) > MAX_PROMPT_BYTES:
+        raise DiffuseError(f"{where}: more than {MAX_PROMPT_BYTES // 2**20} MiB; no model's context holds that")
+    if b"\0" in data:
+        raise DiffuseError(f"{where}: holds NUL bytes, so it is a binary file, not text")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise DiffuseError(f"{where}: not UTF-8 text (byte {e.start} is 0x{data[e.start]:02x})") from None
+    if not text.strip():
+        raise DiffuseError(f"{where}: the prompt is empty")
+    # A file's or a pipe's last newline ends the line; it is not part of the prompt.
+    return text[:-1] if text.endswith("\n") else text
+
+
+def fit_blocks(options: dict) -> tuple[dict, str | None]:
+    """The engine's buffer is whole blocks: gen_length is rounded up to a multiple of block_length
+    and the answer cut at the length asked for, as the server does with max_tokens (its
+    protocol._whole_blocks). The options to run and a note when the length changed."""
+    gen, block = options["gen_length"], options["block_length"]
+    if block <= 0 or block >= gen or gen % block == 0:
+        return options, None
+    rounded = -(-gen // block) * block
+    note = f"gen_length {gen} -> {rounded}: whole blocks of {block}; the answer is cut at {gen} tokens"
+    return {**options, "gen_length": rounded}, note
+
+
 def run(args: argparse.Namespace) -> int:
     if args.record:   # refused before the model loads: the run would be lost to a failing save
         check_output(args.record, "--record", [args.model], example_name="run.npz")
+    check_input(args.model, "-m")
+    if args.tokenizer:
+        check_input(args.tokenizer, "--tokenizer")
+    prompt = read_prompt(args)
     logical = os.cpu_count() or 1
     if args.threads is not None and args.threads > logical:
         print(f"diffuse: note: --threads {args.threads} -> {logical}: more threads than logical CPUs only "
@@ -240,12 +304,12 @@ def run(args: argparse.Namespace) -> int:
     # stdout carries the answer only (it may be redirected to a file); progress goes to stderr.
     view = LiveView(model.tokenizer, sys.stderr) if not args.quiet and sys.stderr.isatty() else None
     options = generation_options(args)
-    resolved = resolve_options(model.arch, **options)
-    note = steps_note(resolved)
-    if note:
-        print(f"diffuse: note: {note}", file=sys.stderr)
+    resolved, length_note = fit_blocks(resolve_options(model.arch, **options))
+    for note in (length_note, steps_note(resolved)):
+        if note:
+            print(f"diffuse: note: {note}", file=sys.stderr)
     # The recording keeps the values that ran, the family defaults included.
-    recording = Recording(prompt=args.prompt, options=resolved,
+    recording = Recording(prompt=prompt, options=resolved,
                           model={"name": Path(args.model).name, "arch": model.arch, "path": args.model,
                                  "n_vocab": model.n_vocab}) if args.record else None
     interrupted = False
@@ -264,13 +328,31 @@ def run(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
-        result = model.generate(args.prompt, chat=args.chat, on_step=on_step, **options)
+        try:
+            result = model.generate(prompt, chat=args.chat, on_step=on_step, **resolved)
+        finally:
+            if view is not None:
+                view.close()
+        # Until the answer is out, a late Ctrl-C only marks the run: it must not cut the answer short.
+        text = answer_text(result, model, resolve_options(model.arch, **options)["gen_length"])
+        print(as_json(result, text, model.mask_token_id, resolved) if args.json else text, flush=True)
+        print(summary(result), file=sys.stderr)
     finally:
         signal.signal(signal.SIGINT, previous)
-        if view is not None:
-            view.close()
-    if recording is not None:
+    if recording is not None:   # after the answer: a save that fails (a full disk) does not lose it
         recording.finish(result, model.tokenizer.decode).save(args.record)
-    print(as_json(result, resolved) if args.json else result.text, flush=True)
-    print(summary(result), file=sys.stderr)
     return 130 if interrupted else 0
+
+
+def answer_text(r: GenerateResult, model, length: int) -> str:
+    """The answer as a reader should see it: the first `length` positions up to end-of-text, and
+    one MASK_GLYPH for each position a cancelled run left undecided (the mask token's own text,
+    e.g. Dream's [PAD151665], is no answer, and decoding around the gaps would glue fragments)."""
+    ids = r.tokens[:length].tolist()
+    eos = set(model.tokenizer.eos_token_ids)
+    ids = ids[:next((i for i, t in enumerate(ids) if t in eos), len(ids))]
+    if length >= len(r.tokens) and model.mask_token_id not in ids:
+        return r.text
+    return "".join(MASK_GLYPH * len(run) if masked else model.tokenizer.decode(run, skip_special_tokens=True)
+                   for masked, run in ((k, list(g)) for k, g in
+                                       itertools.groupby(ids, key=lambda t: t == model.mask_token_id)))

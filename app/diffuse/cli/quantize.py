@@ -7,7 +7,7 @@ import sys
 import time
 
 from diffuse import DiffuseError
-from diffuse.cli import check_output
+from diffuse.cli import check_input, check_output
 from diffuse.quantize import QTYPES, quantize_file
 
 
@@ -26,6 +26,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_input(args.input, "input")
     check_output(args.output, "output", [args.input])
     if args.threads is not None and args.threads < 1:
         raise DiffuseError(f"--threads must be at least 1 (got {args.threads})")

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import tempfile
 from pathlib import Path
 
 from diffuse import DiffuseError
-from diffuse.cli import check_output
+from diffuse.cli import check_input, check_output, check_output_folder
 
 # Options that set a stored hyper-parameter (TrainConfig field): default None, so that a resume can
 # tell an explicit value from an absent one.
@@ -56,8 +57,11 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise DiffuseError(f"diffuse train needs PyTorch ({e}); install it with: pip install 'diffuse[train]'") from e
     name = args.name or args.out.resolve().name
+    if not args.data.is_dir():
+        check_input(args.data, "DATA")
+    check_output_folder(args.out, "--out")   # before the training: its checkpoints go there
     if args.gguf:
-        check_output(str(args.gguf), "--gguf", [])
+        check_output(str(args.gguf), "--gguf", [str(args.data)])
         if name in ("", ".", "..") or os.sep in name or "/" in name:
             raise DiffuseError(f"--name {name!r}: not usable as a model name (no path separators)")
     cfg = TrainConfig(data=args.data, out=args.out, steps=args.steps, minutes=args.minutes, threads=args.threads,
@@ -70,6 +74,15 @@ def run(args: argparse.Namespace) -> int:
     if cfg.vocab_size < 300:
         raise DiffuseError("--vocab-size must be at least 300 (256 bytes + 6 special tokens + merges)")
     args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _train(args, cfg, train, name)
+    except OSError as e:   # a disk that fills during the run: the last checkpoint stays as it was
+        why = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else e.strerror or str(e)
+        raise DiffuseError(f"--out {args.out}: {why} ({e.filename or 'while saving'}); the last complete "
+                           "checkpoint is kept, run the same command again to resume from it") from None
+
+
+def _train(args: argparse.Namespace, cfg, train, name: str) -> int:
     with open(args.out / "train.log", "a", encoding="utf-8") as log_file:
         def log(line: str) -> None:
             print(line, flush=True)

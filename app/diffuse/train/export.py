@@ -13,6 +13,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
+from diffuse import DiffuseError
 from diffuse.train.bpe import BOS, EOS, MASK, save_tokenizer
 from diffuse.train.model import LLaDA
 
@@ -66,11 +67,15 @@ def save_hf(model: LLaDA, tok: Tokenizer, out_dir: Path, training: dict) -> None
     """`training` (data, steps, time, scores) goes to training_info.json for the model card."""
     part = out_dir.with_name(out_dir.name + ".part")
     shutil.rmtree(part, ignore_errors=True)
-    part.mkdir(parents=True)
-    tensors = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
-    save_file(tensors, str(part / "model.safetensors"), metadata={"format": "pt"})
-    (part / "config.json").write_text(json.dumps(llada_config(model, tok), indent=2) + "\n")
-    save_tokenizer(tok, part, model.shape.max_sequence_length)
-    (part / "training_info.json").write_text(json.dumps(training, indent=2) + "\n")
+    try:
+        part.mkdir(parents=True)
+        tensors = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
+        save_file(tensors, str(part / "model.safetensors"), metadata={"format": "pt"})
+        (part / "config.json").write_text(json.dumps(llada_config(model, tok), indent=2) + "\n")
+        save_tokenizer(tok, part, model.shape.max_sequence_length)
+        (part / "training_info.json").write_text(json.dumps(training, indent=2) + "\n")
+    except (OSError, RuntimeError, ValueError) as e:   # a full disk: no half checkpoint left behind
+        shutil.rmtree(part, ignore_errors=True)
+        raise DiffuseError(f"{out_dir}: cannot save the checkpoint ({e}); the last complete one is kept") from None
     shutil.rmtree(out_dir, ignore_errors=True)
     part.rename(out_dir)

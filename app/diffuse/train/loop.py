@@ -10,6 +10,7 @@ The learning rate follows warm-up then cosine decay over `progress`, the larger 
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -142,8 +143,16 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
     scores: dict = {}
 
     def checkpoint() -> Path:
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "seconds": used_s,
-                    "hparams": {k: getattr(cfg, k) for k in HPARAMS}}, state_path)
+        # Into state.pt.part, renamed when complete: a disk that fills mid-save keeps the last checkpoint.
+        part = state_path.with_name(state_path.name + ".part")
+        try:
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "seconds": used_s,
+                        "hparams": {k: getattr(cfg, k) for k in HPARAMS}}, part)
+            os.replace(part, state_path)
+        except (OSError, RuntimeError) as e:     # torch reports a failed write as RuntimeError
+            part.unlink(missing_ok=True)
+            raise DiffuseError(f"{state_path}: cannot save the checkpoint ({e}); the last complete one is "
+                               "kept, run the same command again to resume from it") from None
         info = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
                 "step": step, "tokens_seen": step * cfg.batch * cfg.seq_len, "train_minutes": round(used_s / 60, 1),
                 "n_params": shape.n_params(), "heldout": {str(r): v for r, v in scores.items()}}
