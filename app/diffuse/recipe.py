@@ -40,6 +40,13 @@ def key(name: str) -> str:
     return PREFIX + name
 
 
+def text(recipe: dict) -> str:
+    """'gen_length 64, steps 64, temperature 0.7', in the option table's order; 'none' when empty."""
+    def shown(v) -> str:
+        return ("on" if v else "off") if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
+    return ", ".join(f"{n} {shown(recipe[n])}" for n in OPTION_NAMES if n in recipe) or "none"
+
+
 def check(recipe: dict, arch: str, n_ctx: int | None = None) -> dict:
     """`recipe` with its values as the engine reads them (a float32 0.699999988 is 0.7), each
     option and the schedule it makes checked for a model of family `arch` and context `n_ctx`.
@@ -99,10 +106,11 @@ def parse(assignments: list[str], flag: str) -> dict:
     return recipe
 
 
-def write(path: str | os.PathLike, recipe: dict, out_path: str | os.PathLike | None = None) -> Path:
+def write(path: str | os.PathLike, recipe: dict, out_path: str | os.PathLike | None = None) -> dict:
     """Write the model `path` with `recipe` as its whole recipe ({} removes it) to `out_path`, by
-    default over `path` itself. Every other key and every tensor's bytes are copied as they are;
-    the new file replaces the old one only when complete (gguf_file.write)."""
+    default over `path` itself; returns the recipe written (checked). Every other key and every
+    tensor's bytes are copied as they are; the new file replaces the old one only when complete
+    (gguf_file.write)."""
     from diffuse.model import load   # diffuse.model reads recipes with this module
 
     path = Path(path)
@@ -120,4 +128,4 @@ def write(path: str | os.PathLike, recipe: dict, out_path: str | os.PathLike | N
     new_kv, new_types = metadata(recipe)
     tensors = [gguf_file.OutTensor(t.name, t.type, t.shape) for t in info.tensors]
     gguf_file.write(out, kv | new_kv, kv_types | new_types, tensors, (t.raw() for t in info.tensors))
-    return out
+    return recipe

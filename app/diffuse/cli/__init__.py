@@ -5,13 +5,14 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from diffuse import DiffuseError, __version__, gguf_file
 from diffuse._core import GGML_VERSION
 from diffuse.info import escaped
 
-COMMANDS = ["convert", "quantize", "info", "generate", "bench", "train", "serve", "download"]
+COMMANDS = ["convert", "quantize", "info", "recipe", "generate", "bench", "train", "serve", "download"]
 
 
 def check_output(path: str, option: str, inputs: list[str], example_name: str = "model.gguf") -> str:
@@ -40,16 +41,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _message(text: str) -> str:
+    # Messages quote file names, keys and values from files a stranger may have made: escaped,
+    # so they cannot drive the terminal.
+    return "\n".join(escaped(line, limit=None) for line in text.split("\n"))
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning (e.g. a model file's recipe ignored) as one line, like the errors."""
+    print(f"diffuse: warning: {_message(str(message))}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)   # benchmarks record their command
     try:
-        return args._run(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return args._run(args)
     except DiffuseError as e:
-        # Messages quote file names, keys and values from files a stranger may have made: escaped,
-        # so they cannot drive the terminal.
-        message = "\n".join(escaped(line, limit=None) for line in str(e).split("\n"))
-        print(f"diffuse: error: {message}", file=sys.stderr)
+        print(f"diffuse: error: {_message(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("diffuse: interrupted", file=sys.stderr)

@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from diffuse import DiffuseError
+from diffuse import DiffuseError, recipe
 from diffuse.cli import check_output
 
 # Options that set a stored hyper-parameter (TrainConfig field): default None, so that a resume can
@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         hf = train(cfg, log)
         if args.gguf:
             from diffuse.convert import convert_hf
+            from diffuse.train.export import recipe_for
 
             # convert_hf names the model after its folder ("hf"): a folder of links gives it the run's name.
             with tempfile.TemporaryDirectory() as tmp:
@@ -86,8 +87,9 @@ def run(args: argparse.Namespace) -> int:
                 named.mkdir()
                 for f in hf.iterdir():
                     (named / f.name).symlink_to(f.resolve())
-                convert_hf(named, args.gguf, outtype=args.outtype)
-            log(f"converted {hf} -> {args.gguf} ({args.outtype}, name {name})")
+                suggested = recipe_for(cfg.seq_len)
+                convert_hf(named, args.gguf, outtype=args.outtype, recipe=suggested)
+            log(f"converted {hf} -> {args.gguf} ({args.outtype}, name {name}, recipe {recipe.text(suggested)})")
     return 0
 
 
