@@ -54,8 +54,10 @@ def _defaults_text(name: str) -> str:
 
 
 def add_generation_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
-    """One flag per engine option (diffuse.generation.OPTIONS) not in `skip`, None = family default."""
-    g = p.add_argument_group("generation (defaults depend on the model family)")
+    """One flag per engine option (diffuse.generation.OPTIONS) not in `skip`, None = the model's
+    default (its file's recipe, else the family's)."""
+    g = p.add_argument_group("generation (defaults: the model file's recipe, see diffuse recipe MODEL, "
+                             "else the family's, given below)")
     for o in OPTIONS:
         if o["name"] in skip:
             continue
@@ -78,7 +80,7 @@ def add_threads_option(p: argparse.ArgumentParser) -> None:
 
 
 def generation_options(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict:
-    """The options as given on the command line; None leaves one to the family default."""
+    """The options as given on the command line; None leaves one to the model's default."""
     return {o["name"]: getattr(args, o["name"]) for o in OPTIONS if o["name"] not in skip}
 
 
@@ -240,11 +242,11 @@ def run(args: argparse.Namespace) -> int:
     # stdout carries the answer only (it may be redirected to a file); progress goes to stderr.
     view = LiveView(model.tokenizer, sys.stderr) if not args.quiet and sys.stderr.isatty() else None
     options = generation_options(args)
-    resolved = resolve_options(model.arch, **options)
+    resolved = resolve_options(model.arch, model.recipe, **options)
     note = steps_note(resolved)
     if note:
         print(f"diffuse: note: {note}", file=sys.stderr)
-    # The recording keeps the values that ran, the family defaults included.
+    # The recording keeps the values that ran, the model's defaults included.
     recording = Recording(prompt=args.prompt, options=resolved,
                           model={"name": Path(args.model).name, "arch": model.arch, "path": args.model,
                                  "n_vocab": model.n_vocab}) if args.record else None
