@@ -11,6 +11,7 @@ from pathlib import Path
 from diffuse import DiffuseError, __version__, gguf_file
 from diffuse._core import GGML_VERSION
 from diffuse.info import escaped
+from diffuse.recipe import RecipeWarning
 
 COMMANDS = ["convert", "quantize", "info", "recipe", "generate", "bench", "train", "serve", "download"]
 
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = sys.argv[1:] if argv is None else list(argv)   # benchmarks record their command
     try:
         with warnings.catch_warnings():
+            warnings.simplefilter("default", RecipeWarning)     # told, never raised
             warnings.showwarning = _show_warning
             return args._run(args)
     except DiffuseError as e:
