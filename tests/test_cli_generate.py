@@ -148,7 +148,8 @@ def test_help_shows_ranges_family_defaults_and_physical_cores(capsys):
     out = " ".join(capsys.readouterr().out.split())            # undo argparse's line wrapping
     for o in OPTIONS:
         assert flag(o) in out and " ".join(o["help"].split()) in out
-    assert "default llada 32, dream 0" in out and "(0, 1]; default 1" in out
+    assert "family default llada 32, dream 0" in out and "(0, 1]; family default 1" in out
+    assert "defaults: the model file's recipe, see diffuse recipe MODEL, else the family's" in out
     assert f"the physical cores, {physical_cores()} here" in out
 
 

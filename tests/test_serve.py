@@ -86,6 +86,16 @@ def test_length_without_max_tokens_is_the_models_in_whole_blocks_that_fit(model)
     assert len(r.prompts[0]) == 220 and r.max_tokens == r.options["gen_length"] == 32
 
 
+def test_the_readmes_curl_example_gets_an_answer(server):
+    """README.md's example names no temperature or block length: the demo model's recipe gives them
+    (under LLaDA's greedy defaults it answers end-of-text at once)."""
+    body = {"model": "llada", "messages": [{"role": "user", "content": "Why is the sky blue?"}],
+            "max_tokens": 64, "steps": 32, "scheduler": "entropy_exit"}
+    status, reply = post(server, "/chat/completions", json.dumps(body).encode())
+    assert status == 200 and reply["choices"][0]["message"]["content"].strip()
+    assert reply["usage"]["completion_tokens"] > 0
+
+
 def test_defaults_are_the_model_files_recipe(model, tmp_path):
     """A request that names no option runs the model's recipe over its family's defaults (the
     demo model answers end-of-text at once under LLaDA's greedy 128 steps); without a recipe,

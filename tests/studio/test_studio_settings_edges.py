@@ -108,3 +108,12 @@ def test_schedulers_of_the_other_family_are_labelled(window, fake_model):
     assert names["random"] == "random (LLaDA's rule)" and names["entropy"] == "entropy"
     scheduler.setCurrentIndex(scheduler.findData("random"))
     assert window.settings_panel.options()["scheduler"] == "random"     # still the engine's name
+
+
+def test_an_ignored_recipe_is_said_in_the_status_bar(window, fake_model):
+    model = fake_model(path="odd.gguf")
+    model.recipe, model.recipe_problem = {}, ("odd.gguf: diffuse.recipe.steps: steps = 0 is out of "
+                                              "range; the file's recipe is ignored")
+    window.set_model(model)
+    assert "the file's recipe is ignored" in window.statusBar().currentMessage()
+    assert window.settings_panel.defaults_note["steps"].text() == "model default: 128"

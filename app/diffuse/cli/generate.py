@@ -46,18 +46,19 @@ def _shown(value) -> str:
 
 
 def _defaults_text(name: str) -> str:
-    """'default 1.5', or per family where they differ: 'default llada 32, dream 0'."""
+    """'family default 1.5', or per family where they differ: 'family default llada 32, dream 0'
+    (a model file's recipe may suggest another, see add_generation_options)."""
     text = {f: _shown(default_options(f)[name]) for f in FAMILIES}
     if len(set(text.values())) == 1:
-        return f"default {text[FAMILIES[0]]}"
-    return "default " + ", ".join(f"{f} {t}" for f, t in text.items())
+        return f"family default {text[FAMILIES[0]]}"
+    return "family default " + ", ".join(f"{f} {t}" for f, t in text.items())
 
 
 def add_generation_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
     """One flag per engine option (diffuse.generation.OPTIONS) not in `skip`, None = the model's
     default (its file's recipe, else the family's)."""
     g = p.add_argument_group("generation (defaults: the model file's recipe, see diffuse recipe MODEL, "
-                             "else the family's, given below)")
+                             "else the family's)")
     for o in OPTIONS:
         if o["name"] in skip:
             continue
