@@ -2,12 +2,13 @@
 ready GGUF, and a damaged catalog refused with the entry and field named."""
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
 
+import diffuse
 from diffuse import DiffuseError, catalog
-from diffuse.generation import OPTION_NAMES
 
 
 def test_every_entry_is_complete_and_consistent():
@@ -24,7 +25,7 @@ def test_every_entry_is_complete_and_consistent():
         assert gguf["file_gb"] * 1e9 < m["download_bytes"] / 3     # the point: 4-5 GB, not 15
         if "file_bytes" in gguf:
             assert abs(gguf["file_bytes"] / 1e9 - gguf["file_gb"]) < 0.05
-        assert set(m.get("suggested", {})) <= set(OPTION_NAMES)
+        assert "suggested" not in m       # a model's settings travel in its file (Model.recipe)
 
 
 def test_the_mixture_of_experts_model():
@@ -33,7 +34,17 @@ def test_the_mixture_of_experts_model():
     assert (moe["experts"], moe["experts_per_token"], moe["context_length"]) == (64, 8, 4096)
     assert 7.3e9 < moe["params"] < 7.4e9 and 1.3e9 < moe["active_params"] < 1.5e9
     assert moe["ready_gguf"]["architecture"] == "llada-moe"
-    assert moe["suggested"]["block_length"] <= moe["suggested"]["gen_length"]
+
+
+def test_the_demo_entry_describes_the_shipped_file_and_its_settings_are_in_the_file():
+    path, entry = catalog.demo()
+    data = path.read_bytes()
+    assert (entry["file_bytes"], entry["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
+    assert "suggested" not in entry
+    model = diffuse.load(path, threads=1)
+    assert (model.arch, model.n_ctx_train) == (entry["family"], entry["context_length"])
+    # the model card's settings (models/README.md): greedy decoding loops on this model
+    assert model.recipe == {"gen_length": 64, "steps": 64, "block_length": 16, "temperature": 0.7}
 
 
 def test_unknown_model_is_named():
@@ -53,8 +64,6 @@ def _damage(entry: dict, how: str) -> None:
         entry["recommended"] = "q2_k"
     elif how == "quantization without RAM":
         del entry["quantizations"]["f16"]["ram_gb"]
-    elif how == "unknown suggested option":
-        entry["suggested"] = {"steps": 8, "speed": 11}
     elif how == "gguf field missing":
         del gguf["architecture"]
     elif how == "gguf in a subfolder":
@@ -68,7 +77,7 @@ def _damage(entry: dict, how: str) -> None:
 
 
 DAMAGES = ["missing field", "wrong type", "bool as number", "recommended unknown",
-           "quantization without RAM", "unknown suggested option", "gguf field missing",
+           "quantization without RAM", "gguf field missing",
            "gguf in a subfolder", "not a gguf", "bad sha256", "gguf quantization unknown"]
 
 

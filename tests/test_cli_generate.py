@@ -64,7 +64,7 @@ def test_steps_rounded_to_the_blocks_are_noted(tiny_gguf, capsys):
     code = main(["generate", "-m", str(tiny_gguf("llada", "f32")), "-p", "Hello", "--gen-length", "32",
                  "--steps", "6", "--block-length", "8", "--threads", "1"])
     err = capsys.readouterr().err
-    assert code == 0 and "steps 6 -> 4: 4 blocks get the same number of steps each" in err
+    assert code == 0 and "steps 6 -> 4: 4 blocks get 1 step each" in err
     main(["generate", "-m", str(tiny_gguf("llada", "f32")), "-p", "Hello", "--gen-length", "32",
           "--steps", "8", "--block-length", "8", "--threads", "1"])
     assert "->" not in capsys.readouterr().err
@@ -147,7 +147,8 @@ def test_help_shows_ranges_family_defaults_and_physical_cores(capsys):
     out = " ".join(capsys.readouterr().out.split())            # undo argparse's line wrapping
     for o in OPTIONS:
         assert flag(o) in out and " ".join(o["help"].split()) in out
-    assert "default llada 32, dream 0" in out and "(0, 1]; default 1" in out
+    assert "family default llada 32, dream 0" in out and "(0, 1]; family default 1" in out
+    assert "defaults: the model file's recipe, see diffuse recipe MODEL, else the family's" in out
     assert f"the physical cores, {physical_cores()} here" in out
 
 

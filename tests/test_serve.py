@@ -19,6 +19,7 @@ import openai
 import pytest
 
 import diffuse
+from diffuse import recipe
 from diffuse.serve import Server, protocol
 
 DEMO = Path(__file__).resolve().parents[1] / "models" / "diffuse-demo-3m.gguf"
@@ -76,10 +77,38 @@ def test_completion_cut_at_max_tokens_and_stop(client, model):
     assert 0 < cut.usage.completion_tokens < 40
 
 
-def test_length_without_max_tokens_is_whole_blocks_that_fit(model):
-    # 140 prompt tokens leave 116 of the demo model's 256 positions: 3 blocks of 32.
+def test_length_without_max_tokens_is_the_models_in_whole_blocks_that_fit(model):
+    # The demo model's recipe: 64 positions in blocks of 16; 140 prompt tokens leave room for it.
     r = protocol.parse(json.dumps({"prompt": "x " * 70}).encode(), "completion", model, 8)
-    assert len(r.prompts[0]) == 140 and r.max_tokens == r.options["gen_length"] == 96
+    assert len(r.prompts[0]) == 140 and r.max_tokens == r.options["gen_length"] == 64
+    # 220 prompt tokens leave 36 of its 256 positions: 2 blocks of 16.
+    r = protocol.parse(json.dumps({"prompt": "x " * 110}).encode(), "completion", model, 8)
+    assert len(r.prompts[0]) == 220 and r.max_tokens == r.options["gen_length"] == 32
+
+
+def test_the_readmes_curl_example_gets_an_answer(server):
+    """README.md's example names no temperature or block length: the demo model's recipe gives them
+    (under LLaDA's greedy defaults it answers end-of-text at once)."""
+    body = {"model": "llada", "messages": [{"role": "user", "content": "Why is the sky blue?"}],
+            "max_tokens": 64, "steps": 32, "scheduler": "entropy_exit"}
+    status, reply = post(server, "/chat/completions", json.dumps(body).encode())
+    assert status == 200 and reply["choices"][0]["message"]["content"].strip()
+    assert reply["usage"]["completion_tokens"] > 0
+
+
+def test_defaults_are_the_model_files_recipe(model, tmp_path):
+    """A request that names no option runs the model's recipe over its family's defaults (the
+    demo model answers end-of-text at once under LLaDA's greedy 128 steps); without a recipe,
+    the family's."""
+    body = json.dumps({"prompt": "Once upon a time"}).encode()
+    r = protocol.parse(body, "completion", model, 8)
+    assert r.options == diffuse.generation.default_options(model.arch, model.recipe)
+    assert model.recipe["temperature"] == r.options["temperature"] == 0.7
+    assert model.generate(r.prompts[0], **r.options).useful_length > 0
+    plain = tmp_path / "plain.gguf"
+    recipe.write(DEMO, {}, plain)
+    r = protocol.parse(body, "completion", diffuse.load(plain, threads=1), 8)
+    assert r.options == diffuse.generation.default_options(model.arch)
 
 
 def test_stream_blocks_and_diffusion_events(client, server):

@@ -16,13 +16,12 @@ from pathlib import Path
 from typing import Callable
 
 from diffuse import DiffuseError, gguf_file, hub
-from diffuse.generation import OPTION_NAMES
 
 _MODEL_FIELDS = {"id": str, "name": str, "family": str, "hf_repo": str, "url": str,
                  "license": str, "params": int, "context_length": int, "download_bytes": int,
                  "download_files": str, "quantizations": dict, "recommended": str}
 _OPTIONAL_MODEL_FIELDS = {"active_params": int, "experts": int, "experts_per_token": int,
-                          "ready_gguf": dict, "suggested": dict}
+                          "ready_gguf": dict}
 _GGUF_FIELDS = {"repo": str, "file": str, "quantization": str, "architecture": str,
                 "file_gb": (int, float), "ram_gb": (int, float)}
 _OPTIONAL_GGUF_FIELDS = {"file_bytes": int, "sha256": str}
@@ -59,8 +58,9 @@ def _section(path: Path, name: str, kind: type):
 
 
 def demo() -> tuple[Path, dict] | None:
-    """The shipped demo model's file and catalog entry (its suggested settings...); None when the
-    installation has none or its catalog is unreadable: the app then starts without it."""
+    """The shipped demo model's file and catalog entry (its size, sha256...; its suggested
+    settings are in the file, Model.recipe); None when the installation has none or its catalog is
+    unreadable: the app then starts without it."""
     folder = shipped_models_dir()
     try:
         entry = _section(folder / "catalog.json", "demo", dict) if folder is not None else None
@@ -102,9 +102,6 @@ def _problem(model) -> str | None:
             return f"quantizations.{q} needs file_gb and ram_gb (numbers)"
     if model["recommended"] not in model["quantizations"]:
         return f"recommended {model['recommended']!r} is none of its quantizations"
-    unknown = set(model.get("suggested", {})) - set(OPTION_NAMES)
-    if unknown:
-        return f"suggested has unknown options {sorted(unknown)}"
     gguf = model.get("ready_gguf")
     if gguf is not None:
         problem = _fields(gguf, _GGUF_FIELDS, _OPTIONAL_GGUF_FIELDS)

@@ -1,4 +1,5 @@
-"""Generation options: the engine's option table, per-family defaults, validation.
+"""Generation options: the engine's option table, per-family defaults, a model's recipe over
+them, validation.
 
 Every option's name, kind, range and help text come from the engine (`_core.OPTIONS`), which
 validates with the same table: the CLI flags and the Studio's settings panel are built from it.
@@ -6,6 +7,7 @@ validates with the same table: the CLI flags and the Studio's settings panel are
 from __future__ import annotations
 
 from diffuse import _core
+from diffuse._core import DiffuseError
 
 SCHEDULERS: list[str] = list(_core.SCHEDULERS)
 
@@ -14,19 +16,69 @@ SCHEDULERS: list[str] = list(_core.SCHEDULERS)
 OPTIONS: list[dict] = [dict(o) for o in _core.OPTIONS]
 OPTION_NAMES: tuple[str, ...] = tuple(o["name"] for o in OPTIONS)
 
+# Block diffusion (SDAR/TraDo, Fast-dLLM v2): blocks aligned at position 0, causal across them; the
+# engine runs whole blocks (the answer may run on to the end of the last one), steps count per block.
+BLOCK_FAMILIES = ("sdar", "fast-dllm-v2")
+
 
 def option(name: str) -> dict:
     """The table entry of one option."""
     return next(o for o in OPTIONS if o["name"] == name)
 
 
-def default_options(arch: str) -> dict:
-    """The engine's defaults for a family ('llada' or 'dream')."""
-    return dict(_core.default_options(arch))
+def default_options(arch: str, recipe: dict | None = None) -> dict:
+    """A model's defaults: its family's ('llada' or 'dream', the engine's), overridden by the
+    recipe its file suggests (Model.recipe, see diffuse.recipe)."""
+    return resolve_options(arch, recipe)
 
 
-def resolve_options(arch: str, **given) -> dict:
-    """Defaults of the family, overridden by every option that is not None, checked by the engine.
+def resolve_options(arch: str, recipe: dict | None = None, /, **given) -> dict:
+    """The model's defaults (the family's, overridden by `recipe`), overridden by every option of
+    `given` that is not None, checked by the engine.
 
     Raises DiffuseError naming the first unknown option, wrong type or out-of-range value."""
-    return dict(_core.check_options(arch, given))
+    # None leaves an option to the defaults; an unknown name is still passed on, to be refused.
+    given = {k: v for k, v in given.items() if v is not None or k not in OPTION_NAMES}
+    return dict(_core.check_options(arch, {**(recipe or {}), **given}))
+
+
+def schedule_check(opts: dict, arch: str, n_ctx: int | None = None,
+                   recipe: dict | None = None) -> tuple[str, str | None]:
+    """(what the engine will round in the schedule, or ""; why it would refuse it, or None),
+    by the engine's block rule: every block gets the same number of steps, at least one and at most
+    one per position (full attention: the run's steps shared evenly among the blocks; block
+    diffusion: steps per block). Options of `opts` that are None take the model's default (the
+    family's and `recipe`)."""
+    try:
+        o = resolve_options(arch, recipe, **{k: opts.get(k) for k in ("gen_length", "steps", "block_length")})
+    except DiffuseError as e:
+        return "", str(e)
+    gen, steps, block = o["gen_length"], o["steps"], o["block_length"]
+    if n_ctx is not None and gen >= n_ctx:      # the prompt itself is checked where it is encoded
+        return "", f"gen_length {gen} + the prompt exceeds the model's context of {n_ctx}"
+    if arch in BLOCK_FAMILIES:
+        if 0 < block < steps:     # block_length 0: the model's own block, known to the engine
+            return f"steps {steps} -> {block}: at most one step per position ({block} per block)", None
+        return "", None
+    block = gen if block <= 0 else min(block, gen)
+    if gen % block:
+        return "", f"gen_length {gen} is not a multiple of block_length {block}"
+    n_blocks = gen // block
+    per_block = min(max(1, steps // n_blocks), block)
+    if per_block * n_blocks == steps:
+        return "", None
+    if steps // n_blocks > block:
+        return (f"steps {steps} -> {per_block * n_blocks}: at most one step per position ({block} per "
+                f"block)"), None
+    return (f"steps {steps} -> {per_block * n_blocks}: {n_blocks} blocks get {per_block} "
+            f"step{'s' if per_block != 1 else ''} each"), None
+
+
+def whole_blocks(gen_length: int, options: dict, arch: str) -> int:
+    """The engine's buffer is whole blocks: a full-attention model's gen_length rounded up to a
+    multiple of block_length (the CLI and the server then cut the answer at the length asked for).
+    Block diffusion pads to whole blocks itself, from position 0."""
+    block = options["block_length"]
+    if arch in BLOCK_FAMILIES or block <= 0 or block >= gen_length:
+        return gen_length
+    return -(-gen_length // block) * block

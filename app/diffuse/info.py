@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 from gguf import LlamaFileType
 
-from diffuse import gguf_file
+from diffuse import gguf_file, recipe
 from diffuse._core import DiffuseError
 from diffuse.model import load
 from diffuse.tokenizer import Tokenizer
@@ -46,13 +47,19 @@ def describe(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None
         "tensors": [{"name": t.name, "type": t.type_name, "shape": list(t.shape), "bytes": t.nbytes}
                     for t in info.tensors],
         "hparams": None,
+        "recipe": None,         # the generation options the file suggests (diffuse.recipe)
         "tokenizer": None,
     }
     hparams = None
     if info.family is not None:
         try:
-            hparams = load(path, threads=1).hparams
-            d["hparams"] = hparams
+            with warnings.catch_warnings():     # an ignored recipe is shown as recipe_problem
+                warnings.simplefilter("ignore", recipe.RecipeWarning)
+                model = load(path, threads=1)
+            hparams = d["hparams"] = model.hparams
+            d["recipe"] = model.recipe
+            if model.recipe_problem:
+                d["recipe_problem"] = model.recipe_problem
         except DiffuseError as e:
             d["load_error"] = str(e)
     else:
@@ -152,6 +159,11 @@ def format_info(d: dict, tensors: bool = False) -> str:
         if hp.get("n_expert"):
             lines.append(f"  experts {hp['n_expert']} per layer, {hp['n_expert_used']} used per position, "
                          f"width {hp['n_ff_exp']}; q/k norm {hp['qk_norm']}")
+    if d.get("recipe_problem"):
+        lines.append(f"recipe        ignored: {d['recipe_problem']}")
+    elif d.get("recipe") is not None:
+        suggested = recipe.text(d["recipe"]) if d["recipe"] else f"none (the {hp['arch']} defaults)"
+        lines.append(f"recipe        {suggested}")
     if d.get("load_error"):
         lines.append(f"cannot load    {d['load_error']}")
     tok = d.get("tokenizer")

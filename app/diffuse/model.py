@@ -5,12 +5,13 @@ import itertools
 import numbers
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
-from diffuse import _core
+from diffuse import _core, gguf_file, recipe
 from diffuse._core import DiffuseError
 from diffuse.events import GenerateResult, StepEvent
 from diffuse.generation import resolve_options
@@ -40,6 +41,17 @@ class Model:
         self.n_ctx_train: int = hp["n_ctx_train"]
         self.mask_token_id: int = hp["mask_token_id"]
         self.n_expert: int = hp["n_expert"]   # routed experts per layer; 0 for a dense model
+        # The options the file suggests (diffuse.recipe): with the family's defaults under them,
+        # the defaults of every call that leaves an option to None.
+        self.recipe: dict = {}
+        self.recipe_problem: str | None = None     # why the file's recipe was ignored
+        info = gguf_file.read(self.path)
+        try:
+            self.recipe = recipe.from_metadata(info.kv, info.kv_types, self.arch, self.n_ctx_train)
+        except DiffuseError as e:
+            self.recipe_problem = (f"{self.path}: {e}; the file's recipe is ignored, the "
+                                   f"{self.arch} defaults apply (diffuse recipe MODEL --clear removes it)")
+            warnings.warn(self.recipe_problem, recipe.RecipeWarning, stacklevel=3)
         self._tokenizer_path = tokenizer
         self._tokenizer = None
 
@@ -112,8 +124,8 @@ class Model:
                  **options) -> GenerateResult:
         """Denoise `gen_length` masked positions after the prompt.
 
-        Options (None = the family default, see diffuse.generation.OPTIONS for kinds, ranges and
-        help): gen_length, steps, block_length, scheduler, threshold, cache, keep_active,
+        Options (None = the model's default: its file's recipe, else the family's; see
+        diffuse.generation.OPTIONS for kinds, ranges and help): gen_length, steps, block_length, scheduler, threshold, cache, keep_active,
         refresh_every, temperature, top_k, top_p, alg_temp, cfg_scale, eps, seed. on_step(event)
         runs once per step on the calling thread; returning False cancels; an exception ends the
         run and propagates here. expert_routing: see generate_batch.
@@ -143,7 +155,7 @@ class Model:
         resolved, ids = [], []
         for i, prompt in enumerate(prompts):
             try:
-                resolved.append(resolve_options(self.arch, **{**options, **(per_prompt[i] if per_prompt else {})}))
+                resolved.append(resolve_options(self.arch, self.recipe, **{**options, **(per_prompt[i] if per_prompt else {})}))
                 ids.append(self.encode_prompt(prompt, chat))
             except DiffuseError as e:
                 raise DiffuseError(f"prompt {i}: {e}" if len(prompts) > 1 else str(e)) from None
@@ -191,7 +203,7 @@ class Model:
             for prompt, overrides in admit():
                 sequence = next(numbers)
                 try:
-                    resolved = resolve_options(self.arch, **{**options, **overrides})
+                    resolved = resolve_options(self.arch, self.recipe, **{**options, **overrides})
                     ids = self.encode_prompt(prompt, chat)
                 except DiffuseError as e:
                     on_finish(sequence, e)

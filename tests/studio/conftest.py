@@ -16,11 +16,14 @@ os.environ["QT_QPA_PLATFORM"] = "offscreen"   # before any QApplication exists
 import numpy as np
 import pytest
 
+import diffuse
 from diffuse.events import GenerateResult, StepEvent
 from diffuse.generation import resolve_options
 from diffuse.recording import Recording
 
 RUNS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
+DEMO = Path(__file__).resolve().parents[2] / "models" / "diffuse-demo-3m.gguf"
+DEMO_RECIPE = diffuse.load(DEMO, threads=1).recipe     # what the recorded runs' model suggests
 RUN_NAMES = ("blocks_cache", "entropy_exit", "no_cache", "eos", "cancelled")
 REPLAYED = RUN_NAMES[:-1]        # what FakeModel.generate may return: runs that were not stopped
 
@@ -148,6 +151,7 @@ class FakeModel:
 
     dialect = "ours"
     n_expert = 0        # dense
+    recipe_problem = None
 
     def __init__(self, path="diffuse-demo-3m.gguf", step_delay=0.01):
         self.path = str(path)
@@ -161,6 +165,7 @@ class FakeModel:
         info = self.runs[0].model
         self.arch, self.n_vocab = info["arch"], info["n_vocab"]
         self.n_ctx_train, self.mask_token_id = info["n_ctx_train"], info["mask_token_id"]
+        self.recipe = dict(DEMO_RECIPE)
         pieces = {tid: text for rec in self.runs for tid, text in rec.pieces.items()}
         self.tokenizer = FakeTokenizer(pieces, info["eos_ids"], info["special_ids"])
 
@@ -168,7 +173,7 @@ class FakeModel:
         self.calls.append(dict(options, prompt=prompt, chat=chat))
         self.threads_seen.add(threading.get_ident())
         text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
-        rec = self.run_for(text, resolve_options(self.arch, **options))
+        rec = self.run_for(text, resolve_options(self.arch, self.recipe, **options))
         return rec.replay(on_step, delay_s=self.step_delay)
 
     def run_for(self, prompt: str, opts: dict) -> Recording:
@@ -188,6 +193,7 @@ class SyntheticModel(FakeModel):
 
     def _describe(self):
         self.arch, self.n_vocab, self.n_ctx_train = "llada", len(VOCAB), 4096
+        self.recipe = {}
         self.mask_token_id, self.tokenizer = MASK_ID, SYNTHETIC_TOKENIZER
 
     def run_for(self, prompt: str, opts: dict) -> Recording:

@@ -4,6 +4,8 @@ real model (the ready GGUF or the checkpoint folder downloaded from a local stan
 the hub is tests/fixtures/fake_hub."""
 from __future__ import annotations
 
+import diffuse
+
 import shutil
 import socket
 
@@ -196,7 +198,7 @@ def test_first_start_opens_the_demo_with_its_suggested_settings():
     from diffuse.studio import storage
     demo = storage.demo_model()
     assert demo is not None and demo.name == "diffuse-demo-3m.gguf"
-    suggested = storage.demo_options()
+    suggested = diffuse.load(demo, threads=1).recipe     # in the file, whatever its name
     assert suggested["temperature"] > 0 and suggested["gen_length"] <= 128
 
 

@@ -2,24 +2,47 @@
 model's context, and schedulers of the other family."""
 from __future__ import annotations
 
-from diffuse.studio import storage
+from diffuse.generation import resolve_options
 from diffuse.studio.settings_panel import SettingsPanel
 
 
-def test_reset_gives_the_demo_model_the_catalogs_settings(window, fake_model):
-    suggested = storage.demo_options()
-    assert suggested["temperature"] > 0           # greedy, the demo model loops
-    window.set_model(fake_model())                # named like the shipped demo model
+def test_reset_gives_the_model_its_files_recipe(window, fake_model):
+    model = fake_model(path="renamed-copy.gguf")  # the recipe is the file's, not the name's
+    assert model.recipe["temperature"] > 0        # greedy, the demo model loops
+    window.set_model(model)
     panel = window.settings_panel
     panel.set_options({"gen_length": 96, "steps": 8, "temperature": 0.0, "scheduler": "random"})
     panel.reset()
     opts = panel.options()
-    assert {k: opts[k] for k in suggested} == suggested
-    assert opts["scheduler"] is None and opts["seed"] is None     # the rest: the family's default
+    assert all(opts[k] is None for k in model.recipe)       # auto: the model's default ...
+    assert opts["scheduler"] is None and opts["seed"] is None
+    defaults = resolve_options(model.arch, model.recipe)    # ... which the run gets
+    assert {k: defaults[k] for k in model.recipe} == model.recipe
 
 
-def test_reset_of_another_model_leaves_everything_to_its_family(window, fake_model):
-    window.set_model(fake_model(path="some-llada.gguf"))
+def test_hints_show_the_loaded_models_real_defaults(window, fake_model, synthetic_model):
+    panel = window.settings_panel
+    notes = panel.defaults_note
+    window.set_model(fake_model())
+    assert [notes[k].text() for k in ("gen_length", "steps", "block_length", "temperature")] == [
+        "model default: 64", "model default: 64", "model default: 16", "model default: 0.7"]
+    assert "recipe" in notes["steps"].toolTip() and "LLaDA" in notes["scheduler"].toolTip()
+    assert notes["scheduler"].text() == "model default: low_confidence"
+    window.set_model(synthetic_model())           # no recipe: the family's
+    assert [notes[k].text() for k in ("gen_length", "steps", "block_length", "temperature")] == [
+        "model default: 128", "model default: 128", "model default: 32", "model default: 0"]
+
+
+def test_auto_schedule_is_checked_against_the_models_defaults(window, fake_model):
+    window.set_model(fake_model())
+    panel = window.settings_panel
+    panel.reset()
+    panel.set_options({"gen_length": 40})         # not whole blocks of the recipe's 16
+    assert panel.refusal() == "gen_length 40 is not a multiple of block_length 16"
+
+
+def test_reset_of_another_model_leaves_everything_to_its_family(window, synthetic_model):
+    window.set_model(synthetic_model(path="some-llada.gguf"))
     panel = window.settings_panel
     panel.set_options({"steps": 8, "temperature": 0.5})
     panel.reset()
@@ -85,3 +108,30 @@ def test_schedulers_of_the_other_family_are_labelled(window, fake_model):
     assert names["random"] == "random (LLaDA's rule)" and names["entropy"] == "entropy"
     scheduler.setCurrentIndex(scheduler.findData("random"))
     assert window.settings_panel.options()["scheduler"] == "random"     # still the engine's name
+
+
+def test_an_ignored_recipe_is_said_in_the_status_bar(window, fake_model):
+    model = fake_model(path="odd.gguf")
+    model.recipe, model.recipe_problem = {}, ("odd.gguf: diffuse.recipe.steps: steps = 0 is out of "
+                                              "range; the file's recipe is ignored")
+    window.set_model(model)
+    assert "the file's recipe is ignored" in window.statusBar().currentMessage()
+    assert window.settings_panel.defaults_note["steps"].text() == "model default: 128"
+
+
+def test_a_run_records_the_recipes_options_and_its_views_use_them(qtbot, window, fake_model):
+    """A recipe that suggests entropy_exit at tau 0.8: with every field on auto, the run is an
+    entropy-exit run at 0.8 for the engine, the recording and the heatmap's tau line."""
+    from diffuse.studio.heatmap import tau_of
+    model = fake_model(step_delay=0)
+    model.recipe = {**model.recipe, "scheduler": "entropy_exit", "threshold": 0.8}
+    window.set_model(model)
+    window.settings_panel.reset()
+    window.settings_panel.set_options({"gen_length": 48, "steps": 24})
+    assert window.settings_panel.defaults_note["scheduler"].text() == "model default: entropy_exit"
+    window.chat.prompt.setPlainText("Tell me about Mr. Darcy.")
+    with qtbot.waitSignal(window.engine.run_finished, timeout=20000) as done:
+        window.chat.generate_button.click()
+    run = done.args[0]
+    assert model.calls[0]["scheduler"] == run.options["scheduler"] == "entropy_exit"
+    assert run.options["threshold"] == 0.8 and tau_of(run) == 0.8

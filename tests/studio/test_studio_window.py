@@ -42,7 +42,9 @@ def test_generate_streams_steps_into_every_view(qtbot, window, fake_model):
     # one step, one signal, in order; the engine ran on another thread
     assert steps_seen == list(range(1, res.steps + 1))
     assert model.threads_seen and threading.get_ident() not in model.threads_seen
-    assert model.calls[0]["gen_length"] == 48 and model.calls[0]["scheduler"] is None
+    # auto options run, and are recorded, as the model's defaults: its recipe over its family's
+    assert model.calls[0]["gen_length"] == 48 and model.calls[0]["scheduler"] == "low_confidence"
+    assert model.calls[0]["temperature"] == 0.7 and run.options["block_length"] == 16
     qtbot.waitUntil(lambda: window.timeline.slider.maximum() == res.steps - 1)
     assert window.canvas_panel.canvas.run is run and window.heatmap.run is run
     qtbot.waitUntil(lambda: window.timeline.step() == res.steps - 1)   # paced: catches up

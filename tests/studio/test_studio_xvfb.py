@@ -134,7 +134,7 @@ def wait_for(done, seconds):
 
 window.model_panel.load(storage.demo_model())
 assert wait_for(lambda: window.engine.model is not None, 60), "the demo model did not load"
-window.settings_panel.set_options(dict(storage.demo_options(), gen_length=32, steps=16))
+window.settings_panel.set_options(dict(gen_length=32, steps=16))   # the rest: the model's recipe
 finished = []
 window.engine.run_finished.connect(finished.append)
 window.chat.prompt.setPlainText("Tell me about Mr. Darcy.")

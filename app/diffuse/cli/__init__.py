@@ -7,13 +7,15 @@ import os
 import signal
 import stat
 import sys
+import warnings
 from pathlib import Path
 
 from diffuse import DiffuseError, __version__, gguf_file
 from diffuse._core import GGML_VERSION
 from diffuse.info import escaped
+from diffuse.recipe import RecipeWarning
 
-COMMANDS = ["convert", "quantize", "info", "generate", "bench", "train", "serve", "download"]
+COMMANDS = ["convert", "quantize", "info", "recipe", "generate", "bench", "train", "serve", "download"]
 
 
 def check_output(path: str | os.PathLike, option: str, inputs: list[str], example_name: str = "model.gguf") -> str:
@@ -134,6 +136,17 @@ class _Stdout:
         return getattr(self._stream, name)
 
 
+def _message(text: str) -> str:
+    # Messages quote file names, keys and values from files a stranger may have made: escaped,
+    # so they cannot drive the terminal.
+    return "\n".join(escaped(line, limit=None) for line in text.split("\n"))
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning (e.g. a model file's recipe ignored) as one line, like the errors."""
+    print(f"diffuse: warning: {_message(str(message))}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)   # benchmarks record their command
@@ -145,14 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     stdout = sys.stdout
     sys.stdout = _Stdout(stdout)
     try:
-        code = args._run(args)
-        sys.stdout.flush()   # inside the try: a failing write at exit would only be a warning
-        return code
+        with warnings.catch_warnings():
+            warnings.simplefilter("default", RecipeWarning)     # told, never raised
+            warnings.showwarning = _show_warning
+            code = args._run(args)
+            sys.stdout.flush()   # inside the try: a failing write at exit would only be a warning
+            return code
     except DiffuseError as e:
-        # Messages quote file names, keys and values from files a stranger may have made: escaped,
-        # so they cannot drive the terminal.
-        message = "\n".join(escaped(line, limit=None) for line in str(e).split("\n"))
-        print(f"diffuse: error: {message}", file=sys.stderr)
+        print(f"diffuse: error: {_message(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("diffuse: interrupted", file=sys.stderr)

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from diffuse import DiffuseError
+from diffuse import DiffuseError, recipe
 from diffuse.cli import check_input, check_output
 from diffuse.convert import OUTTYPES, convert_hf
 
@@ -21,6 +21,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="OUT.gguf",
                    help="file to write (default: <folder name>-<outtype>.gguf in the current directory)")
     p.add_argument("--outtype", choices=list(OUTTYPES), default="f16", help="type of the weight matrices (default: f16)")
+    p.add_argument("--recipe", action="append", default=[], metavar="OPTION=VALUE",
+                   help="a generation option the model suggests, stored in the file and used as its "
+                        "default everywhere (repeatable), e.g. --recipe temperature=0.7; see diffuse recipe")
     return p
 
 
@@ -30,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
         raise DiffuseError(f"HF_DIR {args.hf_dir}: is a file; give the checkpoint's folder (config.json, *.safetensors)")
     out = args.output or f"{Path(args.hf_dir).resolve().name}-{args.outtype}.gguf"
     out = Path(check_output(out, "-o", [args.hf_dir]))
+    suggested = recipe.parse(args.recipe, "--recipe")
     start = time.monotonic()
     live = sys.stderr.isatty()
 
@@ -37,8 +41,9 @@ def run(args: argparse.Namespace) -> int:
         if live:
             print(f"\rconvert [{done:>4}/{total}] {name:<40.40}", end="", file=sys.stderr, flush=True)
 
-    convert_hf(args.hf_dir, out, args.outtype, progress=progress)
+    convert_hf(args.hf_dir, out, args.outtype, progress=progress, recipe=suggested)
     if live:
         print(file=sys.stderr)
-    print(f"wrote {out} ({args.outtype}, {os.path.getsize(out) / 2**20:.1f} MiB) in {time.monotonic() - start:.1f} s")
+    print(f"wrote {out} ({args.outtype}, {os.path.getsize(out) / 2**20:.1f} MiB) in {time.monotonic() - start:.1f} s"
+          + (f"; recipe {recipe.text(suggested)}" if suggested else ""))
     return 0

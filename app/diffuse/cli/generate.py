@@ -17,7 +17,7 @@ import numpy as np
 from diffuse import DiffuseError, load, physical_cores
 from diffuse.cli import check_input, check_output
 from diffuse.events import GenerateResult, StepEvent
-from diffuse.generation import OPTIONS, default_options, resolve_options
+from diffuse.generation import OPTIONS, default_options, resolve_options, schedule_check, whole_blocks
 from diffuse.gguf_file import FAMILIES
 from diffuse.recording import Recording
 
@@ -49,16 +49,19 @@ def _shown(value) -> str:
 
 
 def _defaults_text(name: str) -> str:
-    """'default 1.5', or per family where they differ: 'default llada 32, dream 0'."""
+    """'family default 1.5', or per family where they differ: 'family default llada 32, dream 0'
+    (a model file's recipe may suggest another, see add_generation_options)."""
     text = {f: _shown(default_options(f)[name]) for f in FAMILIES}
     if len(set(text.values())) == 1:
-        return f"default {text[FAMILIES[0]]}"
-    return "default " + ", ".join(f"{f} {t}" for f, t in text.items())
+        return f"family default {text[FAMILIES[0]]}"
+    return "family default " + ", ".join(f"{f} {t}" for f, t in text.items())
 
 
 def add_generation_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
-    """One flag per engine option (diffuse.generation.OPTIONS) not in `skip`, None = family default."""
-    g = p.add_argument_group("generation (defaults depend on the model family)")
+    """One flag per engine option (diffuse.generation.OPTIONS) not in `skip`, None = the model's
+    default (its file's recipe, else the family's)."""
+    g = p.add_argument_group("generation (defaults: the model file's recipe, see diffuse recipe MODEL, "
+                             "else the family's)")
     for o in OPTIONS:
         if o["name"] in skip:
             continue
@@ -81,7 +84,7 @@ def add_threads_option(p: argparse.ArgumentParser) -> None:
 
 
 def generation_options(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict:
-    """The options as given on the command line; None leaves one to the family default."""
+    """The options as given on the command line; None leaves one to the model's default."""
     return {o["name"]: getattr(args, o["name"]) for o in OPTIONS if o["name"] not in skip}
 
 
@@ -229,21 +232,6 @@ def as_json(r: GenerateResult, text: str, mask_id: int, options: dict) -> str:
         "options": options}, ensure_ascii=False)
 
 
-def steps_note(options: dict) -> str | None:
-    """The engine gives every block the same number of steps, at least one and at most one per
-    position of the block, so `steps` may change: say so."""
-    gen, block, steps = options["gen_length"], options["block_length"], options["steps"]
-    block = gen if block <= 0 else min(block, gen)
-    n_blocks = gen // block
-    per_block = steps // n_blocks
-    ran = min(max(1, per_block), block) * n_blocks
-    if ran == steps:
-        return None
-    if per_block > block:
-        return f"steps {steps} -> {ran}: at most one step per position ({block} per block)"
-    return f"steps {steps} -> {ran}: {n_blocks} blocks get the same number of steps each"
-
-
 def read_prompt(args: argparse.Namespace) -> str:
     """The prompt of -p TEXT, -p - (standard input) or --prompt-file PATH."""
     if args.prompt is not None and args.prompt != "-":
@@ -277,15 +265,16 @@ def read_prompt(args: argparse.Namespace) -> str:
     return text[:-1] if text.endswith("\n") else text
 
 
-def fit_blocks(options: dict) -> tuple[dict, str | None]:
-    """The engine's buffer is whole blocks: gen_length is rounded up to a multiple of block_length
-    and the answer cut at the length asked for, as the server does with max_tokens (its
-    protocol._whole_blocks). The options to run and a note when the length changed."""
-    gen, block = options["gen_length"], options["block_length"]
-    if block <= 0 or block >= gen or gen % block == 0:
+def fit_blocks(options: dict, arch: str) -> tuple[dict, str | None]:
+    """gen_length in whole blocks (diffuse.generation.whole_blocks, as the server does with
+    max_tokens); the answer is cut at the length asked for. The options to run and a note when the
+    length changed."""
+    gen = options["gen_length"]
+    rounded = whole_blocks(gen, options, arch)
+    if rounded == gen:
         return options, None
-    rounded = -(-gen // block) * block
-    note = f"gen_length {gen} -> {rounded}: whole blocks of {block}; the answer is cut at {gen} tokens"
+    note = (f"gen_length {gen} -> {rounded}: whole blocks of {options['block_length']}; the answer is cut "
+            f"at {gen} tokens")
     return {**options, "gen_length": rounded}, note
 
 
@@ -304,11 +293,11 @@ def run(args: argparse.Namespace) -> int:
     # stdout carries the answer only (it may be redirected to a file); progress goes to stderr.
     view = LiveView(model.tokenizer, sys.stderr) if not args.quiet and sys.stderr.isatty() else None
     options = generation_options(args)
-    resolved, length_note = fit_blocks(resolve_options(model.arch, **options))
-    for note in (length_note, steps_note(resolved)):
+    resolved, length_note = fit_blocks(resolve_options(model.arch, model.recipe, **options), model.arch)
+    for note in (length_note, schedule_check(resolved, model.arch)[0]):
         if note:
             print(f"diffuse: note: {note}", file=sys.stderr)
-    # The recording keeps the values that ran, the family defaults included.
+    # The recording keeps the values that ran, the model's defaults included.
     recording = Recording(prompt=prompt, options=resolved,
                           model={"name": Path(args.model).name, "arch": model.arch, "path": args.model,
                                  "n_vocab": model.n_vocab}) if args.record else None

@@ -7,7 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from diffuse import DiffuseError
+from diffuse import DiffuseError, recipe
 from diffuse.cli import check_input, check_output, check_output_folder
 
 # Options that set a stored hyper-parameter (TrainConfig field): default None, so that a resume can
@@ -92,6 +92,7 @@ def _train(args: argparse.Namespace, cfg, train, name: str) -> int:
         hf = train(cfg, log)
         if args.gguf:
             from diffuse.convert import convert_hf
+            from diffuse.train.export import recipe_for
 
             # convert_hf names the model after its folder ("hf"): a folder of links gives it the run's name.
             with tempfile.TemporaryDirectory() as tmp:
@@ -99,8 +100,9 @@ def _train(args: argparse.Namespace, cfg, train, name: str) -> int:
                 named.mkdir()
                 for f in hf.iterdir():
                     (named / f.name).symlink_to(f.resolve())
-                convert_hf(named, args.gguf, outtype=args.outtype)
-            log(f"converted {hf} -> {args.gguf} ({args.outtype}, name {name})")
+                suggested = recipe_for(cfg.seq_len)
+                convert_hf(named, args.gguf, outtype=args.outtype, recipe=suggested)
+            log(f"converted {hf} -> {args.gguf} ({args.outtype}, name {name}, recipe {recipe.text(suggested)})")
     return 0
 
 

@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import Keys, LlamaFileType
 from gguf.quants import quantize as gguf_quantize
 
-from diffuse import _core, gguf_file
+from diffuse import _core, gguf_file, recipe as recipes
 from diffuse._core import DiffuseError
 from diffuse.convert.families import Family, HParams, expected_shapes, qk_row_order, read_config
 from diffuse.convert.safetensors_reader import Checkpoint
@@ -46,10 +46,11 @@ class _Tensor:
 
 
 def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None = None,
-               cancel: Callable[[], bool] | None = None) -> Path | None:
+               cancel: Callable[[], bool] | None = None, recipe: dict | None = None) -> Path | None:
     """Convert a LLaDA, LLaDA-MoE or Dream checkpoint folder to a GGUF file.
 
-    outtype: f32 | f16 | bf16 | q8_0 for the matrices. progress(done, total, tensor_name) once per
+    outtype: f32 | f16 | bf16 | q8_0 for the matrices. recipe: the generation options the model
+    suggests (diffuse.recipe), written under diffuse.recipe.*; checked before any work. progress(done, total, tensor_name) once per
     tensor. Returns the output path, or None when cancel() returned True (nothing is left behind).
     The file appears under its name only when complete.
     """
@@ -58,6 +59,7 @@ def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None
     hf_dir, out_path = Path(hf_dir), Path(out_path)
     gguf_file.refuse_overwrite(out_path, [hf_dir, *_files_under(hf_dir)])
     family, hp, config = read_config(hf_dir)
+    recipe = recipes.check(recipe or {}, gguf_file.ARCH_FAMILIES[family.arch], hp.n_ctx)
     ckpt = Checkpoint(hf_dir)
     tensors, n_vocab = _plan(family, hp, ckpt, hf_dir, outtype)
     vocab = read_vocab(hf_dir, family, config, n_vocab)
@@ -67,6 +69,8 @@ def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None
         raise DiffuseError(f"{hf_dir}: no usable mask token id (config mask_token_id = {hp.mask_token_id}, "
                            f"token {family.mask_token!r} in the vocabulary: {vocab.id_of(family.mask_token)})")
     kv, kv_types = _metadata(family, hp, vocab, n_vocab, mask_id, outtype, hf_dir.resolve().name)
+    recipe_kv, recipe_types = recipes.metadata(recipe)
+    kv, kv_types = kv | recipe_kv, kv_types | recipe_types
 
     def data(pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:
         for done, t in enumerate(tensors, 1):

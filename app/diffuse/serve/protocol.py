@@ -122,7 +122,7 @@ def parse(raw: bytes, kind: str, model, max_batch: int) -> Request:
         raise BadRequest(f"the prompt ({longest} tokens) leaves no room in the model's context of "
                          f"{model.n_ctx_train} positions", param=what, code="context_length_exceeded")
     try:
-        options = resolve_options(model.arch, **given)
+        options = resolve_options(model.arch, model.recipe, **given)    # over the file's recipe
     except DiffuseError as e:
         raise BadRequest(str(e)) from None
     length_name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
@@ -135,8 +135,8 @@ def parse(raw: bytes, kind: str, model, max_batch: int) -> Request:
             raise BadRequest(f"the prompt ({longest} tokens) + {length_name} ({max_tokens}{rounded}) exceeds the "
                              f"model's context of {model.n_ctx_train} positions", param=length_name,
                              code="context_length_exceeded")
-    else:   # the family's length, or as many whole blocks as the context leaves
-        max_tokens = min(default_options(model.arch)["gen_length"], room)
+    else:   # the model's default length, or as many whole blocks as the context leaves
+        max_tokens = min(default_options(model.arch, model.recipe)["gen_length"], room)
         if _whole_blocks(max_tokens, options) > room:
             max_tokens = room // options["block_length"] * options["block_length"]
     try:

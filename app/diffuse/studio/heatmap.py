@@ -24,7 +24,8 @@ def tau_of(run: RunState) -> float | None:
     if run.options.get("scheduler") != "entropy_exit":
         return None
     tau = run.options.get("threshold")
-    # None: the run took its family's default ("auto" in the settings panel).
+    # None: a recording made before runs recorded their "auto" options resolved (Engine.start):
+    # its family's default.
     return default_options(run.recording.model["arch"])["threshold"] if tau is None else float(tau)
 
 

@@ -225,10 +225,10 @@ class MainWindow(QMainWindow):
         self.engine.model = model
         name = Path(model.path).name
         self.model_label.setText(f"{name} · {model.arch}")
-        # The demo model's defaults are the catalog's settings (greedy, it loops).
-        demo = storage.demo_model()
-        suggested = storage.demo_options() if demo is not None and name == demo.name else {}
-        self.settings_panel.show_defaults(model.arch, model.n_ctx_train, suggested)
+        # Auto means the model's defaults: the recipe in its file over its family's.
+        self.settings_panel.show_defaults(model.arch, model.n_ctx_train, model.recipe)
+        if model.recipe_problem:
+            self._show_status(model.recipe_problem)
         self.chat.set_model_ready(True, name)
         self.serve_panel.set_model(model)
         if self.compare_window is not None:
@@ -259,7 +259,7 @@ class MainWindow(QMainWindow):
             tok = model.tokenizer
             if tok.chat_template is None:
                 return run.prompt       # no chat template: the latest prompt alone
-            gen = resolve_options(model.arch, gen_length=run.options.get("gen_length"))
+            gen = resolve_options(model.arch, model.recipe, gen_length=run.options.get("gen_length"))
             ids, run.left_out = fit_history(tok, messages, gen["gen_length"], model.n_ctx_train)
             return ids
         return templated
@@ -562,8 +562,6 @@ class MainWindow(QMainWindow):
             self.model_panel.load(last)
         elif (demo := storage.demo_model()) is not None:
             self.model_panel.load(str(demo))
-            if not storage.settings().contains("generation/steps"):   # first start: no saved settings
-                self.settings_panel.set_options(storage.demo_options())
         first_run.open_at_start(self)
 
     def _restore_layout(self) -> None:

@@ -3,8 +3,9 @@
 The fields are built from the engine's option table (`diffuse.generation.OPTIONS`): kind, range
 and help text come from there, so the panel offers no value the engine refuses. Every number and
 the scheduler have an "auto" value (just below the allowed range) that leaves the choice to the
-model family's default (`diffuse.generation.default_options`); the panel shows that default
-beside the field once a model is loaded.
+loaded model's default: the recipe its file suggests over its family's
+(`diffuse.generation.default_options(arch, model.recipe)`); the panel shows that default under
+the field once a model is loaded.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout
                                QLabel, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from diffuse import DiffuseError, physical_cores
-from diffuse.generation import OPTION_NAMES, OPTIONS, default_options, option, resolve_options
+from diffuse.generation import (OPTION_NAMES, OPTIONS, default_options, option, resolve_options,
+                                 schedule_check)
 from diffuse.gguf_file import FAMILIES
 from diffuse.studio import storage
 
@@ -162,27 +164,6 @@ def _checked(key: str, value, box: QWidget, arch: str):
     return value
 
 
-def schedule_check(opts: dict, arch: str, n_ctx: int | None = None) -> tuple[str, str | None]:
-    """(what the engine will round in the schedule, or ""; why it would refuse it, or None),
-    by the engine's block rule: steps are shared evenly among the blocks, at most one per position."""
-    try:
-        o = resolve_options(arch, **{k: opts.get(k) for k in ("gen_length", "steps", "block_length")})
-    except DiffuseError as e:
-        return "", str(e)
-    gen, steps = o["gen_length"], o["steps"]
-    block = gen if o["block_length"] <= 0 else min(o["block_length"], gen)
-    if gen % block:
-        return "", f"gen_length {gen} is not a multiple of block_length {block}"
-    if n_ctx is not None and gen >= n_ctx:      # the prompt itself is checked where it is encoded
-        return "", f"gen_length {gen} + the prompt exceeds the model's context of {n_ctx}"
-    n_blocks = gen // block
-    per_block = min(max(1, steps // n_blocks), block)
-    if per_block * n_blocks == steps:
-        return "", None
-    return (f"steps {steps} -> {per_block * n_blocks}: {n_blocks} blocks get {per_block} steps "
-            f"each"), None
-
-
 class SettingsPanel(QWidget):
     changed = Signal()
 
@@ -190,7 +171,7 @@ class SettingsPanel(QWidget):
         super().__init__(parent)
         self.arch: str | None = None        # the loaded model's family
         self.n_ctx: int | None = None       # the loaded model's context (positions)
-        self.suggested: dict = {}           # the catalog's settings for the loaded model
+        self.recipe: dict = {}              # the loaded model's recipe (Model.recipe)
         self.fields: dict[str, QWidget] = {}
         self.defaults_note: dict[str, QLabel] = {}
         forms: dict[str, QFormLayout] = {}
@@ -256,22 +237,27 @@ class SettingsPanel(QWidget):
                 _show(box, opts[name])
 
     def reset(self) -> None:
-        """Numbers and the scheduler to auto; a checkbox to the loaded family's default (before
-        any model is loaded, the first family's); then the catalog's settings for the model."""
-        defaults = default_options(self.arch or FAMILIES[0])
+        """Numbers and the scheduler to auto, the loaded model's defaults; a checkbox, which has
+        no auto, to the model's default (before any model is loaded, the first family's)."""
+        defaults = self.defaults()
         opts = {name: defaults[name] if isinstance(box, QCheckBox) else None for name, box in self.fields.items()}
-        self.set_options(opts | {"threads": None, "chat": True} | self.suggested)
+        self.set_options(opts | {"threads": None, "chat": True})
+
+    def defaults(self) -> dict:
+        """What auto means: the loaded model's defaults (its recipe over its family's)."""
+        return default_options(self.arch or FAMILIES[0], self.recipe)
 
     def refusal(self) -> str | None:
         """Why the engine would refuse the settings, or None (the prompt is measured where it is
         encoded, on the engine thread)."""
-        return schedule_check(self.options(), self.arch or FAMILIES[0], self.n_ctx)[1]
+        return schedule_check(self.options(), self.arch or FAMILIES[0], self.n_ctx, self.recipe)[1]
 
     def show_defaults(self, arch: str | None, n_ctx: int | None = None,
-                      suggested: dict | None = None) -> None:
-        """Show, under each field, what "auto" means for the loaded model's family; cap the
-        gen length at the model's context; label the schedulers of the other family."""
-        self.arch, self.n_ctx, self.suggested = arch, n_ctx, dict(suggested or {})
+                      recipe: dict | None = None) -> None:
+        """Show, under each field, what "auto" means for the loaded model (its family's defaults
+        under the recipe its file suggests, Model.recipe); cap the gen length at the model's
+        context; label the schedulers of the other family."""
+        self.arch, self.n_ctx, self.recipe = arch, n_ctx, dict(recipe or {})
         gen = self.fields["gen_length"]
         gen.setMaximum(int(option("gen_length")["max"]) if n_ctx is None else max(n_ctx - PROMPT_ALLOWANCE, 1))
         scheduler = self.fields["scheduler"]
@@ -280,12 +266,14 @@ class SettingsPanel(QWidget):
             family = SCHEDULER_HELP.get(name, (None, ""))[0]
             other = arch is not None and family is not None and family != arch
             scheduler.setItemText(i, f"{name} ({FAMILY_NAMES[family]}'s rule)" if other else name)
-        defaults = default_options(arch) if arch else {}
+        defaults = self.defaults() if arch else {}
         for key, note in self.defaults_note.items():
             if key in defaults:
                 value = defaults[key]
-                note.setText(f"model default: {value:g}" if isinstance(value, float)
-                             else f"model default: {value}")
+                shown = f"{value:g}" if isinstance(value, float) else str(value)
+                note.setText(f"model default: {shown}")
+                note.setToolTip("suggested by the model's file (its recipe)" if key in self.recipe
+                                else f"the {FAMILY_NAMES.get(arch, arch)} family's default")
                 note.show()
             else:
                 note.hide()
@@ -334,6 +322,6 @@ class SettingsPanel(QWidget):
         f["refresh_every"].setEnabled(f["cache"].isChecked())
 
     def _update_schedule_line(self) -> None:
-        rounded, refused = schedule_check(self.options(), self.arch or FAMILIES[0], self.n_ctx)
+        rounded, refused = schedule_check(self.options(), self.arch or FAMILIES[0], self.n_ctx, self.recipe)
         self.schedule_line.setText(f"Generate is refused: {refused}" if refused else rounded)
         self.schedule_line.setVisible(bool(refused or rounded))

@@ -145,8 +145,3 @@ def demo_model() -> Path | None:
     found = catalog.demo()
     return found[0] if found is not None and found[0].is_file() else None
 
-
-def demo_options() -> dict:
-    """Generation settings the catalog suggests for the demo model (it loops when greedy)."""
-    found = catalog.demo()
-    return dict(found[1].get("suggested", {})) if found is not None else {}

@@ -18,6 +18,8 @@ import psutil
 from PySide6.QtCore import (QCoreApplication, QDeadlineTimer, QMetaObject, QObject, Qt,
                             QThread, Signal, Slot)
 
+from diffuse import DiffuseError
+from diffuse.generation import OPTION_NAMES, resolve_options
 from diffuse.studio.run_state import RunState
 
 log = logging.getLogger(__name__)
@@ -126,6 +128,13 @@ class Engine(QObject):
             raise RuntimeError("no model loaded")
         if self.busy:
             raise RuntimeError("a run is already going")
+        # The run records what runs: "auto" options as the model's defaults (its recipe over its
+        # family's), so the views (tau, the cache) and the recording know them.
+        try:
+            run.options.update(resolve_options(self.model.arch, self.model.recipe,
+                                               **{k: v for k, v in run.options.items() if k in OPTION_NAMES}))
+        except DiffuseError:
+            pass        # the engine refuses them with the same message, as the run's failure
         self.run = run
         self._worker.stop_flag.clear()
         self.busy_changed.emit(True)

@@ -17,6 +17,17 @@ from diffuse import DiffuseError
 from diffuse.train.bpe import BOS, EOS, MASK, save_tokenizer
 from diffuse.train.model import LLaDA
 
+# The recipe a model trained with `diffuse train`'s defaults suggests in its GGUF (diffuse.recipe),
+# the settings of its model card's samples (models/README.md): greedy decoding falls into loops,
+# so it samples at 0.7, and 64 positions in blocks of 16, one step a position.
+RECIPE = {"gen_length": 64, "steps": 64, "block_length": 16, "temperature": 0.7}
+
+
+def recipe_for(seq_len: int) -> dict:
+    """RECIPE for a model trained on `seq_len` positions: all of it where its answer leaves as
+    many positions for the prompt, else only its temperature (a shorter schedule is untested)."""
+    return RECIPE if 2 * RECIPE["gen_length"] <= seq_len else {"temperature": RECIPE["temperature"]}
+
 
 def llada_config(model: LLaDA, tok: Tokenizer) -> dict:
     s = model.shape
