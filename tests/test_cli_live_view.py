@@ -53,7 +53,9 @@ def run_in_pty(cols: int, rows: int, *argv: str, interrupt_after: int = 0) -> tu
     os.close(master)
     with proc.stdout:
         out = proc.stdout.read().decode()
-    return proc.wait(timeout=60), out, received.decode()
+    # A frame cut by the Ctrl-C may end inside a character on the terminal (seen: the tty dropping the
+    # rest of a write in flight): the screen is read leniently, the answer on stdout strictly.
+    return proc.wait(timeout=60), out, received.decode(errors="replace")
 
 
 def frames(screen: str) -> tuple[list[tuple[str, int]], str]:

@@ -142,7 +142,7 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path, monkeypatch):
     def boom(src, dst):
         raise OSError("disk full")
     monkeypatch.setattr(os, "replace", boom)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(DiffuseError, match="disk full; nothing was written"):
         write_atomic(target, b"new")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["conv.json"]     # no temporary left

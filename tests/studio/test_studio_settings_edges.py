@@ -56,7 +56,7 @@ def test_rounded_steps_are_shown(qtbot):
     assert panel.schedule_line.text() == "steps 32 -> 30: 3 blocks get 10 steps each"
     assert not panel.schedule_line.isHidden()
     panel.set_options({"steps": 64})           # more than one per position: capped at the block
-    assert panel.schedule_line.text() == "steps 64 -> 48: 3 blocks get 16 steps each"
+    assert panel.schedule_line.text() == "steps 64 -> 48: at most one step per position (16 per block)"
     panel.set_options({"steps": 48})
     assert panel.schedule_line.isHidden() and panel.refusal() is None
 

@@ -217,7 +217,10 @@ class ChatPanel(QWidget):
         self.confirm_box = None
 
     def _save(self) -> None:
-        self.store.save(self.conversation)
+        try:
+            self.store.save(self.conversation)
+        except DiffuseError as e:   # a full disk or a read-only folder: said, the chat goes on in memory
+            self._error = f"the conversation could not be saved: {e}"
         self._refresh_picker()
 
     # -- actions ------------------------------------------------------------------------------

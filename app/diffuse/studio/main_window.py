@@ -458,7 +458,7 @@ class MainWindow(QMainWindow):
     def save_recording(self, path: str | Path) -> None:
         try:
             self.run.recording.save(path)
-        except OSError as e:
+        except (OSError, DiffuseError) as e:
             self._error(f"{path}: could not save the run ({e})")
             return
         self._show_status(f"run saved to {path}")
