@@ -125,7 +125,8 @@ async def _collect(request: HTTPRequest, job: Job, kind: str, rid: str, created:
 
 
 async def _stream(job: Job, kind: str, rid: str, created: int, model_id: str):
-    """Server-sent events: chunks as text becomes final, optional step events, [DONE].
+    """Server-sent events: chunks as text becomes final, optional step events, [DONE] (after an
+    error event if the request failed).
 
     Starlette cancels this generator when the client disconnects; `finally` then cancels the job,
     which the engine sees at the sequence's next step."""
@@ -142,8 +143,8 @@ async def _stream(job: Job, kind: str, rid: str, created: int, model_id: str):
                 yield sse([], diffusion=item[2])
             elif item[0] == "finish":
                 yield sse([protocol.delta(kind, item[1], None, item[2])])
-            elif item[0] == "error":
-                yield f"data: {json.dumps(protocol.error_body(item[1], 'server_error'))}\n\n"
+            elif item[0] == "error":     # an error event, then the stream's usual end
+                yield f"data: {json.dumps(protocol.error_body(item[1], 'server_error'))}\n\ndata: [DONE]\n\n"
                 return
             elif item[0] == "end":
                 if job.request.include_usage:
