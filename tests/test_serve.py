@@ -299,7 +299,7 @@ def test_cli_serves_until_interrupted():
             url = re.search(r"at (http://\S+/v1),", proc.stderr.readline()).group(1)
             client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
             assert client.completions.create(model="m", prompt="It was", max_tokens=8).usage.completion_tokens > 0
-            assert "completion: ok" in proc.stderr.readline()
+            assert " POST /v1/completions 200 " in proc.stderr.readline()
             proc.send_signal(signal.SIGINT)     # Ctrl-C: uvicorn closes, then the command ends as interrupted
             assert proc.wait(timeout=15) == 130
             assert "Traceback" not in proc.stderr.read()
