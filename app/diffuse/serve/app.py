@@ -1,37 +1,68 @@
-"""The HTTP side: OpenAI routes on Starlette, served by uvicorn on a socket bound up front."""
+"""The HTTP side: OpenAI routes on Starlette, served by uvicorn on a socket bound up front.
+
+Browsers are kept out unless asked for: a request must name this machine in its Host header (a
+DNS-rebinding page names its own domain), must not come from a web page of another origin (Origin)
+unless --cors-origin allows it, and posts only application/json (which a page cannot send to
+another origin without a CORS preflight).
+"""
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import functools
+import gc
 import hmac
 import json
+import signal
 import socket
 import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
+from urllib.parse import urlsplit
 
+import h11
 import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from diffuse import DiffuseError
 from diffuse.serve import protocol
-from diffuse.serve.batcher import Batcher, Job
+from diffuse.serve.batcher import INTERNAL_ERROR, Batcher, Job, logger
 
 MAX_BODY_BYTES = 16 << 20
+LARGE_BODY_BYTES = 1 << 20   # after one, freed memory is handed back to the system
 DISCONNECT_POLL_S = 0.05     # how often a waiting plain request checks that its client is still there
+HEAD_TIMEOUT_S = 10.0        # from a request's first byte to the end of its headers
+BODY_TIMEOUT_S = 60.0        # for the whole body (16 MiB at a slow 2 Mbit/s)
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+WILDCARDS = ("0.0.0.0", "::", "")
+CLOSED = 499                 # nginx's "client closed request", for the log: nobody reads the reply
 
 
 def _error(e: protocol.BadRequest) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+    # A refused body may still be arriving (a timeout, too large): close rather than read it all.
+    headers = {"Connection": "close"} if e.status in (408, 413) else None
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
-def create_app(model, batcher: Batcher, model_id: str, api_key: str | None = None) -> Starlette:
+def create_app(model, batcher: Batcher, model_id: str, api_key: str | None = None,
+               hosts: Callable[[dict], bool] | None = None, cors_origins: tuple[str, ...] = (),
+               body_timeout: float = BODY_TIMEOUT_S, log: Callable[[dict], None] | None = None):
+    """The ASGI app. hosts(scope) says whether the request's Host header names this server (None:
+    any); cors_origins are the web origins allowed to use it ("*": every one); log gets one entry
+    per request, refused ones included."""
     created = int(Path(model.path).stat().st_mtime)
+    large_bodies = [0]      # being parsed now
 
     def authorise(request: HTTPRequest) -> None:
         if api_key is None:
@@ -53,12 +84,29 @@ def create_app(model, batcher: Batcher, model_id: str, api_key: str | None = Non
     async def completions(request: HTTPRequest, kind: str) -> Response:
         try:
             authorise(request)
-            raw = await _body(request)
-            parsed = await run_in_threadpool(protocol.parse, raw, kind, model, batcher.max_batch)
+            media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+            if media_type != "application/json":
+                raise protocol.BadRequest(f"the body must be JSON sent as Content-Type: application/json (got "
+                                          f"{json.dumps(media_type or None)[:60]})",
+                                          code="unsupported_media_type", status=415)
+            raw = await _body(request, body_timeout)
+            large = len(raw) >= LARGE_BODY_BYTES
+            large_bodies[0] += large
+            try:    # off the event loop: JSON parsing and tokenising (bounded by the context) take time
+                parsed = await run_in_threadpool(protocol.parse, raw, kind, model, batcher.max_batch)
+            finally:
+                raw = None
+                large_bodies[0] -= large
+                if large and not large_bodies[0]:     # the last large body being parsed is done
+                    await run_in_threadpool(_release_memory)
             job = Job(parsed, asyncio.get_running_loop(), model)
             batcher.submit(job)
         except protocol.BadRequest as e:
+            request.scope["diffuse.error"] = e.message
             return _error(e)
+        except ClientDisconnect:     # gone in the middle of its body: nothing to answer, nothing to trace
+            return Response(status_code=CLOSED)
+        request.scope["diffuse.job"] = job
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         now = int(time.time())
         if parsed.stream:
@@ -79,22 +127,132 @@ def create_app(model, batcher: Batcher, model_id: str, api_key: str | None = Non
 
     async def server_error(request: HTTPRequest, exc: Exception) -> Response:
         # A bug of ours: still an OpenAI error body (uvicorn logs the traceback); the server goes on.
-        return JSONResponse(protocol.error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"),
-                            status_code=500)
+        return JSONResponse(protocol.error_body(INTERNAL_ERROR, "server_error"), status_code=500)
 
-    return Starlette(routes=[Route("/v1/models", models, methods=["GET"]),
-                             Route("/v1/chat/completions", chat, methods=["POST"]),
-                             Route("/v1/completions", text, methods=["POST"])],
-                     exception_handlers={HTTPException: http_error, Exception: server_error})
+    app = Starlette(routes=[Route("/v1/models", models, methods=["GET"]),
+                            Route("/v1/chat/completions", chat, methods=["POST"]),
+                            Route("/v1/completions", text, methods=["POST"])],
+                    exception_handlers={HTTPException: http_error, Exception: server_error})
+    if cors_origins:
+        app = CORSMiddleware(app, allow_origins=cors_origins, allow_methods=("GET", "POST"),
+                             allow_headers=("authorization", "content-type"))
+    return _Front(app, hosts, cors_origins, log)
 
 
-async def _body(request: HTTPRequest) -> bytes:
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise protocol.BadRequest(f"the body is larger than {MAX_BODY_BYTES >> 20} MiB", status=413)
-    return bytes(body)
+class _Front:
+    """The ASGI app's front: refuses foreign Host and Origin headers, and logs every request."""
+
+    def __init__(self, app, hosts: Callable[[dict], bool] | None, cors_origins: tuple[str, ...],
+                 log: Callable[[dict], None] | None):
+        self.app, self.hosts, self.cors_origins, self.log = app, hosts, cors_origins, log
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started, status = time.perf_counter(), None
+
+        async def logged(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+        try:
+            if (refusal := self.refusal(scope)) is not None:
+                scope["diffuse.error"] = refusal.message
+                await _error(refusal)(scope, receive, logged)
+            else:
+                await self.app(scope, receive, logged)
+        except BaseException:
+            status = status or 500
+            raise
+        finally:
+            if self.log is not None:
+                self.log(_log_entry(scope, status, started))
+
+    def refusal(self, scope) -> protocol.BadRequest | None:
+        headers = Headers(scope=scope)
+        host = headers.get("host")
+        if host is not None and self.hosts is not None and not self.hosts(scope):
+            return protocol.BadRequest(f"the Host header {json.dumps(host)[:80]} does not name this server; "
+                                       "start it with --allowed-hosts NAME to accept that name",
+                                       code="invalid_host", status=400)
+        origin = headers.get("origin")
+        if origin is None or "*" in self.cors_origins or origin in self.cors_origins:
+            return None
+        if host is not None and urlsplit(origin).netloc.lower() == host.lower():
+            return None     # same origin (this server's own address)
+        return protocol.BadRequest(f"requests from the web page origin {json.dumps(origin)[:80]} are not allowed; "
+                                   "start the server with --cors-origin ORIGIN to allow them",
+                                   code="forbidden_origin", status=403)
+
+
+def _log_entry(scope, status: int | None, started: float) -> dict:
+    """A request's log line: method, path, status, time and, once it ran, the batcher's entry."""
+    job: Job | None = scope.get("diffuse.job")
+    entry = job.entry if job is not None else None
+    client = scope.get("client")
+    return {"method": scope["method"], "path": scope["path"], "status": status or CLOSED,
+            "ms": round((time.perf_counter() - started) * 1000, 1),
+            "client": f"{client[0]}:{client[1]}" if client else None,
+            "prompt_tokens": entry["prompt_tokens"] if entry else None,
+            "completion_tokens": entry["completion_tokens"] if entry else None,
+            "request": entry, "error": scope.get("diffuse.error") or (job.error if job is not None else None)}
+
+
+def host_check(bound_host: str, allowed: tuple[str, ...]) -> Callable[[dict], bool] | None:
+    """Whether a request's Host header names this server: localhost, the address it listens on, the
+    address the client reached (one of this machine's own), or a name in `allowed` ("*": any)."""
+    if "*" in allowed:
+        return None
+    names = {*LOCAL_HOSTS, *(name.lower().rstrip(".") for name in allowed)}
+    if bound_host not in WILDCARDS:
+        names.add(bound_host.lower().rstrip("."))
+
+    def check(scope) -> bool:
+        reached = (scope.get("server") or ("",))[0]
+        return _host_name(Headers(scope=scope).get("host", "")) in names | {reached.lower()}
+    return check
+
+
+def _host_name(value: str) -> str:
+    """The name in a Host header: "Example.COM.:8080" -> "example.com", "[::1]:8080" -> "::1"."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        name = value[1:value.find("]")] if "]" in value else value
+    else:
+        name = value.rpartition(":")[0] if value.count(":") == 1 else value
+    return name.rstrip(".")
+
+
+def _release_memory() -> None:
+    """Hand the memory of large bodies back to the system. A refused request's exception keeps the
+    frames that hold its token ids (millions of ints) in reference cycles, which the collector,
+    counting container allocations only, may not visit for a long time; then glibc keeps the freed
+    blocks in its per-thread arenas. 4 prompts of 4 MB tokenised at once held 2.1 GB without this."""
+    gc.collect()
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+try:
+    _malloc_trim = ctypes.CDLL(None).malloc_trim     # glibc; elsewhere the allocator's own policy rules
+except (AttributeError, OSError):
+    _malloc_trim = None
+
+
+async def _body(request: HTTPRequest, timeout: float) -> bytearray:
+    async def read() -> bytearray:
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                raise protocol.BadRequest(f"the body is larger than {MAX_BODY_BYTES >> 20} MiB", status=413)
+        return body
+    try:
+        return await asyncio.wait_for(read(), timeout)
+    except asyncio.TimeoutError:
+        raise protocol.BadRequest(f"the body did not arrive within {timeout:g} s", code="request_timeout",
+                                  status=408) from None
 
 
 async def _collect(request: HTTPRequest, job: Job, kind: str, rid: str, created: int, model_id: str) -> Response:
@@ -125,7 +283,8 @@ async def _collect(request: HTTPRequest, job: Job, kind: str, rid: str, created:
 
 
 async def _stream(job: Job, kind: str, rid: str, created: int, model_id: str):
-    """Server-sent events: chunks as text becomes final, optional step events, [DONE].
+    """Server-sent events: chunks as text becomes final, optional step events, [DONE] (after an
+    error event if the request failed).
 
     Starlette cancels this generator when the client disconnects; `finally` then cancels the job,
     which the engine sees at the sequence's next step."""
@@ -142,8 +301,8 @@ async def _stream(job: Job, kind: str, rid: str, created: int, model_id: str):
                 yield sse([], diffusion=item[2])
             elif item[0] == "finish":
                 yield sse([protocol.delta(kind, item[1], None, item[2])])
-            elif item[0] == "error":
-                yield f"data: {json.dumps(protocol.error_body(item[1], 'server_error'))}\n\n"
+            elif item[0] == "error":     # an error event, then the stream's usual end
+                yield f"data: {json.dumps(protocol.error_body(item[1], 'server_error'))}\n\ndata: [DONE]\n\n"
                 return
             elif item[0] == "end":
                 if job.request.include_usage:
@@ -154,18 +313,110 @@ async def _stream(job: Job, kind: str, rid: str, created: int, model_id: str):
         job.cancel()
 
 
+class _H11(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for each request's head: uvicorn closes a keep-alive
+    connection that sends nothing, but not one that sends its headers a byte a second."""
+
+    def __init__(self, *args, head_timeout: float, log: Callable[[dict], None] | None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._head_timeout, self._log = head_timeout, log
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_started = 0.0
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm()      # a connection that sends nothing at all is closed too
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_timer is None and self.conn.their_state is h11.IDLE:
+            self._arm()  # the first bytes of a head
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        self._disarm()   # until the next request's first byte: uvicorn's keep-alive timeout rules
+        super().on_response_complete()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_started = time.perf_counter()
+        self._head_timer = self.loop.call_later(self._head_timeout, self._timed_out)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def send_400_response(self, msg: str) -> None:
+        """A request h11 cannot parse (or headers over its size limit): OpenAI's error body, a log line."""
+        body = json.dumps(protocol.error_body(f"malformed HTTP request: {msg}", "invalid_request_error")).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                   (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                      h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
+        self._disarm()
+        self._logged(400, msg)
+
+    def _logged(self, status: int, message: str) -> None:
+        if self._log is not None:
+            self._log({"method": None, "path": None, "status": status,
+                       "ms": round((time.perf_counter() - self._head_started) * 1000, 1),
+                       "client": "%s:%d" % self.client if self.client else None,
+                       "prompt_tokens": None, "completion_tokens": None, "request": None, "error": message})
+
+    def _timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        message = f"the request's headers did not arrive within {self._head_timeout:g} s"
+        body = json.dumps(protocol.error_body(message, "invalid_request_error", code="request_timeout")).encode()
+        # No request to answer as far as h11 knows: the reply is written as is, then the connection closed.
+        self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                             b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        self.transport.close()
+        self._logged(408, message)
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server, remembering a Ctrl-C (SIGINT). uvicorn shuts down gracefully, then raises
+    the signal again for the default handler; where SIGINT was ignored when the process started (a
+    background job of a non-interactive shell, some CI runners) that raise does nothing and run()
+    returns as if nothing happened. Server.serve() then raises KeyboardInterrupt itself."""
+    interrupted = False
+
+    def handle_exit(self, sig: int, frame) -> None:
+        self.interrupted = self.interrupted or sig == signal.SIGINT
+        super().handle_exit(sig, frame)
+
+
 class Server:
     """The app on uvicorn with its batcher. The socket is bound here, so a taken port or a bad host
     fails at once (DiffuseError) and clients may connect as soon as this returns; `serve()` runs
-    in the calling thread, `start()` on a background one."""
+    in the calling thread, `start()` on a background one.
+
+    allowed_hosts: names accepted in the Host header beside this machine's (localhost, the listening
+    address, the address reached), "*" for any; cors_origins: web page origins that may use the
+    server ("*": every one), none by default; request_listeners: called with every request's log
+    entry (from the event loop's thread)."""
 
     def __init__(self, model, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
-                 max_batch: int = 8):
+                 max_batch: int = 8, allowed_hosts: tuple[str, ...] = (), cors_origins: tuple[str, ...] = (),
+                 head_timeout: float = HEAD_TIMEOUT_S, body_timeout: float = BODY_TIMEOUT_S):
         if max_batch < 1:
             raise DiffuseError(f"max_batch must be at least 1 (got {max_batch})")
         self.batcher = Batcher(model, max_batch)
         self.model_id = Path(model.path).stem     # what /v1/models lists; any name is accepted in requests
-        self.app = create_app(model, self.batcher, self.model_id, api_key=api_key)
+        self.request_listeners: list[Callable[[dict], None]] = []
+        self.app = create_app(model, self.batcher, self.model_id, api_key=api_key,
+                              hosts=host_check(host, tuple(allowed_hosts)), cors_origins=tuple(cors_origins),
+                              body_timeout=body_timeout, log=self._logged)
         try:
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             self.socket = socket.create_server((host, port), family=family)
@@ -174,10 +425,18 @@ class Server:
         self.host, self.port = host, self.socket.getsockname()[1]
         # No logging configuration: the server may run inside the Studio or a test process. The
         # protocol and loop are named, not "auto", so every install (and the bundle) runs the same ones.
-        self._uvicorn = uvicorn.Server(uvicorn.Config(self.app, http="h11", loop="asyncio", ws="none",
-                                                      lifespan="off", log_config=None, access_log=False,
-                                                      timeout_graceful_shutdown=5))
+        http = functools.partial(_H11, head_timeout=head_timeout, log=self._logged)
+        self._uvicorn = _Uvicorn(uvicorn.Config(self.app, http=http, loop="asyncio", ws="none",
+                                                lifespan="off", log_config=None, access_log=False,
+                                                timeout_graceful_shutdown=5))
         self._thread: threading.Thread | None = None
+
+    def _logged(self, entry: dict) -> None:
+        for listener in list(self.request_listeners):
+            try:     # a listener's bug must not turn a served request into a traceback
+                listener(entry)
+            except Exception:
+                logger.exception("a request log listener failed")
 
     @property
     def url(self) -> str:
@@ -192,6 +451,8 @@ class Server:
         finally:
             self.batcher.close()
             self.socket.close()
+        if self._uvicorn.interrupted:
+            raise KeyboardInterrupt
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.serve, name="diffuse-serve", daemon=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import logging
 import threading
 import time
 from typing import Callable
@@ -23,6 +24,8 @@ from diffuse.events import GenerateResult
 from diffuse.serve import protocol
 
 LOG_LENGTH = 500    # request log entries kept for late readers (the Studio panel, tests)
+INTERNAL_ERROR = "internal error while making this answer (the server's log has the details)"
+logger = logging.getLogger("diffuse.serve")
 
 
 class AnswerText:
@@ -30,13 +33,13 @@ class AnswerText:
 
     A committed token never changes, so the decided prefix of the buffer (up to the first masked
     position, end-of-text or max_tokens) is final. Text that could still turn out to be the start
-    of a stop string, or half of a multi-byte character, is held back until the next tokens settle.
+    of a stop string (the longest end of the text that begins one), or half of a multi-byte
+    character, is held back until the next tokens settle.
     """
 
     def __init__(self, tokenizer, eos_ids, max_tokens: int, stops: list[str]):
         self.tok, self.eos = tokenizer, set(eos_ids)
         self.max_tokens, self.stops = max_tokens, stops
-        self.hold = max((len(s) for s in stops), default=1) - 1
         self.text = ""                      # handed out so far
         self.n_tokens = 0                   # generated tokens behind self.text's final form
         self.finish_reason: str | None = None
@@ -60,12 +63,18 @@ class AnswerText:
         else:
             self.n_tokens = end
         if reason is None:
-            text = text[:len(text) - self.hold].rstrip("\ufffd")
+            text = text.rstrip("\ufffd")
+            text = text[:len(text) - self._held(text)]
         self.finish_reason = reason
         if not text.startswith(self.text):     # never happens with byte-level BPE; say it rather than garble
             raise DiffuseError("the tokenizer's decoding of a longer prefix changed earlier text")
         new, self.text = text[len(self.text):], text
         return new
+
+    def _held(self, text: str) -> int:
+        """Length of the longest end of `text` that a stop string starts with (0 if none)."""
+        return max((next((n for n in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:n])), 0)
+                    for s in self.stops), default=0)
 
     def _tokens_for(self, ids: list[int], n_chars: int) -> int:
         """The fewest leading tokens whose text covers n_chars characters (what a stop string leaves)."""
@@ -96,6 +105,8 @@ class Job:
                         for _ in range(request.n_sequences)]
         self.results: list = [None] * request.n_sequences   # GenerateResult or DiffuseError, as each ends
         self.cancelled = False            # the client went away (set from the event loop)
+        self.error: str | None = None     # why this job failed (its sequences then stop; the others run on)
+        self.entry: dict | None = None    # its request log entry, once it has ended
         self.steps_after_cancel = 0       # steps this job's sequences ran once cancelled
         self.batch = 0                    # most sequences in one forward pass with this job's
         self.queued_at = time.perf_counter()
@@ -110,10 +121,20 @@ class Job:
         except RuntimeError:     # the server's event loop has ended: nobody is listening
             pass
 
+    def fail_with(self, e: Exception) -> None:
+        """This job's own failure (its sequences stop at their next step; its batch runs on)."""
+        if isinstance(e, DiffuseError):
+            self.error = self.error or str(e)
+        else:     # a bug of ours: the traceback goes to the log, the client hears no internals
+            logger.error("request %d failed", self.id, exc_info=e)
+            self.error = self.error or INTERNAL_ERROR
+
     def step(self, index: int, ev) -> bool:
-        """One event of sequence `index`; False stops it (cancelled, or its answer is complete)."""
+        """One event of sequence `index`; False stops it (cancelled, failed, or its answer is complete)."""
         if self.cancelled:
             self.steps_after_cancel += 1
+            return False
+        if self.error is not None:
             return False
         if self.request.diffusion_events:
             self._put("step", index, protocol.step_event(index, ev))
@@ -181,7 +202,11 @@ class Batcher:
                 self.model.generate_stream(self._admit, self._finished, on_step=self._step, chat=False)
             except Exception as e:    # the engine failed (NaN logits, a bug of ours): every job hears it,
                 # the waiting ones too: a failure before admitting would otherwise retry them forever
-                message = f"{type(e).__name__}: {e}" if not isinstance(e, DiffuseError) else str(e)
+                if isinstance(e, DiffuseError):
+                    message = str(e)
+                else:
+                    logger.error("the engine's stream failed", exc_info=e)
+                    message = INTERNAL_ERROR
                 with self._cond:
                     failed = dict.fromkeys([*(job for job, _ in self._running.values()), *self._pending])
                     self._running.clear()
@@ -226,9 +251,13 @@ class Batcher:
 
     def _step(self, ev) -> bool:
         job, i = self._running[ev.sequence]
-        for listener in self.step_listeners:
-            listener(job, i, ev)
-        return job.step(i, ev)
+        try:   # an exception here would end the stream: every request in it would fail
+            for listener in self.step_listeners:
+                listener(job, i, ev)
+            return job.step(i, ev)
+        except Exception as e:
+            job.fail_with(e)
+            return False
 
     def _finished(self, sequence: int, result: GenerateResult | DiffuseError) -> None:
         """A sequence ended: once all of its job's have, the job gets its answer (or its error)."""
@@ -246,10 +275,13 @@ class Batcher:
             for r in job.results:
                 if isinstance(r, DiffuseError):   # refused by the engine (protocol.parse checks first)
                     raise r
-            u = job.finish(job.results, self.model.mask_token_id)
-        except DiffuseError as e:
+            if job.error is None:
+                u = job.finish(job.results, self.model.mask_token_id)
+        except Exception as e:     # (on the engine's thread: raised, it would end every job's stream)
+            job.fail_with(e)
+        if job.error is not None:
             self._record(job, None, "error")
-            job.fail(str(e))
+            job.fail(job.error)
             return
         self._record(job, u, "ok")
         job.end(u)
@@ -263,6 +295,10 @@ class Batcher:
                  "completion_tokens": u["completion_tokens"] if u else 0,
                  "queued_ms": round((job.started_at - job.queued_at) * 1000, 1),
                  "run_ms": round((time.perf_counter() - job.started_at) * 1000, 1), "time": time.time()}
+        job.entry = entry
         self.log.append(entry)
         for listener in list(self.listeners):
-            listener(entry)
+            try:     # on the engine's thread: a listener's bug must not end the stream
+                listener(entry)
+            except Exception:
+                logger.exception("a request log listener failed")

@@ -6,9 +6,11 @@ accepted as an extra body field under its own name and checked by the engine's o
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from diffuse import DiffuseError
 from diffuse.generation import OPTION_NAMES, default_options, resolve_options
@@ -26,6 +28,10 @@ NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logprobs": False, "lo
            "best_of": 1, "response_format": {"type": "text"}}
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOPS = 4       # OpenAI's limit
+MAX_STOP_CHARS = 256   # each: held-back text is checked against every start of every stop string
+# Unicode normalisation (NFC, NFKC: the tokenizers of these models) composes at most 4 code points
+# into one (U+1F82 is 4 before NFC); every other step of a tokenizer's pipeline keeps or adds characters.
+MAX_COMPOSED = 4
 SEED_MOD = 2 ** 64
 
 
@@ -104,10 +110,7 @@ def parse(raw: bytes, kind: str, model, max_batch: int) -> Request:
         raise BadRequest("diffusion_events needs stream: true", param="diffusion_events")
     stop = _stop(body.get("stop"))
 
-    prompts = _chat_prompt(body, model) if kind == "chat" else _completion_prompts(body, model)
-    if len(prompts) * n > max_batch:
-        raise BadRequest(f"{len(prompts)} prompts x n={n} answers is more than this server's --max-batch "
-                         f"({max_batch})", param="n")
+    prompts = _chat_prompt(body, model) if kind == "chat" else _completion_prompts(body, model, n, max_batch)
 
     given = {name: body[name] for name in ENGINE_FIELDS if name in body}
     for name, value in given.items():      # one at a time, so the error names its parameter
@@ -175,7 +178,50 @@ def _stop(value) -> list[str]:
         raise BadRequest("stop must be a non-empty string or a list of non-empty strings", param="stop")
     if len(stops) > MAX_STOPS:
         raise BadRequest(f"stop has {len(stops)} strings, at most {MAX_STOPS} are allowed", param="stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise BadRequest(f"a stop string has more than {MAX_STOP_CHARS} characters", param="stop")
+    for s in stops:
+        _unicode(s, "stop")
     return stops
+
+
+@functools.lru_cache(maxsize=4)
+def _chars_per_token(tokenizer) -> int:
+    """The most characters of a text that one token can stand for: its longest token string (a
+    byte-level vocabulary spells each byte as one character, so this also bounds code points),
+    times MAX_COMPOSED for normalisation."""
+    longest = max((len(tokenizer.id_to_token(i) or "") for i in range(tokenizer.vocab_size)), default=1)
+    return MAX_COMPOSED * max(longest, 1)
+
+
+def _fits(chars: int, model, what: str) -> None:
+    """Refuse, before tokenising, text that has more tokens than the context has positions: each
+    token stands for at most _chars_per_token characters. This bounds a request's tokenizer work
+    (and memory) by the model's context instead of the body's size. (A tokenizer that drops
+    characters, e.g. one splitting on whitespace, could fit more: such text is refused too.)"""
+    limit = model.n_ctx_train * _chars_per_token(model.tokenizer)
+    if chars > limit:
+        raise BadRequest(f"the {what} has {chars} characters, more than the {limit} that the model's context of "
+                         f"{model.n_ctx_train} positions can hold", param=what, code="context_length_exceeded")
+
+
+def _unicode(text: str, param: str) -> str:
+    """JSON may spell lone UTF-16 surrogates ("\\ud800"), which are no Unicode text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BadRequest(f"{param} holds a lone surrogate (U+{ord(text[e.start]):04X} at character {e.start}), "
+                         "which is not valid Unicode text", param=param) from None
+    return text
+
+
+def _tokenizer_refused(e: DiffuseError, model, param: str) -> BadRequest:
+    """The tokenizer's refusal (a chat template's raise_exception, ...) without the server's file
+    paths, which its messages name."""
+    message = str(e)
+    for path in (model.path, model.tokenizer.source):
+        message = message.replace(path, Path(path).name)
+    return BadRequest(message, param=param)
 
 
 def _chat_prompt(body: dict, model) -> list[list[int]]:
@@ -190,10 +236,13 @@ def _chat_prompt(body: dict, model) -> list[list[int]]:
         plain.append({"role": "system" if m["role"] == "developer" else m["role"], "content": _content(m, where)})
     if not any(m["content"].strip() for m in plain):
         raise BadRequest("the prompt is empty: every message's content is blank", param="messages")
+    _fits(sum(len(m["content"]) for m in plain), model, "messages")   # a chat template renders each in full
+    for i, m in enumerate(plain):
+        _unicode(m["content"], f"messages[{i}].content")
     try:
         return [model.tokenizer.encode_chat(plain)]
     except DiffuseError as e:
-        raise BadRequest(str(e), param="messages") from None
+        raise _tokenizer_refused(e, model, "messages") from None
 
 
 def _content(message: dict, where: str) -> str:
@@ -207,20 +256,31 @@ def _content(message: dict, where: str) -> str:
     raise BadRequest(f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
 
 
-def _completion_prompts(body: dict, model) -> list[list[int]]:
-    """A prompt is text or token ids; `prompt` is one of those or a list of them."""
+def _completion_prompts(body: dict, model, n: int, max_batch: int) -> list[list[int]]:
+    """A prompt is text or token ids; `prompt` is one of those or a list of them. Every check that
+    needs no tokenizer comes first."""
     prompt = body.get("prompt")
     many = isinstance(prompt, list) and bool(prompt) and all(isinstance(p, (str, list)) for p in prompt)
     prompts = prompt if many else [prompt]
-    out = []
+    if len(prompts) * n > max_batch:
+        raise BadRequest(f"{len(prompts)} prompts x n={n} answers is more than this server's --max-batch "
+                         f"({max_batch})", param="n")
     for p in prompts:
         if not (isinstance(p, str) or (isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool)
                                                                   for t in p))):
             raise BadRequest("prompt must be a string, a list of token ids, or a list of those", param="prompt")
+        if isinstance(p, str):
+            _fits(len(p), model, "prompt")
+            _unicode(p, "prompt")
+        elif len(p) > model.n_ctx_train:
+            raise BadRequest(f"the prompt has {len(p)} token ids, more than the model's context of "
+                             f"{model.n_ctx_train} positions", param="prompt", code="context_length_exceeded")
+    out = []
+    for p in prompts:
         try:
             out.append(model.encode_prompt(p, chat=False))
         except DiffuseError as e:
-            raise BadRequest(str(e), param="prompt") from None
+            raise _tokenizer_refused(e, model, "prompt") from None
     return out
 
 

@@ -1,0 +1,181 @@
+"""`diffuse serve` against hostile clients, all on 127.0.0.1 and bounded.
+
+Tried here: 2 slow clients (headers and body a byte at a time), a client gone mid-body, 4
+concurrent 4 MB prompts, 2 prompts with lone surrogates, 48 concurrent stop-string requests,
+4 foreign Host headers, 3 foreign Origin headers, 3 wrong content types."""
+from __future__ import annotations
+
+import concurrent.futures
+import http.client
+import json
+import select
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+import diffuse
+from diffuse.serve import Server
+
+DEMO = Path(__file__).resolve().parents[2] / "models" / "diffuse-demo-3m.gguf"
+JSON = {"Content-Type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server(diffuse.load(DEMO, threads=1), port=0, max_batch=8, head_timeout=1, body_timeout=1,
+               cors_origins=("http://localhost:3000",))
+    s.log = []
+    s.request_listeners.append(s.log.append)
+    s.start()
+    yield s
+    s.stop()
+
+
+def request(server, method: str, path: str, body: str | bytes | None = None, headers: dict | None = None):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        conn.request(method, path, body, headers or {})
+        r = conn.getresponse()
+        data = r.read()
+        return r.status, dict(r.getheaders()), json.loads(data) if data.startswith(b"{") else data
+    finally:
+        conn.close()
+
+
+def trickle(server, data: bytes, first: bytes = b"", gap: float = 0.1) -> bytes:
+    """Send `first`, then `data` a byte every `gap` s until the server answers; its answer (at
+    most 80 bytes, 8 s, of sending). Sending stops once an answer is there to read, so that no
+    byte sent after the server closed makes the connection reset under the answer."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as c:
+        c.sendall(first)
+        for i in range(min(len(data), 80)):
+            if select.select([c], [], [], gap)[0]:
+                break
+            c.sendall(data[i:i + 1])
+        reply = b""
+        while chunk := c.recv(4096):
+            reply += chunk
+        return reply
+
+
+HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+
+
+def test_slow_headers_are_timed_out(server):
+    reply = trickle(server, HEAD + b"Content-Length: 20\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 408")
+    assert json.loads(reply.partition(b"\r\n\r\n")[2])["error"]["code"] == "request_timeout"
+
+
+def test_a_slow_body_is_timed_out(server):
+    # The headers at once, then a body of 60 bytes at 10 a second: 6 s, past the 1 s body timeout.
+    reply = trickle(server, b'{"prompt": "hi", "max_tokens": 4}'.ljust(60), first=HEAD + b"Content-Length: 60\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 408") and b"the body did not arrive within 1 s" in reply
+
+
+def test_a_client_gone_mid_body_is_one_log_line(server, capfd):
+    before = len(server.log)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as c:
+        c.sendall(HEAD + b"Content-Length: 1000\r\n\r\n{\"prompt\": ")
+    deadline = time.monotonic() + 10
+    while len(server.log) == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [e["status"] for e in server.log[before:]] == [499]
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_large_prompts_are_refused_before_tokenising(server):
+    prompt = ("lorem ipsum dolor " * 250_000)[:4_000_000]
+    body = json.dumps({"prompt": prompt, "max_tokens": 8})
+
+    def send(_):
+        return request(server, "POST", "/v1/completions", body, JSON)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(send, range(4)))
+        assert request(server, "GET", "/v1/models")[0] == 200      # still serving meanwhile
+    for status, _, answer in answers:
+        assert status == 400 and answer["error"]["code"] == "context_length_exceeded"
+        assert "4000000 characters" in answer["error"]["message"]
+    chat = json.dumps({"messages": [{"role": "user", "content": prompt}]})
+    status, _, answer = request(server, "POST", "/v1/chat/completions", chat, JSON)
+    assert status == 400 and answer["error"]["param"] == "messages"
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "a\ud800b"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\udfffhi"}]}),
+])
+def test_a_lone_surrogate_is_a_clean_400(server, path, body):
+    status, _, answer = request(server, "POST", path, json.dumps(body), JSON)
+    assert status == 400 and "lone surrogate" in answer["error"]["message"]
+    assert "/" not in answer["error"]["message"] and "Error" not in answer["error"]["message"]
+
+
+def test_concurrent_stop_strings_all_answer(server):
+    stops = [" of the rest", ",", " the", "and", "\n", "ing", " was a", "time"]
+
+    def ask(i):
+        body = {"prompt": "Once upon a time", "max_tokens": 48, "temperature": 0.8, "seed": i, "steps": 24,
+                "block_length": i % 3 * 16, "stop": [stops[i % 8], stops[(i * 3 + 1) % 8]]}
+        return request(server, "POST", "/v1/completions", json.dumps(body), JSON)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, range(48)))
+    assert [status for status, _, _ in answers] == [200] * 48
+    for (_, _, answer), i in zip(answers, range(48)):
+        assert not any(s in answer["choices"][0]["text"] for s in (stops[i % 8], stops[(i * 3 + 1) % 8]))
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:8080", "127.0.0.1.evil.example", "[::2]:80"])
+def test_a_foreign_host_header_is_refused(server, host):
+    status, headers, answer = request(server, "GET", "/v1/models", headers={"Host": host})
+    assert status == 400 and answer["error"]["code"] == "invalid_host"
+
+
+@pytest.mark.parametrize("host", ["localhost", "LOCALHOST:1", "127.0.0.1", "[::1]:8080"])
+def test_this_machines_names_are_accepted(server, host):
+    assert request(server, "GET", "/v1/models", headers={"Host": host})[0] == 200
+
+
+@pytest.mark.parametrize("origin", ["http://evil.example", "null", "http://localhost:3001"])
+def test_a_foreign_origin_is_refused(server, origin):
+    body = json.dumps({"prompt": "hi", "max_tokens": 4})
+    status, headers, answer = request(server, "POST", "/v1/completions", body, {**JSON, "Origin": origin})
+    assert status == 403 and answer["error"]["code"] == "forbidden_origin"
+    assert not any(k.lower().startswith("access-control") for k in headers)
+    preflight = {"Origin": origin, "Access-Control-Request-Method": "POST"}
+    assert request(server, "OPTIONS", "/v1/completions", headers=preflight)[0] == 403
+
+
+def test_an_allowed_origin_gets_cors_headers(server):
+    body = json.dumps({"prompt": "hi", "max_tokens": 4})
+    status, headers, _ = request(server, "POST", "/v1/completions", body, {**JSON, "Origin": "http://localhost:3000"})
+    assert status == 200 and headers["access-control-allow-origin"] == "http://localhost:3000"
+    preflight = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type"}
+    status, headers, _ = request(server, "OPTIONS", "/v1/completions", headers=preflight)
+    assert status == 200 and "POST" in headers["access-control-allow-methods"]
+
+
+def test_no_cors_headers_without_an_origin(server):
+    status, headers, _ = request(server, "GET", "/v1/models")
+    assert status == 200 and not any(k.lower().startswith("access-control") for k in headers)
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_only_json_bodies(server, content_type):
+    headers = {"Content-Type": content_type} if content_type else {}
+    status, _, answer = request(server, "POST", "/v1/completions", json.dumps({"prompt": "hi"}), headers)
+    assert status == 415 and answer["error"]["code"] == "unsupported_media_type"
+
+
+def test_every_request_is_logged_refused_ones_too(server):
+    before = len(server.log)
+    request(server, "GET", "/v1/models", headers={"Host": "evil.example"})
+    request(server, "POST", "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 4}), JSON)
+    entries = server.log[before:]
+    assert [(e["method"], e["path"], e["status"]) for e in entries] == [
+        ("GET", "/v1/models", 400), ("POST", "/v1/completions", 200)]
+    assert "Host header" in entries[0]["error"]
+    assert entries[1]["prompt_tokens"] > 0 and entries[1]["completion_tokens"] > 0 and entries[1]["ms"] > 0
