@@ -69,9 +69,49 @@ int32_t gumbel_argmax(const float * l, int64_t n, double t, uint64_t key, int32_
 }
 
 // Dream's distribution in sorted order: larger value first, equal values by lower token id (the
-// raw argmax's tie rule), a total order, so any sort algorithm gives the same sequence.
-using Entry = std::pair<float, int32_t>;
-bool before(const Entry & a, const Entry & b) { return a.first > b.first || (a.first == b.first && a.second < b.second); }
+// raw argmax's tie rule). An entry packs both into one key, ascending in that order: the value's
+// bits made descending-comparable above the token id.
+using Entry = uint64_t;
+Entry entry(float v, int32_t id) {   // v not NaN
+    uint32_t u;
+    v += 0.0f;   // -0 == +0: one key for both
+    std::memcpy(&u, &v, sizeof u);
+    const uint32_t ascending = u & 0x80000000u ? ~u : u | 0x80000000u;
+    return (uint64_t) ~ascending << 32 | (uint32_t) id;
+}
+float value(Entry e) {
+    const uint32_t ascending = ~(uint32_t) (e >> 32);
+    const uint32_t u = ascending & 0x80000000u ? ascending & 0x7fffffffu : ~ascending;
+    float v;
+    std::memcpy(&v, &u, sizeof v);
+    return v;
+}
+int32_t token(Entry e) { return (int32_t) (uint32_t) e; }
+
+// Sorts e[from..] by value, stably (LSD radix on the key's upper 32 bits, 8 a pass, skipping
+// passes where every key has the same digit): entries gathered in token order keep equal values
+// by ascending id, so this is the full keys' order, in linear time.
+void sort_by_value(std::vector<Entry> & e, size_t from, std::vector<Entry> & scratch) {
+    const size_t n = e.size() - from;
+    if (n < 2) return;
+    scratch.resize(n);
+    Entry * src = e.data() + from, * dst = scratch.data();
+    for (int shift = 32; shift < 64; shift += 8) {
+        size_t start[257] = {};
+        for (size_t i = 0; i < n; ++i) ++start[((src[i] >> shift) & 255) + 1];
+        if (start[((src[0] >> shift) & 255) + 1] == n) continue;
+        for (int d = 0; d < 256; ++d) start[d + 1] += start[d];
+        for (size_t i = 0; i < n; ++i) dst[start[(src[i] >> shift) & 255]++] = src[i];
+        std::swap(src, dst);
+    }
+    if (src != e.data() + from) std::copy(src, src + n, e.data() + from);
+}
+
+// A worker's buffers, reused across rows.
+struct Scratch {
+    std::vector<float> row, tempered;
+    std::vector<Entry> entries, sorting;
+};
 
 // The values bucketed by their distance below the top one (4 buckets a nat, the last one open),
 // with each bucket's count and weight exp(value - top). Top-k, the top-p nucleus and the draw read
@@ -101,11 +141,11 @@ struct Buckets {
     }
 };
 
-// The entries in `before` order, sorted only as far as they are read: whole buckets are gathered
+// The entries in key order, sorted only as far as they are read: whole buckets are gathered
 // from the row and sorted, the first ones as the caller foresees, more when a read goes past them.
 class Ranking {
 public:
-    Ranking(const std::vector<float> & v, const Buckets & b, std::vector<Entry> & e) : v_(v), b_(b), e_(e) {
+    Ranking(const std::vector<float> & v, const Buckets & b, Scratch & s) : v_(v), b_(b), e_(s.entries), s_(s.sorting) {
         e_.clear();
     }
     void gather(int last) {   // buckets up to `last`
@@ -113,12 +153,12 @@ public:
         const size_t from = e_.size();
         for (int64_t i = 0; i < (int64_t) v_.size(); ++i) {
             const int b = b_.of(v_[i]);
-            if (b >= next_ && b <= last) e_.push_back({v_[i], (int32_t) i});
+            if (b >= next_ && b <= last) e_.push_back(entry(v_[i], (int32_t) i));
         }
-        std::sort(e_.begin() + from, e_.end(), before);
+        sort_by_value(e_, from, s_);
         next_ = last + 1;
     }
-    const Entry & operator[](int64_t i) {   // i < the vocabulary size
+    Entry operator[](int64_t i) {   // i < the vocabulary size
         while (i >= (int64_t) e_.size()) gather(b_.holding_count(std::max<int64_t>(i + 1, 4 * (int64_t) e_.size())));
         return e_[i];
     }
@@ -126,15 +166,15 @@ public:
 private:
     const std::vector<float> & v_;
     const Buckets & b_;
-    std::vector<Entry> & e_;
+    std::vector<Entry> & e_, & s_;
     int next_ = 0;   // the first bucket not gathered
 };
 
 // Dream's sample_tokens: temperature, then top-p, then top-k, softmax; sample at T > 0.
-void dream_row(const float * l, int64_t n, const SampleConfig & cfg, uint64_t key, RowStats & r,
-               std::vector<float> & v, std::vector<Entry> & buf) {
+void dream_row(const float * l, int64_t n, const SampleConfig & cfg, uint64_t key, RowStats & r, Scratch & s) {
     const float inv_t = cfg.temperature > 0 ? 1.0f / cfg.temperature : 1.0f;
     Buckets bk;
+    std::vector<float> & v = s.tempered;
     v.resize(n);
     for (int64_t i = 0; i < n; ++i) {
         const float x = l[i] * inv_t;
@@ -156,8 +196,8 @@ void dream_row(const float * l, int64_t n, const SampleConfig & cfg, uint64_t ke
             bk.mass[b] += e;
         }
     }
-    Ranking rank(v, bk, buf);
-    auto gap = [&](int64_t i) { return (double) rank[i].first - top; };   // log of the weight
+    Ranking rank(v, bk, s);
+    auto gap = [&](int64_t i) { return (double) value(rank[i]) - top; };   // log of the weight
     const int64_t k_cap = cfg.top_k > 0 ? std::min<int64_t>(cfg.top_k, n) : n;
     int64_t keep = k_cap;
     if (k_cap < n) rank.gather(bk.holding_count(k_cap));
@@ -194,7 +234,7 @@ void dream_row(const float * l, int64_t n, const SampleConfig & cfg, uint64_t ke
     }
     const double log_z = std::log(z);
     auto p = [&](int64_t i) { return (float) std::exp(gap(i) - log_z); };
-    r.x0 = rank[pick].second;
+    r.x0 = token(rank[pick]);
     r.conf = p(pick);
     r.margin = p(0) - (keep > 1 ? p(1) : 0.0f);
     r.neg_entropy = (float) (zl / z - log_z);
@@ -208,15 +248,14 @@ void sample_rows(const float * logits, int n_rows, int64_t n_vocab, const std::v
     const bool dream_processed = !cfg.gumbel && (cfg.temperature > 0 || cfg.top_k > 0 || cfg.top_p < 1.0f);
 #pragma omp parallel num_threads(std::max(1, n_threads))
     {
-        std::vector<Entry> buf;
-        std::vector<float> row, tempered;
+        Scratch scratch;
 #pragma omp for schedule(dynamic)
         for (int r = 0; r < n_rows; ++r) {
             const float * l = logits + (int64_t) r * n_vocab;
             if (cfg.mask_token_id >= 0 && cfg.mask_token_id < n_vocab) {
-                row.assign(l, l + n_vocab);
-                row[cfg.mask_token_id] = BANNED;
-                l = row.data();
+                scratch.row.assign(l, l + n_vocab);
+                scratch.row[cfg.mask_token_id] = BANNED;
+                l = scratch.row.data();
             }
             const uint64_t key = rng_key(cfg.seed, cfg.step, (uint64_t) keys[r]);
             const Softmax s = softmax_stats(l, n_vocab);
@@ -230,7 +269,7 @@ void sample_rows(const float * logits, int n_rows, int64_t n_vocab, const std::v
             o.conf = o.p_x0;
             o.margin = o.top1 - prob(s, s.second);
             o.neg_entropy = -o.entropy;
-            if (dream_processed) dream_row(l, n_vocab, cfg, key, o, tempered, buf);
+            if (dream_processed) dream_row(l, n_vocab, cfg, key, o, scratch);
         }
     }
 }
