@@ -57,7 +57,7 @@ int32_t gumbel_argmax(const float * l, int64_t n, double t, uint64_t key, int32_
     double best = -INFINITY;
     int32_t x0 = argmax;
     for (int64_t i = 0; i < n; ++i) {
-        const double w = 1.0 - uniform01(key, i);   // exact for u >= 1/2 (the tokens that can win)
+        const double w = 1.0 - uniform01(key, i);   // exact for u >= 1/2; below, within the slack
         uint64_t bits;
         std::memcpy(&bits, &w, sizeof bits);
         const int e = 1023 - (int) (bits >> 52);     // w = 0 (u rounded to 1, score +inf) gives 1023
