@@ -199,3 +199,18 @@ def test_assemble_concatenates_the_wheel_parts(tiny_gguf, tmp_path, monkeypatch)
     paths = ar_models.assemble(tmp_path / "models", wheels)
     assert paths[ar_models.QWEN_AR].read_bytes() == data
     assert paths[ar_models.SMOLLM_AR].read_bytes() == data
+
+
+def test_sampling_bench_times_each_config(tiny_gguf, capsys):
+    from diffuse.bench import sampling
+
+    runs = sampling.model_runs(tiny_gguf("dream", "f32"), [1], gen_length=8, steps=4, reps=1)
+    assert [r["config"] for r in runs] == list(sampling.CONFIGS)
+    assert all(r["sample_ms"] > 0 and r["ms_per_row"] > 0 and 2 <= r["rows_per_step"] <= 8 for r in runs)
+    rows = sampling.row_timings([1, 2], rows=2, reps=1, vocab=500)
+    assert {(r["logits"], r["threads"]) for r in rows} == {(k, t) for k in ("peaked", "flat") for t in (1, 2)}
+    assert len(rows) == 2 * 2 * (len(sampling.CONFIGS) + 1)
+    assert all(r["ms_per_row"] > 0 for r in rows)
+    with pytest.raises(SystemExit):
+        sampling.main(["--threads", "0"])
+    assert "must be positive" in capsys.readouterr().err

@@ -10,4 +10,5 @@ void register_quantize(pybind11::module_ & m);
 void register_model(pybind11::module_ & m);
 void register_generate(pybind11::module_ & m);
 void register_bench(pybind11::module_ & m);
+void register_sampling(pybind11::module_ & m);
 }

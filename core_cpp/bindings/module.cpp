@@ -11,4 +11,5 @@ PYBIND11_MODULE(_core, m) {
     diffuse_py::register_model(m);
     diffuse_py::register_generate(m);
     diffuse_py::register_bench(m);
+    diffuse_py::register_sampling(m);
 }

@@ -70,6 +70,21 @@ def write_random_sdar(path: Path, n_layer: int, n_embd: int, n_head: int, n_head
     return write_random(path, "sdar", kv, layer, n_layer, d, n_vocab)
 
 
+def write_random_dream(path: Path, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int,
+                       n_vocab: int, n_ctx: int) -> Path:
+    """A Dream model (Qwen2.5 blocks: GQA, q/k/v biases, SwiGLU of width n_ff); the mask token
+    is Dream's 151666 where the vocabulary holds it, else the last id."""
+    d, f, kv_dim = n_embd, n_ff, n_embd // n_head * n_head_kv
+    kv = {"context_length": n_ctx, "embedding_length": d, "block_count": n_layer, "feed_forward_length": f,
+          "attention.head_count": n_head, "attention.head_count_kv": n_head_kv, "rope.freq_base": 1000000.0,
+          "attention.layer_norm_rms_epsilon": 1e-6,
+          "tokenizer.ggml.mask_token_id": 151666 if n_vocab > 151666 else n_vocab - 1}
+    layer = _attention(d) | {"attn_k.weight": (d, kv_dim), "attn_v.weight": (d, kv_dim), "attn_q.bias": (d,),
+                             "attn_k.bias": (kv_dim,), "attn_v.bias": (kv_dim,), "ffn_gate.weight": (d, f),
+                             "ffn_up.weight": (d, f), "ffn_down.weight": (f, d)}
+    return write_random(path, "dream", kv, layer, n_layer, d, n_vocab)
+
+
 def write_random_llada_moe(path: Path, n_layer: int, n_embd: int, n_head: int, n_expert: int, n_expert_used: int,
                            n_ff_exp: int, n_vocab: int, n_ctx: int) -> Path:
     """A llama.cpp `llada-moe` model: q/k norms, an F32 router and n_expert SwiGLU experts of
