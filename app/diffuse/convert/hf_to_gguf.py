@@ -29,6 +29,10 @@ OUTTYPES = {
     "q8_0": (T.Q8_0, LlamaFileType.MOSTLY_Q8_0),
 }
 CHUNK_FLOATS = 4 << 20   # values per work item (16 MB of float32)
+BLOCK_SIZE_KEY = "diffusion.block_size"           # block diffusion: the trained block length
+SUB_BLOCK_SIZE_KEY = "diffusion.sub_block_size"   # Fast-dLLM v2: a block is decoded in sub-blocks
+RECIPE_PREFIX = "diffuse.recipe."                 # + a generation option: the authors' decoding
+_RECIPE_TYPES = {int: "i32", float: "f32", str: "str"}
 
 Progress = Callable[[int, int, str], None]
 
@@ -47,7 +51,7 @@ class _Tensor:
 
 def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None = None,
                cancel: Callable[[], bool] | None = None) -> Path | None:
-    """Convert a LLaDA, LLaDA-MoE or Dream checkpoint folder to a GGUF file.
+    """Convert a LLaDA, LLaDA-MoE, Dream, SDAR/TraDo or Fast-dLLM v2 checkpoint folder to a GGUF file.
 
     outtype: f32 | f16 | bf16 | q8_0 for the matrices. progress(done, total, tensor_name) once per
     tensor. Returns the output path, or None when cancel() returned True (nothing is left behind).
@@ -205,6 +209,16 @@ def _metadata(family: Family, hp: HParams, vocab: Vocab, n_vocab: int, mask_id: 
     put(Keys.LLM.VOCAB_SIZE, n_vocab, "u32")
     put(Keys.Attention.CAUSAL, False, "bool")
     put(Keys.Diffusion.SHIFT_LOGITS, family.shift_logits, "bool")
+    if hp.block_size:
+        # Block diffusion: the block size's presence means block-causal attention; the head size
+        # is stated because Qwen3's need not be n_embd / n_head.
+        put(Keys.Attention.KEY_LENGTH, hp.head_dim, "u32")
+        put(Keys.Attention.VALUE_LENGTH, hp.head_dim, "u32")
+        put(BLOCK_SIZE_KEY, hp.block_size, "u32")
+        if family.sub_block_size:
+            put(SUB_BLOCK_SIZE_KEY, family.sub_block_size, "u32")
+    for option, value in (family.recipe or {}).items():
+        put(RECIPE_PREFIX + option, value, _RECIPE_TYPES[type(value)])
 
     put(Keys.Tokenizer.MODEL, "gpt2", "str")
     put(Keys.Tokenizer.PRE, vocab.pre, "str")
