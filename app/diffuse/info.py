@@ -8,6 +8,7 @@ from gguf import LlamaFileType
 
 from diffuse import gguf_file
 from diffuse._core import DiffuseError
+from diffuse.convert.hf_to_gguf import BLOCK_SIZE_KEY, RECIPE_PREFIX, SUB_BLOCK_SIZE_KEY
 from diffuse.model import load
 from diffuse.tokenizer import Tokenizer
 
@@ -47,6 +48,7 @@ def describe(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None
                     for t in info.tensors],
         "hparams": None,
         "tokenizer": None,
+        "diffusion": _diffusion(kv),
     }
     hparams = None
     if info.family is not None:
@@ -73,6 +75,24 @@ def describe(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None
     except DiffuseError as e:
         d["tokenizer_error"] = str(e)
     return d
+
+
+def _diffusion(kv: dict) -> dict:
+    """What the file says about its decoding, read from the keys themselves (the engine's view is
+    under "hparams"): the trained block size (block diffusion when present), sub-block size, mask
+    id, logit shift, and the authors' recipe (diffuse.recipe.<option>)."""
+    def number(key):
+        value = kv.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    shift = kv.get("diffusion.shift_logits")
+    return {
+        "block_size": number(BLOCK_SIZE_KEY),
+        "sub_block_size": number(SUB_BLOCK_SIZE_KEY),
+        "mask_token_id": number("tokenizer.ggml.mask_token_id"),
+        "shift_logits": shift if isinstance(shift, bool) else None,
+        "recipe": {k[len(RECIPE_PREFIX):]: v for k, v in kv.items()
+                   if k.startswith(RECIPE_PREFIX) and isinstance(v, (int, float, str))},
+    }
 
 
 def ftype_name(ftype) -> str | None:
@@ -152,6 +172,15 @@ def format_info(d: dict, tensors: bool = False) -> str:
         if hp.get("n_expert"):
             lines.append(f"  experts {hp['n_expert']} per layer, {hp['n_expert_used']} used per position, "
                          f"width {hp['n_ff_exp']}; q/k norm {hp['qk_norm']}")
+    diff = d.get("diffusion") or {}
+    if diff.get("block_size"):
+        sub = f", sub-blocks of {diff['sub_block_size']}" if diff.get("sub_block_size") else ""
+        shift = "-" if diff["shift_logits"] is None else diff["shift_logits"]
+        lines.append(f"block diffusion  trained on blocks of {diff['block_size']}{sub} (causal across blocks, "
+                     f"bidirectional inside); mask id {diff['mask_token_id']}, shift logits {shift}")
+    if diff.get("recipe"):
+        lines.append("recipe        " + ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                                                  for k, v in diff["recipe"].items()))
     if d.get("load_error"):
         lines.append(f"cannot load    {d['load_error']}")
     tok = d.get("tokenizer")
