@@ -9,7 +9,7 @@ prefilled once (one pass storing K/V). Each step then runs the current block's B
 finished blocks; when the block has no masks left, one more pass over its final tokens stores its
 K/V. Per-step scheduled count: B // steps, the remainder to the first steps. Rules:
 low_confidence_static (the scheduled count, most confident first), low_confidence_dynamic (every
-masked position with confidence > tau when there are at least the scheduled count of them, else the
+masked position with confidence > tau when there are at least the (capped) scheduled count of them, else the
 scheduled count), entropy_bounded and confidence_threshold (below). Generation stops after a
 finished block when the answer so far holds a stop id.
 
