@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fixtures.tiny_models import write_dream, write_llada, write_llada_moe
+from fixtures.tiny_models import write_dream, write_fast_dllm_v2, write_llada, write_llada_moe, write_sdar
 
 from diffuse.convert import convert_hf
 
@@ -31,11 +31,27 @@ def tiny_hf_llada_moe(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_hf_sdar(tmp_path_factory) -> Path:
+    """JetLM/SDAR-4B-Chat layout (Qwen3, head_dim 128 over a width of 256, block_size 4), bf16 weights
+    in 2 shards, tokenizer.json."""
+    return write_sdar(tmp_path_factory.mktemp("hf") / "SDAR-tiny-Chat")
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_fast_dllm_v2(tmp_path_factory) -> Path:
+    """Efficient-Large-Model/Fast_dLLM_v2_1.5B layout (Qwen2.5 with biases, tied, bd_size 32), bf16
+    weights in 2 shards, tokenizer.json."""
+    return write_fast_dllm_v2(tmp_path_factory.mktemp("hf") / "Fast_dLLM_v2_tiny")
+
+
+@pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory, request):
-    """tiny_gguf("llada" | "dream" | "llada-moe", "f32" | "f16" | "bf16" | "q8_0") -> Path of our
+    """tiny_gguf("llada" | "dream" | "llada-moe" | "sdar" | "fast-dllm-v2", "f32" | "f16" | "bf16" | "q8_0")
+    -> Path of our
     conversion (made once per session; each checkpoint is written on first use)."""
     folder = tmp_path_factory.mktemp("gguf")
-    sources = {"llada": "tiny_hf_llada", "dream": "tiny_hf_dream", "llada-moe": "tiny_hf_llada_moe"}
+    sources = {"llada": "tiny_hf_llada", "dream": "tiny_hf_dream", "llada-moe": "tiny_hf_llada_moe",
+               "sdar": "tiny_hf_sdar", "fast-dllm-v2": "tiny_hf_fast_dllm_v2"}
     made: dict[tuple[str, str], Path] = {}
 
     def make(family: str, outtype: str = "f32") -> Path:

@@ -9,6 +9,7 @@ from gguf import LlamaFileType
 
 from diffuse import gguf_file, recipe
 from diffuse._core import DiffuseError
+from diffuse.convert.hf_to_gguf import BLOCK_SIZE_KEY, SUB_BLOCK_SIZE_KEY
 from diffuse.model import load
 from diffuse.tokenizer import Tokenizer
 
@@ -49,6 +50,7 @@ def describe(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None
         "hparams": None,
         "recipe": None,         # the generation options the file suggests (diffuse.recipe)
         "tokenizer": None,
+        "diffusion": _diffusion(kv),
     }
     hparams = None
     if info.family is not None:
@@ -80,6 +82,22 @@ def describe(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None
     except DiffuseError as e:
         d["tokenizer_error"] = str(e)
     return d
+
+
+def _diffusion(kv: dict) -> dict:
+    """What the file says about its decoding, read from the keys themselves (the engine's view is
+    under "hparams"): the trained block size (block diffusion when present), sub-block size, mask
+    id and logit shift."""
+    def number(key):
+        value = kv.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    shift = kv.get("diffusion.shift_logits")
+    return {
+        "block_size": number(BLOCK_SIZE_KEY),
+        "sub_block_size": number(SUB_BLOCK_SIZE_KEY),
+        "mask_token_id": number("tokenizer.ggml.mask_token_id"),
+        "shift_logits": shift if isinstance(shift, bool) else None,
+    }
 
 
 def ftype_name(ftype) -> str | None:
@@ -159,6 +177,12 @@ def format_info(d: dict, tensors: bool = False) -> str:
         if hp.get("n_expert"):
             lines.append(f"  experts {hp['n_expert']} per layer, {hp['n_expert_used']} used per position, "
                          f"width {hp['n_ff_exp']}; q/k norm {hp['qk_norm']}")
+    diff = d.get("diffusion") or {}
+    if diff.get("block_size"):
+        sub = f", sub-blocks of {diff['sub_block_size']}" if diff.get("sub_block_size") else ""
+        shift = "-" if diff["shift_logits"] is None else diff["shift_logits"]
+        lines.append(f"block diffusion  trained on blocks of {diff['block_size']}{sub} (causal across blocks, "
+                     f"bidirectional inside); mask id {diff['mask_token_id']}, shift logits {shift}")
     if d.get("recipe_problem"):
         lines.append(f"recipe        ignored: {d['recipe_problem']}")
     elif d.get("recipe") is not None:

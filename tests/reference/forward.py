@@ -1,7 +1,8 @@
-"""Float64 forward pass of LLaDA, LLaDA-MoE and Dream in numpy, written from the published model
-code (GSAI-ML modeling_llada.py LLaDALlamaBlock, inclusionAI's modeling_lladamoe.py, Dream's
-Qwen2-based modeling_dream.py) and reading the Hugging Face checkpoint directly, so it shares
-nothing with the engine or the converter.
+"""Float64 forward pass of LLaDA, LLaDA-MoE, Dream, SDAR and Fast-dLLM v2 in numpy, written from the
+published model code (GSAI-ML modeling_llada.py LLaDALlamaBlock, inclusionAI's modeling_lladamoe.py,
+Dream's Qwen2-based modeling_dream.py, JetAstra/SDAR modeling_sdar.py, Fast-dLLM v2 modeling.py)
+and reading the Hugging Face checkpoint directly, so it shares nothing with the engine or the
+converter.
 
 All: token embedding -> per layer [x += Wo attn(rope(Wq h), rope(Wk h), Wv h) with h = rmsnorm(x);
 x += Wdown (silu(Wgate h) * Wup h) with h = rmsnorm(x)] -> rmsnorm -> head. Attention is
@@ -9,7 +10,13 @@ bidirectional; RoPE rotates the halves (rotate_half); K/V heads are shared by n_
 consecutive query heads (repeat_interleave). Dream adds q/k/v biases. LLaDA-MoE RMS-normalises q
 and k per head (one weight for all heads) before RoPE, and its FFN is the sum of the top-k experts
 of a softmax router, weighted by their probabilities as they are (norm_topk_prob is hard-coded
-False in the official code). Raw logits, no Dream shift.
+False in the official code). SDAR is Qwen3: q/k RMS-normalised per head like LLaDA-MoE, no biases,
+its own head_dim. Fast-dLLM v2 is Qwen2.5, Dream's layout.
+
+SDAR and Fast-dLLM v2 are block diffusion: position p attends to position j iff j // B <= p // B
+(blocks of B aligned at absolute position 0; causal across blocks, bidirectional inside). `past`
+holds the keys and values of positions 0..m-1, so that the rows of a block can be computed against
+finished blocks, as the official loops do. Raw logits, no Dream/Fast-dLLM shift.
 """
 from __future__ import annotations
 
@@ -35,6 +42,10 @@ DREAM_NAMES = {
     "ffn_norm": "post_attention_layernorm.weight", "gate": "mlp.gate_proj.weight", "up": "mlp.up_proj.weight",
     "down": "mlp.down_proj.weight",
 }
+
+SDAR_NAMES = {**{k: v for k, v in DREAM_NAMES.items() if not k.endswith("_bias")},
+              "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight"}
+BLOCK_SIZE_KEYS = {"SDARForCausalLM": "block_size", "Fast_dLLM_QwenForCausalLM": "bd_size"}
 
 MOE_NAMES = {
     "embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "head": "lm_head.weight",
@@ -70,22 +81,24 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope(x: np.ndarray, theta: float) -> np.ndarray:
-    """x (n_head, n, d): rotate pairs (j, j + d/2) by position * theta^(-2j/d)."""
+def rope(x: np.ndarray, theta: float, start: int = 0) -> np.ndarray:
+    """x (n_head, n, d) at positions start..start+n-1: rotate pairs (j, j + d/2) by position * theta^(-2j/d)."""
     _, n, d = x.shape
     inv_freq = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)      # (d/2,)
-    angles = np.arange(n, dtype=np.float64)[:, None] * inv_freq[None, :]      # (n, d/2)
+    angles = np.arange(start, start + n, dtype=np.float64)[:, None] * inv_freq[None, :]   # (n, d/2)
     cos = np.concatenate([np.cos(angles)] * 2, axis=-1)                       # (n, d)
     sin = np.concatenate([np.sin(angles)] * 2, axis=-1)
     rotated = np.concatenate([-x[..., d // 2:], x[..., : d // 2]], axis=-1)   # rotate_half
     return x * cos + rotated * sin
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """q (n_head, n, d), k/v (n_kv, n, d) -> (n_head, n, d); no mask (bidirectional)."""
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray | None = None) -> np.ndarray:
+    """q (n_head, n, d), k/v (n_kv, m, d) -> (n_head, n, d); allowed (n, m) boolean, None: all."""
     n_rep = q.shape[0] // k.shape[0]
     k, v = np.repeat(k, n_rep, axis=0), np.repeat(v, n_rep, axis=0)            # repeat_interleave
-    scores = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1])                   # (n_head, n, n)
+    scores = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1])                   # (n_head, n, m)
+    if allowed is not None:
+        scores = np.where(allowed[None], scores, -np.inf)
     scores -= scores.max(axis=-1, keepdims=True)
     p = np.exp(scores)
     p /= p.sum(axis=-1, keepdims=True)
@@ -118,15 +131,34 @@ def moe_ffn(h: np.ndarray, w: dict, prefix: str, n_expert: int, k: int, routing:
     return out
 
 
-def forward(hf_dir, ids, weights: dict[str, np.ndarray] | None = None, routing: list | None = None) -> np.ndarray:
+def block_size_of(hf_dir) -> int | None:
+    """The trained block size of a block-diffusion checkpoint (None: full attention)."""
+    config, _ = load(str(hf_dir))
+    key = BLOCK_SIZE_KEYS.get(config["architectures"][0])
+    return None if key is None else config.get(key, 32)   # Fast-dLLM v2's code defaults bd_size to 32
+
+
+def block_causal(rows: range, n_keys: int, block_size: int) -> np.ndarray:
+    """(len(rows), n_keys) boolean: query position p may see key position j iff j // B <= p // B."""
+    return (np.arange(n_keys)[None, :] // block_size) <= (np.asarray(rows)[:, None] // block_size)
+
+
+def forward(hf_dir, ids, weights: dict[str, np.ndarray] | None = None, routing: list | None = None,
+            block_size: int | None = None, past: list | None = None, kv_out: list | None = None) -> np.ndarray:
     """Logits (n, vocab) float64 of token ids under the checkpoint in hf_dir (or its config with
     `weights`, Hugging Face name -> array, in place of its own). MoE: `routing`, a list, receives
-    one (chosen experts, margin) per layer (see moe_ffn)."""
+    one (chosen experts, margin) per layer (see moe_ffn).
+
+    Block diffusion (SDAR, Fast-dLLM v2): attention is block-causal with blocks of `block_size`
+    (default: the model's own). `past`: per layer (k, v), each (n_kv, m, head_dim) after RoPE, of
+    positions 0..m-1; `ids` are then positions m..m+n-1. `kv_out`, a list, receives per layer the
+    (k, v) of all m + n positions."""
     config, w = load(str(hf_dir))
     w = w if weights is None else weights
     arch = config["architectures"][0]
     llada, moe = arch == "LLaDAModelLM", arch == "LLaDAMoEModelLM"
-    names = LLADA_NAMES if llada else MOE_NAMES if moe else DREAM_NAMES
+    sdar, blocky = arch == "SDARForCausalLM", arch in BLOCK_SIZE_KEYS
+    names = LLADA_NAMES if llada else MOE_NAMES if moe else SDAR_NAMES if sdar else DREAM_NAMES
     if llada:
         n_embd, n_head, n_layer = config["d_model"], config["n_heads"], config["n_layers"]
         n_kv = config.get("n_kv_heads") or n_head
@@ -135,25 +167,34 @@ def forward(hf_dir, ids, weights: dict[str, np.ndarray] | None = None, routing: 
         n_embd, n_head, n_layer = config["hidden_size"], config["num_attention_heads"], config["num_hidden_layers"]
         n_kv = config.get("num_key_value_heads") or n_head
         tied = config.get("tie_word_embeddings", False)
-    eps, theta, hd = config["rms_norm_eps"], config["rope_theta"], n_embd // n_head
+    eps, theta = config["rms_norm_eps"], config["rope_theta"]
+    hd = config.get("head_dim") or n_embd // n_head
 
     ids = np.asarray(ids)
     n = len(ids)
+    start = 0 if past is None else past[0][0].shape[1]
+    allowed = None
+    if blocky:
+        allowed = block_causal(range(start, start + n), start + n, block_size or block_size_of(hf_dir))
     x = w[names["embed"]][ids]                                                  # (n, n_embd)
     for i in range(n_layer):
         L = {key: w.get(names["layer"].format(i=i) + names[key]) for key in names if key not in
              ("embed", "norm", "head", "layer")}
         h = rms_norm(x, L["attn_norm"], eps)
         q, k, v = h @ L["q"].T, h @ L["k"].T, h @ L["v"].T
-        if not llada and not moe:
+        if L.get("q_bias") is not None:
             q, k, v = q + L["q_bias"], k + L["k_bias"], v + L["v_bias"]
         q = q.reshape(n, n_head, hd).transpose(1, 0, 2)                        # (n_head, n, hd)
         k = k.reshape(n, n_kv, hd).transpose(1, 0, 2)
-        if moe:
+        if moe or sdar:
             q, k = rms_norm(q, L["q_norm"], eps), rms_norm(k, L["k_norm"], eps)
-        q, k = rope(q, theta), rope(k, theta)
+        q, k = rope(q, theta, start), rope(k, theta, start)
         v = v.reshape(n, n_kv, hd).transpose(1, 0, 2)
-        o = attention(q, k, v).transpose(1, 0, 2).reshape(n, n_head * hd)
+        if past is not None:
+            k, v = np.concatenate([past[i][0], k], axis=1), np.concatenate([past[i][1], v], axis=1)
+        if kv_out is not None:
+            kv_out.append((k, v))
+        o = attention(q, k, v, allowed).transpose(1, 0, 2).reshape(n, n_head * hd)
         x = x + o @ L["o"].T
         h = rms_norm(x, L["ffn_norm"], eps)
         if moe:

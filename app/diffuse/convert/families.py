@@ -1,5 +1,5 @@
 """The model families as tables: config.json keys, Hugging Face -> GGUF tensor names, and the
-few choices that differ (q/k permutation, logit shift, biases, routed experts).
+few choices that differ (q/k permutation, logit shift, biases, routed experts, block diffusion).
 
 GGUF names are llama.cpp's, so llama.cpp's diffusion tool can run our files.
 """
@@ -33,6 +33,10 @@ class Family:
     experts: dict[str, str] | None = None
     f32_matrices: tuple[str, ...] = ()   # GGUF patterns kept F32 in every outtype (the MoE router)
     default_mask_id: int | None = None   # when neither config.json nor the vocabulary names it
+    # Block diffusion (config_keys has "block_size"): causal across blocks, bidirectional inside.
+    sub_block_size: int = 0              # Fast-dLLM v2 decodes a block in sub-blocks of this size
+    # The decoding its authors publish, as generation options (written as diffuse.recipe.<name>).
+    recipe: dict[str, object] | None = None
 
 
 LLADA = Family(
@@ -143,7 +147,65 @@ LLADA_MOE = Family(
     default_mask_id=156895,   # LLaDA-MoE-7B-A1B's, the id llama.cpp's converter writes
 )
 
-FAMILIES = {f.hf_architecture: f for f in (LLADA, DREAM, LLADA_MOE)}
+# JetLM SDAR-*-Chat and Gen-Verse TraDo-*-Instruct (same code): Qwen3 blocks (q/k RMSNorm per head
+# before NEOX RoPE, GQA, no biases, head_dim from config.json), no logit shift, block_size and
+# mask_token_id in config.json. Official decoding: JetAstra/SDAR generate.py.
+SDAR = Family(
+    arch="sdar",
+    hf_architecture="SDARForCausalLM",
+    config_keys=dict(n_embd="hidden_size", n_head="num_attention_heads", n_head_kv="num_key_value_heads",
+                     n_layer="num_hidden_layers", n_ff="intermediate_size", n_ctx="max_position_embeddings",
+                     rope_theta="rope_theta", rms_eps="rms_norm_eps", vocab_size="vocab_size",
+                     mask_token_id="mask_token_id", tied="tie_word_embeddings", head_dim="head_dim",
+                     block_size="block_size"),
+    defaults=dict(n_head_kv=None, n_ctx=32768, rope_theta=10000.0, rms_eps=1e-6, tied=False, head_dim=None),
+    fixed={"hidden_act": "silu", "rope_scaling": None, "attention_bias": False, "use_sliding_window": False},
+    tensors={
+        "token_embd.weight": "model.embed_tokens.weight",
+        "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+        "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
+        "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
+        "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
+        "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+        "blk.{i}.attn_q_norm.weight": "model.layers.{i}.self_attn.q_norm.weight",
+        "blk.{i}.attn_k_norm.weight": "model.layers.{i}.self_attn.k_norm.weight",
+        "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+        "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
+        "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
+        "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+        "output_norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight",
+    },
+    permute_qk=False,
+    shift_logits=False,
+    mask_token="<|MASK|>",
+    eot_token="<|im_end|>",
+    # generate.py's defaults (block 4, 4 steps, dynamic rule at 0.85); greedy.
+    recipe={"block_length": 4, "steps": 4, "scheduler": "low_confidence_dynamic", "confidence_threshold": 0.85,
+            "temperature": 0.0},
+)
+
+# NVlabs Fast-dLLM v2 (Efficient-Large-Model/Fast_dLLM_v2_*): Qwen2.5 blocks (q/k/v biases) with
+# Dream's token shift, block size bd_size (32) in config.json; the mask id is a constant of its
+# code (151665, the token "|<MASK>|"). Its generate() decodes a block in sub-blocks of 8, committing
+# every masked position above the threshold (0.9 on the model card) and at least the most confident.
+FAST_DLLM_V2 = Family(
+    arch="fast-dllm-v2",
+    hf_architecture="Fast_dLLM_QwenForCausalLM",
+    config_keys={**DREAM.config_keys, "head_dim": "head_dim", "block_size": "bd_size"},
+    defaults={**DREAM.defaults, "head_dim": None, "block_size": 32},   # its code's default bd_size
+    fixed={"hidden_act": "silu", "rope_scaling": None, "use_sliding_window": False},
+    tensors=DREAM.tensors,
+    permute_qk=False,
+    shift_logits=True,
+    mask_token="|<MASK>|",
+    eot_token="<|im_end|>",
+    default_mask_id=151665,
+    sub_block_size=8,
+    recipe={"block_length": 32, "scheduler": "confidence_threshold", "confidence_threshold": 0.9, "temperature": 0.0},
+)
+
+FAMILIES = {f.hf_architecture: f for f in (LLADA, DREAM, LLADA_MOE, SDAR, FAST_DLLM_V2)}
 
 MAX_JSON_BYTES = 64 << 20   # real config files are KBs, tokenizer.json tens of MBs at most
 MAX_INT = 2**31 - 1         # the engine holds sizes and ids in 32-bit ints
@@ -153,7 +215,7 @@ RANGES = {field: ("int", 1, MAX_INT) for field in ("n_embd", "n_head", "n_head_k
                                                    "vocab_size")}
 RANGES.update(rope_theta=("float", 0.0, MAX_F32), rms_eps=("float", 0.0, 1.0), mask_token_id=("int", 0, MAX_INT),
               tied=("bool", False, True), n_expert=("int", 1, 4096), n_expert_used=("int", 1, 4096),
-              n_ff_exp=("int", 1, MAX_INT))
+              n_ff_exp=("int", 1, MAX_INT), head_dim=("int", 1, MAX_INT), block_size=("int", 1, MAX_INT))
 
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 80
@@ -180,10 +242,8 @@ class HParams:
     n_expert: int = 0       # MoE: routed experts per layer (0: dense)
     n_expert_used: int = 0  # experts per position
     n_ff_exp: int = 0       # one expert's hidden size
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+    head_dim: int = 0       # config.json's, else n_embd / n_head
+    block_size: int = 0     # block diffusion: the trained block length (0: attention over everything)
 
 
 def read_text(path: Path, limit: int = MAX_JSON_BYTES) -> str:
@@ -244,10 +304,20 @@ def read_config(hf_dir: Path) -> tuple[Family, HParams, dict]:
         values[field] = value
     if values["n_head_kv"] is None:
         values["n_head_kv"] = values["n_head"]
+    if values.get("head_dim") is None:   # an explicit head_dim need not divide the model width (Qwen3)
+        if values["n_embd"] % values["n_head"]:
+            raise DiffuseError(f"{path}: {values['n_embd']} is not a whole number of {values['n_head']} heads")
+        values["head_dim"] = values["n_embd"] // values["n_head"]
     hp = HParams(**{f: _typed(f, v) for f, v in values.items()})
-    if hp.n_embd % hp.n_head or hp.n_head % hp.n_head_kv or hp.head_dim % 2:
-        raise DiffuseError(f"{path}: {hp.n_embd} / {hp.n_head} heads / {hp.n_head_kv} KV heads "
+    if hp.n_head % hp.n_head_kv or hp.head_dim % 2:
+        raise DiffuseError(f"{path}: {hp.n_head} heads of {hp.head_dim} / {hp.n_head_kv} KV heads "
                            "do not give an even head size shared by the KV groups")
+    if hp.block_size > hp.n_ctx:
+        raise DiffuseError(f"{path}: {family.config_keys['block_size']} = {hp.block_size} is larger than the "
+                           f"context ({hp.n_ctx} positions)")
+    if family.sub_block_size and hp.block_size % family.sub_block_size:
+        raise DiffuseError(f"{path}: {family.config_keys['block_size']} = {hp.block_size} is not a whole number "
+                           f"of the {family.sub_block_size}-token sub-blocks {family.arch} decodes in")
     if hp.n_expert_used > hp.n_expert:
         raise DiffuseError(f"{path}: num_experts_per_tok = {hp.n_expert_used} exceeds num_experts = {hp.n_expert}")
     return family, hp, config

@@ -29,6 +29,8 @@ OUTTYPES = {
     "q8_0": (T.Q8_0, LlamaFileType.MOSTLY_Q8_0),
 }
 CHUNK_FLOATS = 4 << 20   # values per work item (16 MB of float32)
+BLOCK_SIZE_KEY = "diffusion.block_size"           # block diffusion: the trained block length
+SUB_BLOCK_SIZE_KEY = "diffusion.sub_block_size"   # Fast-dLLM v2: a block is decoded in sub-blocks
 
 Progress = Callable[[int, int, str], None]
 
@@ -47,7 +49,7 @@ class _Tensor:
 
 def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None = None,
                cancel: Callable[[], bool] | None = None, recipe: dict | None = None) -> Path | None:
-    """Convert a LLaDA, LLaDA-MoE or Dream checkpoint folder to a GGUF file.
+    """Convert a LLaDA, LLaDA-MoE, Dream, SDAR/TraDo or Fast-dLLM v2 checkpoint folder to a GGUF file.
 
     outtype: f32 | f16 | bf16 | q8_0 for the matrices. recipe: the generation options the model
     suggests (diffuse.recipe), written under diffuse.recipe.*; checked before any work. progress(done, total, tensor_name) once per
@@ -59,7 +61,8 @@ def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None
     hf_dir, out_path = Path(hf_dir), Path(out_path)
     gguf_file.refuse_overwrite(out_path, [hf_dir, *_files_under(hf_dir)])
     family, hp, config = read_config(hf_dir)
-    recipe = recipes.check(recipe or {}, gguf_file.ARCH_FAMILIES[family.arch], hp.n_ctx)
+    # The authors' decoding (the family's table), overridden by the user's --recipe.
+    recipe = recipes.check({**(family.recipe or {}), **(recipe or {})}, gguf_file.ARCH_FAMILIES[family.arch], hp.n_ctx)
     ckpt = Checkpoint(hf_dir)
     tensors, n_vocab = _plan(family, hp, ckpt, hf_dir, outtype)
     vocab = read_vocab(hf_dir, family, config, n_vocab)
@@ -209,6 +212,14 @@ def _metadata(family: Family, hp: HParams, vocab: Vocab, n_vocab: int, mask_id: 
     put(Keys.LLM.VOCAB_SIZE, n_vocab, "u32")
     put(Keys.Attention.CAUSAL, False, "bool")
     put(Keys.Diffusion.SHIFT_LOGITS, family.shift_logits, "bool")
+    if hp.block_size:
+        # Block diffusion: the block size's presence means block-causal attention; the head size
+        # is stated because Qwen3's need not be n_embd / n_head.
+        put(Keys.Attention.KEY_LENGTH, hp.head_dim, "u32")
+        put(Keys.Attention.VALUE_LENGTH, hp.head_dim, "u32")
+        put(BLOCK_SIZE_KEY, hp.block_size, "u32")
+        if family.sub_block_size:
+            put(SUB_BLOCK_SIZE_KEY, family.sub_block_size, "u32")
 
     put(Keys.Tokenizer.MODEL, "gpt2", "str")
     put(Keys.Tokenizer.PRE, vocab.pre, "str")

@@ -1,0 +1,239 @@
+"""Python ports of the official block-diffusion loops, driven by the float64 reference forward
+(tests/reference/forward.py); nothing here touches the engine.
+
+`sdar_generate`: JetAstra/SDAR generate.py `block_diffusion_generate`. The sequence is the prompt
+plus masks up to a whole number of blocks: ceil((len(prompt) + gen_length) / B) * B positions, so
+the answer is gen_length rounded up to end on a block boundary (blocks aligned at position 0; the
+prompt's last partial block is shared with the first answer tokens). The prompt's whole blocks are
+prefilled once (one pass storing K/V). Each step then runs the current block's B rows against the
+finished blocks; when the block has no masks left, one more pass over its final tokens stores its
+K/V. Per-step scheduled count: B // steps, the remainder to the first steps. Rules:
+low_confidence_static (the scheduled count, most confident first), low_confidence_dynamic (every
+masked position with confidence > tau when there are at least the (capped) scheduled count of them, else the
+scheduled count), entropy_bounded and confidence_threshold (below). Generation stops after a
+finished block when the answer so far holds a stop id.
+
+`fast_dllm_v2_generate`: Fast-dLLM v2's `generate` (its Hugging Face modeling.py, batch 1,
+use_block_cache=False), described on the function.
+
+Our deliberate differences from the official code:
+- Temperature 0 is greedy: x0 = argmax, confidence = softmax probability of x0 at temperature 1
+  (SDAR's sampler has no temperature-0 branch: it divides by the temperature).
+- The scheduled count is capped at the masks left. Officially top-k then also picks positions
+  already decided (confidence -inf) and overwrites them with x0, prompt tokens included (when the
+  prompt shares the block, or block_length % steps leaves a count above the masks left).
+- entropy_bounded follows the EB-sampler: per masked position the entropy H of its full
+  distribution (temperature 1), sorted ascending; commit the largest k with
+  sum(H_1..H_k) - max(H_1..H_k) <= gamma (`eb_threshold`, official default 0.35), at least 1. The
+  official branch computes -sum(p log p) over the block dimension of x0's probabilities (one number
+  per sequence, not per position), then searchsorted over its cumulative sum, and assigns into
+  `transfer_index`, which that branch never creates: it raises UnboundLocalError on its first step.
+- entropy_bounded and confidence_threshold run a block until it has no masks (the official loop
+  stops after steps + 1 passes, which may leave masks); static and dynamic finish within `steps`
+  steps either way.
+- confidence_threshold (Fast-dLLM): every masked position with confidence >= tau, and always the
+  most confident one. Fast-dLLM v2's code compares with > tau; the two differ only at a probability
+  exactly equal to tau.
+- Fast-dLLM v2: a prompt of exactly one block is prefilled like a longer one (the official code
+  prefills only when len(prompt) > block_size, so a one-block prompt is never seen by the model and
+  the answer starts at position 0).
+- Ties between equal confidences go to the lower position (torch.topk leaves the order open).
+
+Every pass is recorded: `Run.passes` lists (kind, commits) per forward pass, kind "prefill",
+"denoise" or "store", commits the (position, token) pairs it decided; the number of forward
+passes (NFE) is len(passes), counted as the official loops run them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from reference.forward import forward
+
+RULES = ("low_confidence_static", "low_confidence_dynamic", "entropy_bounded", "confidence_threshold")
+
+
+@dataclass
+class Run:
+    tokens: list[int]                                   # the answer (positions from len(prompt) on)
+    passes: list[tuple[str, list[tuple[int, int]]]] = field(default_factory=list)
+
+    @property
+    def forwards(self) -> int:
+        return len(self.passes)
+
+
+class Recompute:
+    """Every pass recomputes positions 0..b1-1 under the block-causal mask (no cache)."""
+
+    def __init__(self, hf_dir, block_size: int):
+        self.hf_dir, self.block_size = hf_dir, block_size
+
+    def logits(self, x: list[int], b0: int, b1: int) -> np.ndarray:
+        return forward(self.hf_dir, x[:b1], block_size=self.block_size)[b0:b1]
+
+    store = logits
+
+
+class Cached:
+    """Finished blocks' K/V are kept; a pass computes only rows b0..b1-1 against them, and `store`
+    appends those rows' K/V (b0 must be where the cache ends)."""
+
+    def __init__(self, hf_dir, block_size: int):
+        self.hf_dir, self.block_size, self.past = hf_dir, block_size, None
+
+    def _length(self) -> int:
+        return 0 if self.past is None else self.past[0][0].shape[1]
+
+    def logits(self, x: list[int], b0: int, b1: int, kv_out: list | None = None) -> np.ndarray:
+        assert b0 == self._length(), "a pass must start where the cache ends"
+        return forward(self.hf_dir, x[b0:b1], block_size=self.block_size, past=self.past, kv_out=kv_out)
+
+    def store(self, x: list[int], b0: int, b1: int) -> np.ndarray:
+        kv: list = []
+        out = self.logits(x, b0, b1, kv)
+        self.past = kv
+        return out
+
+
+def schedule(block_length: int, steps: int) -> list[int]:
+    """SDAR's get_num_transfer_tokens: block_length // steps per step, the remainder first."""
+    return [block_length // steps + (i < block_length % steps) for i in range(steps)]
+
+
+def _probs(logits: np.ndarray) -> np.ndarray:
+    z = np.exp(logits - logits.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
+
+
+def choose(rule: str, logits: np.ndarray, masked: np.ndarray, count: int, tau: float, gamma: float) -> np.ndarray:
+    """Rows (indices into logits) to commit: logits (n, vocab) float64, masked (n,) bool."""
+    p = _probs(logits)
+    x0 = logits.argmax(-1)
+    conf = np.where(masked, p[np.arange(len(p)), x0], -np.inf)
+    order = np.argsort(-conf, kind="stable")            # most confident first, lower position on ties
+    n_masked = int(masked.sum())
+    count = min(count, n_masked)
+    if rule == "low_confidence_static":
+        return order[:count]
+    if rule == "low_confidence_dynamic":
+        high = np.nonzero(conf > tau)[0]
+        return high if len(high) >= count else order[:count]
+    if rule == "confidence_threshold":
+        return np.union1d(np.nonzero(conf >= tau)[0], order[:1])
+    if rule == "entropy_bounded":
+        h = -(p * np.log(np.maximum(p, 1e-300))).sum(-1)
+        rows = np.nonzero(masked)[0]
+        rows = rows[np.argsort(h[rows], kind="stable")]
+        hs = h[rows]
+        # sorted ascending, so max(H_1..H_k) = H_k and the bound reads sum(H_1..H_{k-1}) <= gamma
+        k = max(1, int(np.searchsorted(np.cumsum(hs) - hs, gamma, side="right")))
+        return rows[:k]
+    raise ValueError(f"unknown rule {rule!r}")
+
+
+def sdar_generate(model, prompt: list[int], mask_id: int, gen_length: int, block_length: int = 4, steps: int = 4,
+                  rule: str = "low_confidence_dynamic", confidence_threshold: float = 0.85,
+                  eb_threshold: float = 0.35, stop_ids=()) -> Run:
+    """SDAR's block_diffusion_generate at temperature 0 (see the module docstring)."""
+    n, B = len(prompt), block_length
+    n_blocks = -(-(n + gen_length) // B)
+    x = list(prompt) + [mask_id] * (n_blocks * B - n)
+    run = Run(tokens=[])
+    prefill = n // B * B
+    if prefill:
+        model.store(x, 0, prefill)
+        run.passes.append(("prefill", []))
+    counts = schedule(B, steps)
+    end = n
+    for b0 in range(prefill, n_blocks * B, B):
+        b1, step = b0 + B, 0
+        while True:
+            masked = np.array([t == mask_id for t in x[b0:b1]])
+            if not masked.any():
+                model.store(x, b0, b1)
+                run.passes.append(("store", []))
+                break
+            logits = model.logits(x, b0, b1)
+            rows = choose(rule, logits, masked, counts[step] if step < steps else 0, confidence_threshold,
+                          eb_threshold)
+            x0 = logits.argmax(-1)
+            commits = [(b0 + int(r), int(x0[r])) for r in sorted(rows)]
+            for pos, tok in commits:
+                x[pos] = tok
+            run.passes.append(("denoise", commits))
+            step += 1
+        end = b1
+        if any(t in stop_ids for t in x[n:b1]):
+            break
+    run.tokens = x[n:end]
+    return run
+
+
+def fast_dllm_v2_generate(model, prompt: list[int], mask_id: int, max_new_tokens: int, block_size: int = 32,
+                          sub_block_size: int = 8, threshold: float = 0.9, stop_id: int | None = None) -> Run:
+    """Fast-dLLM v2's generate at temperature 0, batch 1, without the sub-block cache.
+
+    - Blocks of B = block_size aligned at 0; max_new_tokens // B blocks are decoded.
+    - A prompt of at least one whole block is prefilled (its whole blocks, K/V stored). When it ends
+      on a block boundary, the prefill's last logit row (argmax, unshifted) gives the first answer
+      token, committed at once.
+    - A block: the sequence is padded with masks to the block's end. While the block has masks, its
+      sub-blocks of sub_block_size are decoded in order; while a sub-block has masks, one pass over
+      the whole block (all B rows, against the finished blocks) with the token shift (row r reads
+      the logits of row r - 1, row 0 its own), and the confidence_threshold rule restricted to the
+      sub-block's masked positions.
+    - A finished block gets one more pass over its final tokens, storing its K/V; its last row's
+      logit (argmax) is the next block's first token, appended at once (so every later block has
+      B - 1 masks). This also happens after the last block: the answer then ends with that token.
+    - Stop: before every pass, when the tokens since the current block's start (its first,
+      inherited token excluded) hold stop_id with no mask before it, the block ends there (no store
+      pass); and before every block, a stop_id anywhere in the answer ends generation. The answer
+      is cut after its first stop_id.
+    """
+    n, B = len(prompt), block_size
+    x = list(prompt)
+    run = Run(tokens=[])
+    if n >= B:
+        prefill = n // B * B
+        logits = model.store(x, 0, prefill)
+        commits = []
+        if n % B == 0:
+            commits = [(n, int(logits[-1].argmax()))]
+            x.append(commits[0][1])
+        run.passes.append(("prefill", commits))
+
+    def stopped(start: int) -> bool:
+        rest = x[start:]
+        return stop_id in rest and mask_id not in rest[:rest.index(stop_id)]
+
+    for _ in range(max_new_tokens // B):
+        if stop_id in x[n:]:
+            break
+        start = len(x)
+        b0 = start // B * B
+        b1 = b0 + B
+        x += [mask_id] * (b1 - start)
+        while not stopped(start):
+            if mask_id not in x[b0:b1]:
+                logits = model.store(x, b0, b1)
+                x.append(int(logits[-1].argmax()))
+                run.passes.append(("store", [(b1, x[-1])]))
+                break
+            for s0 in range(b0, b1, sub_block_size):
+                s1 = s0 + sub_block_size
+                while mask_id in x[s0:s1] and not stopped(start):
+                    logits = model.logits(x, b0, b1)
+                    logits = np.concatenate([logits[:1], logits[:-1]])[s0 - b0:s1 - b0]   # the token shift
+                    masked = np.array([t == mask_id for t in x[s0:s1]])
+                    rows = choose("confidence_threshold", logits, masked, 0, threshold, 0.0)
+                    x0 = logits.argmax(-1)
+                    commits = [(s0 + int(r), int(x0[r])) for r in sorted(rows)]
+                    for pos, tok in commits:
+                        x[pos] = tok
+                    run.passes.append(("denoise", commits))
+    answer = x[n:]
+    if stop_id in answer:
+        answer = answer[:answer.index(stop_id) + 1]
+    run.tokens = answer
+    return run
