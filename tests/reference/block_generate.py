@@ -38,6 +38,8 @@ Our deliberate differences from the official code:
   prefills only when len(prompt) > block_size, so a one-block prompt is never seen by the model and
   the answer starts at position 0).
 - Ties between equal confidences go to the lower position (torch.topk leaves the order open).
+- The mask token is never x0 (its logit is dropped before the softmax): committing it would leave
+  the position masked (the official code would count it as decided).
 
 Every pass is recorded: `Run.passes` lists (kind, commits) per forward pass, kind "prefill",
 "denoise" or "store", commits the (position, token) pairs it decided; the number of forward
@@ -154,7 +156,8 @@ def sdar_generate(model, prompt: list[int], mask_id: int, gen_length: int, block
                 model.store(x, b0, b1)
                 run.passes.append(("store", []))
                 break
-            logits = model.logits(x, b0, b1)
+            logits = model.logits(x, b0, b1).copy()
+            logits[:, mask_id] = -np.inf
             rows = choose(rule, logits, masked, counts[step] if step < steps else 0, confidence_threshold,
                           eb_threshold)
             x0 = logits.argmax(-1)
