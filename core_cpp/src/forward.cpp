@@ -88,10 +88,15 @@ void ForwardRunner::build(const std::vector<SequenceRows> & seqs) {
 // on 1). A pass gets one more thread per PER_THREAD_FLOPS_PER_NODE x nodes of work, so small passes
 // (cached steps of small models) run on fewer threads and large ones on all n_threads.
 static constexpr double PER_THREAD_FLOPS_PER_NODE = 4e6;
+// Every pass streams all the weights, whatever its rows: on a large model even a 1-row pass is
+// memory-bound work that more threads speed up (Qwen2.5-0.5B Q4_K_M, 2-row block step at depth
+// 512: 87-98 ms on the one thread flops alone asked for, 69 ms on 2). A weight byte counts as this
+// many FLOPs (a Q4 byte is two weights: unpacked, scaled, multiplied and added).
+static constexpr double FLOPS_PER_WEIGHT_BYTE = 16;
 
 int ForwardRunner::threads_for_pass(int n_threads) const {
     const HParams & hp = model_.hparams();
-    double flops = 0;
+    double flops = FLOPS_PER_WEIGHT_BYTE * (double) model_.weights_bytes();
     for (size_t s = 0; s < shape_.n_q.size(); ++s) {
         flops += 2.0 * (double) model_.layer_matmul_params() * shape_.n_q[s];
         flops += 4.0 * hp.n_layer * (double) shape_.n_q[s] * shape_.n_kv[s] * hp.head_dim * hp.n_head;
