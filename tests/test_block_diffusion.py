@@ -198,3 +198,18 @@ def test_generation_matches_the_official_loop(tiny_sdar, rule, block_length, n_p
     assert all(t in eos for t in got.tokens[n:])          # after a block holding end-of-text
     denoising = sum(kind == "denoise" for kind, _ in want.passes)
     assert got.steps == denoising
+
+
+def test_the_studio_state_shows_later_blocks_as_not_started(sdar):
+    """Diffuse Studio's per-step arrays (RunState): a block run's later blocks are neither computed
+    nor cached at a step, so the canvas draws them as outlines, not as masks being denoised."""
+    from diffuse.studio.run_state import RunState
+    run = RunState()
+    r = sdar.generate(PROMPT_13[:8], gen_length=16, steps=4, block_length=4, scheduler="low_confidence_static",
+                      chat=False, on_step=run.add)
+    run.finish(r)
+    for k, ev in enumerate(run.events):
+        later = run.not_started(k)
+        assert later.tolist() == [pos >= ev.block_end for pos in range(8, 24)]
+        first = int(ev.active.min())    # the block that just finished is recomputed once, from its final tokens
+        assert (run.cache[k, :first] == 1).all() and (run.cache[k, first:ev.block_end] == 2).all()

@@ -121,7 +121,13 @@ ggml_tensor * GraphBuilder::attention(int il, const LayerWeights & L, ggml_tenso
     return ggml_mul_mat(ctx, L.wo, out);
 }
 
-ggml_tensor * GraphBuilder::output_rows(ggml_tensor * x) { return ggml_get_rows(ctx, x, in_.out_rows); }
+ggml_tensor * GraphBuilder::residual(int il, ggml_tensor * x, ggml_tensor * attn) {
+    if (il == hp.n_layer - 1) {
+        x = ggml_get_rows(ctx, x, in_.out_rows);
+        attn = ggml_get_rows(ctx, attn, in_.out_rows);
+    }
+    return ggml_add(ctx, x, attn);
+}
 
 ggml_tensor * GraphBuilder::swiglu(const LayerWeights & L, ggml_tensor * x) {
     ggml_tensor * gate = ggml_silu(ctx, ggml_mul_mat(ctx, L.ffn_gate, x));

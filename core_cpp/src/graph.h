@@ -54,8 +54,6 @@ public:
     const HParams & hp;
     const Weights & w;
 
-    bool last_layer(int il) const { return il == hp.n_layer - 1; }
-
     ggml_tensor * embed();                                            // (n_embd, n_q)
     ggml_tensor * norm(ggml_tensor * x, ggml_tensor * weight);        // RMSNorm times weight
     ggml_tensor * linear(ggml_tensor * w, ggml_tensor * b, ggml_tensor * x);   // w x (+ b)
@@ -65,8 +63,9 @@ public:
     ggml_tensor * rope(ggml_tensor * t);                              // (hd, heads, n_q), at the rows' positions
     // Writes K/V into each sequence's cache, attends over it, projects: (n_embd, n_q).
     ggml_tensor * attention(int il, const LayerWeights & L, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v);
-    // The last layer runs its FFN and the head only for the rows whose logits are wanted.
-    ggml_tensor * output_rows(ggml_tensor * x);                       // (n, n_out)
+    // x + attn (n_embd, n_q); at the last layer only over the rows whose logits are wanted (their
+    // FFN and the head alone run on): (n_embd, n_out).
+    ggml_tensor * residual(int il, ggml_tensor * x, ggml_tensor * attn);
     ggml_tensor * swiglu(const LayerWeights & L, ggml_tensor * x);    // down(silu(gate x) * up x)
     ggml_tensor * moe(const LayerWeights & L, ggml_tensor * x);       // routed experts, routing kept
     ggml_tensor * head(ggml_tensor * x);                              // logits (n_vocab, n_out)

@@ -14,11 +14,7 @@ ggml_tensor * build_dream(GraphBuilder & g) {
         const LayerWeights & L = g.w.layers[il];
         auto [q, k, v] = g.qkv(L, g.norm(x, L.attn_norm));          // + bq, bk, bv
         ggml_tensor * attn = g.attention(il, L, g.rope(q), g.rope(k), v);   // n_head / n_head_kv groups
-        if (g.last_layer(il)) {
-            attn = g.output_rows(attn);
-            x = g.output_rows(x);
-        }
-        x = ggml_add(g.ctx, x, attn);
+        x = g.residual(il, x, attn);
         x = ggml_add(g.ctx, x, g.swiglu(L, g.norm(x, L.ffn_norm)));
         g.name(x, "l_out", il);
     }

@@ -12,11 +12,7 @@ ggml_tensor * build_llada(GraphBuilder & g) {
         const LayerWeights & L = g.w.layers[il];
         auto [q, k, v] = g.qkv(L, g.norm(x, L.attn_norm));
         ggml_tensor * attn = g.attention(il, L, g.rope(q), g.rope(k), v);
-        if (g.last_layer(il)) {                                     // only rows whose logits are wanted go on
-            attn = g.output_rows(attn);
-            x = g.output_rows(x);
-        }
-        x = ggml_add(g.ctx, x, attn);
+        x = g.residual(il, x, attn);
         x = ggml_add(g.ctx, x, g.swiglu(L, g.norm(x, L.ffn_norm)));
         g.name(x, "l_out", il);
     }

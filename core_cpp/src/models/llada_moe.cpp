@@ -15,11 +15,7 @@ ggml_tensor * build_llada_moe(GraphBuilder & g) {
         q = g.norm(q, L.attn_q_norm);
         k = g.norm(k, L.attn_k_norm);
         ggml_tensor * attn = g.attention(il, L, g.rope(q), g.rope(k), v);
-        if (g.last_layer(il)) {
-            attn = g.output_rows(attn);
-            x = g.output_rows(x);
-        }
-        x = ggml_add(g.ctx, x, attn);
+        x = g.residual(il, x, attn);
         x = ggml_add(g.ctx, x, g.moe(L, g.norm(x, L.ffn_norm)));   // experts chosen per row
         g.name(x, "l_out", il);
     }

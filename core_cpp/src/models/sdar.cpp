@@ -15,11 +15,7 @@ ggml_tensor * build_sdar(GraphBuilder & g) {
         q = g.norm(q, L.attn_q_norm);                               // (hd, n_head, n_q), per head
         k = g.norm(k, L.attn_k_norm);                               // (hd, n_head_kv, n_q)
         ggml_tensor * attn = g.attention(il, L, g.rope(q), g.rope(k), v);
-        if (g.last_layer(il)) {
-            attn = g.output_rows(attn);
-            x = g.output_rows(x);
-        }
-        x = ggml_add(g.ctx, x, attn);
+        x = g.residual(il, x, attn);
         x = ggml_add(g.ctx, x, g.swiglu(L, g.norm(x, L.ffn_norm)));
         g.name(x, "l_out", il);
     }
