@@ -248,7 +248,8 @@ struct Sequence {
             if (on[pos]) active.push_back(pos);
     }
 
-    // Rows [from, to) of `seq` for `kv`, with block diffusion's mask (prefill and steps).
+    // The rows at `positions` of `seq` for `kv` (block diffusion: with its mask), logits wanted for
+    // `wanted` (positions among them); for prefill passes and steps.
     SequenceRows rows(KVCache * kv, const std::vector<int32_t> & seq, const std::vector<int32_t> & positions,
                       const std::vector<int32_t> & wanted) const {
         SequenceRows r;
