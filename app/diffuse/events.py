@@ -31,6 +31,9 @@ class StepEvent:
     forward_ms: float         # the forward pass (in a batch: the pass shared by every sequence)
     sample_ms: float
     total_ms: float
+    # positions the schedule asked for this step (-1: unknown, a recording made before it was kept);
+    # a rule may commit more (entropy_exit's tau, the threshold rules) or, capped, fewer
+    scheduled: int = -1
     sequence: int = 0         # index of the prompt in generate_batch or generate_stream (0 for generate)
     # MoE models (expert_routing): int32 (n_layer, len(active), n_expert_used), the experts each
     # active position used at this step, best first; -1 in the last layer for rows whose logits

@@ -35,6 +35,7 @@ static py::dict event_dict(const diffuse::StepEvent & e, const diffuse::HParams 
     d["prompt_length"] = e.prompt_length;
     d["block_start"] = e.block_start;
     d["block_end"] = e.block_end;
+    d["scheduled"] = e.scheduled;
     d["tokens"] = to_numpy(*e.tokens);
     d["mask"] = to_numpy(*e.mask).attr("astype")("bool");
     d["unmasked"] = to_numpy(*e.unmasked);

@@ -132,6 +132,7 @@ struct StepEvent {
     int sequence;                             // index of the prompt in a batch or stream (0 for generate)
     int step, block, n_blocks, steps_allowed;
     int prompt_length, block_start, block_end;
+    int scheduled;                            // positions the schedule asked for; a rule may commit more (tau)
     const std::vector<int32_t> * tokens;      // (n_total,)
     const std::vector<uint8_t> * mask;        // (n_total,), 1 = still masked
     const std::vector<int32_t> * unmasked;    // committed this step

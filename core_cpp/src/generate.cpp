@@ -407,7 +407,8 @@ int generate_stream(const Model & base, const BatchFeed & feed, const StepCallba
                 if (!std::isfinite(s.entropy))
                     throw Error(model.path() + ": the forward pass produced NaN/Inf logits (corrupt weights?)");
 
-            SelectInput in{stats, q.scheduled(n_cand), q.p.threshold, q.p.confidence_threshold, q.p.entropy_budget,
+            const int n_scheduled = q.scheduled(n_cand);
+            SelectInput in{stats, n_scheduled, q.p.threshold, q.p.confidence_threshold, q.p.entropy_budget,
                            q.p.alg_temp, dream_transfer_prob(q.i, q.steps_per_block, q.p.eps),
                            rng_key(q.p.seed ^ 0x5ced5ced5cedULL, (uint64_t) q.step, 1)};
             const std::vector<int> chosen = q.sched.select(in);
@@ -448,7 +449,7 @@ int generate_stream(const Model & base, const BatchFeed & feed, const StepCallba
             }
             if (on_step) {
                 StepEvent ev{q.index, q.step, q.b, q.n_blocks, q.out.steps_allowed, q.n_prompt,
-                             q.block_start(), q.block_end(), &q.x, &q.mask, &unmasked, &entropy, &confidence,
+                             q.block_start(), q.block_end(), n_scheduled, &q.x, &q.mask, &unmasked, &entropy, &confidence,
                              &q.active, &cached, forward_ms, sample_ms, total_ms, &experts};
                 if (!on_step(ev)) {
                     q.out.stop_reason = "cancelled";
