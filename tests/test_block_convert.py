@@ -135,6 +135,16 @@ def test_explicit_block_size_is_recorded(tmp_path):
     assert gguf_file.read(convert_hf(folder, tmp_path / "f.gguf")).kv["diffusion.block_size"] == 32
 
 
+def test_sdar_config_without_block_size_or_mask_id(tmp_path):
+    """Some published SDAR config.json copies lack both keys: generate.py's block of 4 and the
+    vocabulary's <|MASK|>."""
+    folder = write_sdar(tmp_path / "hf", config_edit=lambda c: [c.pop("block_size"), c.pop("mask_token_id")])
+    info = gguf_file.read(convert_hf(folder, tmp_path / "out.gguf"))
+    vocab = info.kv["tokenizer.ggml.tokens"]
+    assert info.kv["diffusion.block_size"] == 4
+    assert vocab[info.kv["tokenizer.ggml.mask_token_id"]] == "<|MASK|>"
+
+
 def set_key(**values):
     return lambda config: config.update(values)
 
@@ -149,8 +159,6 @@ def drop_key(key):
     (write_sdar, set_key(block_size=2.5), "block_size = 2.5 is not an integer"),
     (write_sdar, set_key(block_size="4"), "block_size = '4' is not an integer"),
     (write_sdar, set_key(block_size=65536), "block_size = 65536 is larger than the context \\(32768 positions\\)"),
-    (write_sdar, drop_key("block_size"), "missing 'block_size'"),
-    (write_sdar, drop_key("mask_token_id"), "missing 'mask_token_id'"),
     (write_sdar, set_key(mask_token_id=-1), "mask_token_id = -1 is not an integer"),
     (write_sdar, set_key(head_dim=127), "heads of 127 / 2 KV heads do not give an even head size"),
     (write_sdar, set_key(num_key_value_heads=3), "4 heads of 128 / 3 KV heads"),

@@ -213,3 +213,74 @@ def test_the_studio_state_shows_later_blocks_as_not_started(sdar):
         assert later.tolist() == [pos >= ev.block_end for pos in range(8, 24)]
         first = int(ev.active.min())    # the block that just finished is recomputed once, from its final tokens
         assert (run.cache[k, :first] == 1).all() and (run.cache[k, first:ev.block_end] == 2).all()
+
+
+# ---- Fast-dLLM v2's own decoding: sub-blocks, the token shift, the first token of a block carried ----
+
+@pytest.fixture(scope="module")
+def tiny_fast(tiny_gguf, tiny_hf_fast_dllm_v2):
+    return (diffuse.load(tiny_gguf("fast-dllm-v2", "f32"), threads=2, flash_attn=False, kv_f16=False),
+            tiny_hf_fast_dllm_v2)
+
+
+def test_fast_dllm_v2_reads_its_sub_block_size(tiny_fast, tiny_gguf):
+    model, _ = tiny_fast
+    assert model.hparams["block_size"] == 32 and model.hparams["sub_block_size"] == 8
+    with pytest.raises(DiffuseError, match="block-diffusion models only"):
+        diffuse.load(tiny_gguf("llada", "f32")).generate([1, 2], sub_block_length=4, chat=False)
+
+
+@pytest.mark.parametrize("block_length, sub_block_length", [(32, 8), (16, 4)])
+@pytest.mark.parametrize("n_prompt", [32, 13, 40])
+@pytest.mark.parametrize("driver", ["engine forward", "float64"])
+def test_fast_dllm_v2_matches_its_official_loop(tiny_fast, block_length, sub_block_length, n_prompt, driver):
+    """Token for token the port of Fast-dLLM v2's generate (tests/reference/block_generate.py),
+    prompts on and off a block boundary, the engine with its exact cache: each block's first token
+    from the previous block's last row (a carry step), its other masks sub-block by sub-block by
+    the threshold rule, every pass over the whole block. The port's denoising passes commit what
+    the engine's steps that are not carry steps commit."""
+    from reference.block_generate import Recompute, fast_dllm_v2_generate
+    model, hf = tiny_fast
+    prompt = [(7 * t + 3) % 200 for t in range(n_prompt)]
+    logits = EngineLogits(model, block_length) if driver == "engine forward" else Recompute(hf, block_length)
+    stop = model.tokenizer.eos_token_ids[0]
+    want = fast_dllm_v2_generate(logits, prompt, model.mask_token_id, 64, block_length, sub_block_length,
+                                 threshold=0.2, stop_id=stop)
+    events = []
+    got = model.generate(prompt, gen_length=64, block_length=block_length, sub_block_length=sub_block_length,
+                         scheduler="confidence_threshold", confidence_threshold=0.2, temperature=0, chat=False,
+                         on_step=events.append)
+    n = min(len(want.tokens), len(got.tokens))
+    assert n >= len(want.tokens) - 1       # all but the token the port carries past its last block
+    assert got.tokens[:n].tolist() == want.tokens[:n]
+    # The port decodes gen_length // block blocks from the prompt's; the engine covers gen_length.
+    denoise = [commits for kind, commits in want.passes if kind == "denoise"]
+    end = (denoise[-1][0][0] // block_length + 1) * block_length
+    steps = [ev for ev in events if ev.block_end <= end
+             and not (ev.unmasked.tolist() == [ev.block_start] and ev.active.max() < ev.block_start)]
+    assert [ev.unmasked.tolist() for ev in steps] == [[pos for pos, _ in commits] for commits in denoise]
+    for ev in steps:            # the whole block each pass, the commits inside one sub-block
+        assert ev.active.tolist()[-block_length:] == list(range(ev.block_start, ev.block_end))
+        assert len({(p - ev.block_start) // sub_block_length for p in ev.unmasked}) == 1
+
+
+def test_fast_dllm_v2_cache_is_exact_and_the_answer_stops_at_end_of_text(tiny_fast):
+    model, _ = tiny_fast
+    prompt = [(7 * t + 3) % 200 for t in range(13)]
+    kw = dict(gen_length=64, scheduler="confidence_threshold", confidence_threshold=0.2, temperature=0, chat=False)
+    cached, full = model.generate(prompt, cache=True, **kw), model.generate(prompt, cache=False, **kw)
+    assert cached.tokens.tolist() == full.tokens.tolist() and cached.steps == full.steps
+    options = diffuse.generation.resolve_options("fast-dllm-v2", model.recipe, gen_length=64, temperature=0,
+                                                 scheduler="confidence_threshold", confidence_threshold=0.2)
+
+    def run(eos_ids):
+        return _core.generate_batch(model._core, [np.array(prompt, np.int32)], options=[options], threads=2,
+                                    eos_ids=eos_ids, on_step=None, expert_routing=False)[0]
+    plain = run([])
+    eos = int(plain["tokens"][10])     # committed in the first block: the run stops once all before it are decided
+    first = plain["tokens"].tolist().index(eos)
+    r = run([eos])
+    assert r["stop_reason"] == "eos" and r["steps"] < plain["steps"]
+    assert r["tokens"][:first + 1].tolist() == plain["tokens"][:first + 1].tolist()
+    undecided = r["decided_step"][first:] < 0
+    assert undecided.any() and (r["tokens"][first:][undecided] == eos).all()

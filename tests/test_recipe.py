@@ -92,7 +92,7 @@ def test_the_recipe_command(tmp_path, capsys):
     assert main(["recipe", str(model)]) == 0
     shown = capsys.readouterr().out
     assert "recipe    gen_length 64, steps 64, block_length 16, temperature 0.7" in shown
-    assert "defaults  gen_length 64, steps 64, block_length 16, scheduler low_confidence" in shown
+    assert "defaults  gen_length 64, steps 64, block_length 16, sub_block_length 0, scheduler low_confidence" in shown
 
     assert main(["recipe", str(model), "--set", "steps=32", "--set", "scheduler=entropy_exit",
                  "--unset", "temperature"]) == 0

@@ -34,6 +34,7 @@ static py::dict hparams_dict(const diffuse::HParams & hp) {
     d["n_ff_exp"] = hp.n_ff_exp;
     d["qk_norm"] = hp.qk_norm;
     d["block_size"] = hp.block_size;        // 0: attends to the whole sequence
+    d["sub_block_size"] = hp.sub_block_size;    // 0: none
     return d;
 }
 

@@ -64,6 +64,7 @@ struct HParams {
     // Block diffusion: attention is causal across blocks of block_size positions (aligned at
     // position 0) and bidirectional inside one; 0 for models that attend to the whole sequence.
     int      block_size;
+    int      sub_block_size;  // diffusion.sub_block_size: decoded in sub-blocks of this size (Fast-dLLM v2: 8); 0: none
     bool moe() const { return n_expert > 0; }
     bool block_diffusion() const { return block_size > 0; }
 };
@@ -103,6 +104,9 @@ struct GenerateParams {
                                       // block-diffusion models: steps per block (SDAR's denoising_steps)
     int       block_length   = 32;    // semi-autoregressive block size; <= 0: gen_length (block
                                       // diffusion: the model's block size)
+    int       sub_block_length = 0;   // block diffusion: a block's masks are decoded sub-block after
+                                      // sub-block, each pass still over the whole block; 0: the
+                                      // model's own (Fast-dLLM v2: 8), else the whole block
     Scheduler scheduler      = Scheduler::LowConfidence;
     float     threshold      = 1.5f;  // entropy_exit tau, nats
     float     confidence_threshold = 0.9f;  // low_confidence_dynamic / confidence_threshold tau, a probability

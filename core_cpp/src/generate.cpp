@@ -14,6 +14,10 @@
 // computes the current block's rows against the cache; the first step of a block also recomputes
 // the block that just finished, from its final tokens (in the same pass: the block-causal mask
 // keeps those rows from seeing the new block, so their K/V are what a pass of their own gives).
+// With shifted logits (Fast-dLLM v2) a block's first position is predicted by the previous block's
+// last row, so that block's recompute is a step of its own (a "carry" step) that commits it; the
+// block's other masks may be decoded in sub-blocks, every pass still over the whole block. The
+// answer ends as soon as its decided prefix holds end-of-text: nothing after it can change it.
 #include "diffuse.h"
 
 #include "context.h"
@@ -67,7 +71,7 @@ constexpr int NEVER = INT_MIN / 2;
 
 // Where a run's blocks lie: [origin, n_total) in blocks of `block`.
 struct Geometry {
-    int block, origin, n_total;
+    int block, sub, origin, n_total;   // sub: sub-block length (block diffusion), else the block
 };
 
 // Checks a request against the model; returns its blocks.
@@ -83,6 +87,8 @@ Geometry validate(const ModelImpl & model, const std::vector<int32_t> & prompt, 
         // prefilled, its tail shares the first answer block, the run ends on a block boundary.
         if (p.cfg_scale > 0) throw Error("cfg_scale is not supported for block-diffusion models");
         g.block = p.block_length > 0 ? p.block_length : hp.block_size;
+        g.sub = p.sub_block_length > 0 ? p.sub_block_length : hp.sub_block_size > 0 ? hp.sub_block_size : g.block;
+        g.sub = std::min(g.sub, g.block);
         const int64_t origin = n_prompt / g.block * g.block;
         const int64_t end = origin + (n_prompt + p.gen_length - origin + g.block - 1) / g.block * g.block;
         if (end > hp.n_ctx_train)
@@ -93,7 +99,9 @@ Geometry validate(const ModelImpl & model, const std::vector<int32_t> & prompt, 
         g.n_total = (int) end;
         return g;
     }
+    if (p.sub_block_length > 0) throw Error("sub_block_length applies to block-diffusion models only");
     g.block = p.block_length <= 0 ? p.gen_length : std::min(p.block_length, p.gen_length);
+    g.sub = g.block;
     if (p.gen_length % g.block != 0)
         throw Error("gen_length (" + std::to_string(p.gen_length) + ") must be a multiple of block_length (" +
                     std::to_string(g.block) + ")");
@@ -112,8 +120,9 @@ struct Sequence {
     const GenerateParams p;            // a copy: the admitted item is gone after admit()
     const SchedulerInfo & sched;
     const bool block_causal;           // block diffusion: exact cache, blocks aligned at 0
-    int n_prompt, n_total, block, origin, n_blocks, steps_per_block;
-    std::vector<int> counts;           // LLaDA schedule: positions to commit at each step of a block
+    const bool carries;                // block diffusion with shifted logits: carry steps (above)
+    int n_prompt, n_total, block, origin, n_blocks;
+    int sub, n_subs, steps_per_sub;    // sub-blocks of a block (one of the whole block when none)
 
     std::vector<int32_t> x;            // (n_total,) current sequence
     std::vector<uint8_t> mask;         // (n_total,) 1 = masked
@@ -125,7 +134,8 @@ struct Sequence {
     std::vector<size_t> slots;         // the context's cache indices it holds, freed when it ends
     int n_final = 0;                   // block diffusion: rows [0, n_final) of the cache are final
 
-    int b = 0, i = 0, step = 0;        // current block, step within it, steps run
+    int b = 0, u = 0, i = 0, step = 0; // current block, sub-block, step within it, steps run
+    bool carrying = false;             // this step commits the block's first position (carry step)
     bool done = false;
     GenerateOutput out;
 
@@ -133,9 +143,12 @@ struct Sequence {
     std::vector<int32_t> cand, sources, active;
 
     Sequence(int index_, const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p_)
-        : index(index_), p(p_), sched(scheduler_info(p_.scheduler)), block_causal(model.hparams().block_diffusion()) {
+        : index(index_), p(p_), sched(scheduler_info(p_.scheduler)), block_causal(model.hparams().block_diffusion()),
+          carries(block_causal && model.hparams().shift_logits) {
         const Geometry g = validate(model, prompt, p);
         block = g.block;
+        sub = g.sub;
+        n_subs = (block + sub - 1) / sub;
         origin = g.origin;
         n_total = g.n_total;
         n_prompt = (int) prompt.size();
@@ -145,8 +158,9 @@ struct Sequence {
         // them so at steps = 2 x gen_length). Full attention: the budget is the run's, rounded
         // down to a multiple of the block count (at least one step per block); block diffusion:
         // it is per block (SDAR's denoising_steps).
-        steps_per_block = std::clamp(block_causal ? p.steps : p.steps / n_blocks, 1, block);
-        counts = llada_transfer_counts(block, steps_per_block);
+        // Sub-blocks share their block's steps evenly.
+        const int steps_per_block = std::clamp(block_causal ? p.steps : p.steps / n_blocks, 1, block);
+        steps_per_sub = std::clamp(steps_per_block / n_subs, 1, sub);
         const int32_t mask_id = model.hparams().mask_token_id;
         x = prompt;
         x.resize(n_total, mask_id);
@@ -158,7 +172,7 @@ struct Sequence {
             x_uncond = x;
             std::fill(x_uncond.begin(), x_uncond.begin() + n_prompt, mask_id);
         }
-        out.steps_allowed = (sched.until_done ? block : steps_per_block) * n_blocks;
+        out.steps_allowed = ((sched.until_done ? block : steps_per_sub * n_subs) + (carries ? 1 : 0)) * n_blocks;
         out.stop_reason = "done";
     }
 
@@ -170,59 +184,83 @@ struct Sequence {
 
     int block_start() const { return origin + b * block; }
     int block_end() const { return block_start() + block; }
+    int sub_start() const { return block_start() + u * sub; }
+    int sub_end() const { return std::min(sub_start() + sub, block_end()); }
     // Positions a step can see: block diffusion has no future yet.
     int n_visible() const { return block_causal ? block_end() : n_total; }
     bool is_eos(int32_t t) const { return std::find(p.eos_ids.begin(), p.eos_ids.end(), t) != p.eos_ids.end(); }
 
-    // Positions to commit at step i of a block (the rule may commit more or fewer).
+    // Positions to commit at step i of a sub-block (the rule may commit more or fewer).
     int scheduled(int n_cand) const {
-        if (sched.schedule == Schedule::DreamEps) return dream_transfer_count(n_cand, i, steps_per_block, p.eps);
-        return i >= steps_per_block - 1 ? n_cand : std::min(counts[i], n_cand);
+        if (carrying) return 1;
+        if (sched.schedule == Schedule::DreamEps) return dream_transfer_count(n_cand, i, steps_per_sub, p.eps);
+        if (i >= steps_per_sub - 1) return n_cand;
+        return std::min(llada_transfer_counts(sub_end() - sub_start(), steps_per_sub)[i], n_cand);
     }
 
-    // Whether the finished current block ends the answer: full attention, when it is all
-    // end-of-text; block diffusion (SDAR's and LLaDA2's stop), when it holds one.
-    bool ends_answer() const {
+    // Full attention: whether the finished current block, all end-of-text, ends the answer.
+    bool block_all_eos() const {
         if (p.eos_ids.empty()) return false;
-        const int bs = std::max(block_start(), n_prompt), be = block_end();
-        for (int pos = bs; pos < be; ++pos) {
-            const bool eos = !mask[pos] && is_eos(x[pos]);
-            if (block_causal && eos) return true;
-            if (!block_causal && !eos) return false;
-        }
-        return !block_causal;
+        for (int pos = std::max(block_start(), n_prompt); pos < block_end(); ++pos)
+            if (mask[pos] || !is_eos(x[pos])) return false;
+        return true;
     }
 
-    // Moves to the next step that has work (finishing blocks on the way); false when the run is over.
+    // Block diffusion: whether the answer's decided prefix holds end-of-text (Fast-dLLM v2's stop;
+    // SDAR and LLaDA2 stop after the block holding it, which changes nothing before it).
+    bool prefix_holds_eos() const {
+        if (p.eos_ids.empty()) return false;
+        for (int pos = n_prompt; pos < n_total && !mask[pos]; ++pos)
+            if (is_eos(x[pos])) return true;
+        return false;
+    }
+
+    // The answer is over: every position still masked, from `from` on, becomes end-of-text.
+    void end_with_eos(int from) {
+        for (int pos = from; pos < n_total; ++pos)
+            if (mask[pos]) {
+                x[pos] = p.eos_ids.front();
+                mask[pos] = 0;
+            }
+        out.stop_reason = "eos";
+        done = true;
+    }
+
+    // Moves to the next step that has work (finishing sub-blocks and blocks on the way); false
+    // when the run is over.
     bool next_step(bool shift_logits) {
+        if (block_causal && !done && prefix_holds_eos()) end_with_eos(n_prompt);
         while (!done && b < n_blocks) {
             const int bs = block_start(), be = block_end();
-            if (i < steps_per_block || sched.until_done) {
-                cand.clear();
-                for (int pos = bs; pos < be; ++pos)
+            cand.clear();
+            carrying = carries && mask[bs];
+            if (carrying) cand.push_back(bs);
+            for (; !carrying && u < n_subs; ++u, i = 0) {
+                if (i >= steps_per_sub && !sched.until_done) continue;
+                for (int pos = sub_start(); pos < sub_end(); ++pos)
                     if (mask[pos]) cand.push_back(pos);
-                if (!cand.empty()) {
-                    // Dream predicts position p from the output row of p - 1.
-                    sources = cand;
-                    if (shift_logits)
-                        for (int32_t & s : sources) s = std::max(0, s - 1);
-                    plan_active();
-                    return true;
-                }
+                if (!cand.empty()) break;
             }
-            if (ends_answer() && be < n_total) {   // pad the rest and stop
-                for (int pos = be; pos < n_total; ++pos) {
-                    x[pos] = p.eos_ids.front();
-                    mask[pos] = 0;
-                }
-                out.stop_reason = "eos";
-                done = true;
+            if (!cand.empty()) {
+                // Shifted logits: position p is predicted by the output row of p - 1.
+                sources = cand;
+                if (shift_logits)
+                    for (int32_t & s : sources) s = std::max(0, s - 1);
+                plan_active();
+                return true;
             }
+            if (!block_causal && be < n_total && block_all_eos()) end_with_eos(be);
             ++b;
-            i = 0;
+            u = i = 0;
         }
         done = true;
         return false;
+    }
+
+    // After a step's commits.
+    void advance() {
+        ++step;
+        if (!carrying) ++i;
     }
 
     // Positions to recompute this step; the source row of every needed logit is always among them.
@@ -231,10 +269,11 @@ struct Sequence {
         const int bs = block_start(), be = block_end();
         if (block_causal) {
             // The current block, and the rows whose K/V are not final yet (the block that just
-            // finished); with shifted logits also the block holding the first source row.
+            // finished); with shifted logits also the block holding the first source row. A carry
+            // step needs no row of the current block.
             int from = p.cache ? std::min(n_final, bs) : 0;
             from = std::min(from, sources.front() / block * block);
-            for (int pos = from; pos < be; ++pos) active.push_back(pos);
+            for (int pos = from; pos < (carrying ? bs : be); ++pos) active.push_back(pos);
             return;
         }
         const bool full = !p.cache || step == 0 || (p.refresh_every > 0 && step % p.refresh_every == 0);
@@ -276,17 +315,20 @@ struct Sequence {
 constexpr int PREFILL_ROWS = 512;
 
 void prefill(Sequence & q, ForwardRunner & runner, int n_threads, int64_t n_vocab) {
-    if (!q.block_causal || !q.p.cache || q.origin == 0) return;
+    // A prompt ending on a block boundary leaves its last block to the carry step, whose last row
+    // predicts the answer's first position.
+    const int end = q.carrying && q.cand.front() == q.origin ? q.origin - q.block : q.origin;
+    if (!q.block_causal || !q.p.cache || end == 0) return;
     const Clock::time_point t0 = Clock::now();
     const int chunk = std::max(1, PREFILL_ROWS / q.block) * q.block;
     std::vector<float> logits(n_vocab);
     std::vector<int32_t> positions;
-    for (int from = 0; from < q.origin; from += chunk) {
+    for (int from = 0; from < end; from += chunk) {
         positions.clear();
-        for (int pos = from; pos < std::min(q.origin, from + chunk); ++pos) positions.push_back(pos);
+        for (int pos = from; pos < std::min(end, from + chunk); ++pos) positions.push_back(pos);
         runner.run({q.rows(q.cache, q.x, positions, {positions.back()})}, n_threads, logits.data());
     }
-    q.n_final = q.origin;
+    q.n_final = end;
     q.out.prefill_ms = ms_since(t0);
     q.plan_active();   // planned at admission, before the prompt's blocks were in the cache
 }
@@ -409,9 +451,9 @@ int generate_stream(const Model & base, const BatchFeed & feed, const StepCallba
 
             const int n_scheduled = q.scheduled(n_cand);
             SelectInput in{stats, n_scheduled, q.p.threshold, q.p.confidence_threshold, q.p.entropy_budget,
-                           q.p.alg_temp, dream_transfer_prob(q.i, q.steps_per_block, q.p.eps),
+                           q.p.alg_temp, dream_transfer_prob(q.i, q.steps_per_sub, q.p.eps),
                            rng_key(q.p.seed ^ 0x5ced5ced5cedULL, (uint64_t) q.step, 1)};
-            const std::vector<int> chosen = q.sched.select(in);
+            const std::vector<int> chosen = q.carrying ? std::vector<int>{0} : q.sched.select(in);
 
             entropy.assign(q.n_total, nan);
             confidence.assign(q.n_total, nan);
@@ -456,8 +498,7 @@ int generate_stream(const Model & base, const BatchFeed & feed, const StepCallba
                     q.done = true;
                 }
             }
-            ++q.step;
-            ++q.i;
+            q.advance();
         }
     }
 

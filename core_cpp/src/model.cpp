@@ -210,10 +210,13 @@ void ModelImpl::read_hparams() {
     hp_.file_type = (int32_t) f.get_int("general.file_type").value_or(-1);
 
     hp_.block_size = 0;
+    hp_.sub_block_size = 0;
     if (arch_->block_diffusion) {
         const std::string block_key = K.block_size ? key(K.block_size) : "diffusion.block_size";
         if (!f.has(block_key)) f.fail("missing key " + block_key + ": a block-diffusion model must state its block size");
         hp_.block_size = (int) int_key(K.block_size, 1, hp_.n_ctx_train);
+        if (f.has("diffusion.sub_block_size"))
+            hp_.sub_block_size = (int) int_key("diffusion.sub_block_size", 1, hp_.block_size);
     }
 }
 

@@ -30,6 +30,10 @@ const std::vector<OptionInfo> & generate_options() {
         {"block_length", OptionKind::Int, 0, BIG, false, false,
          "semi-autoregressive block size; 0 = one block over the whole answer (block-diffusion models: "
          "the model's own block size)", NUM_FIELD(block_length, int)},
+        {"sub_block_length", OptionKind::Int, 0, BIG, false, false,
+         "block-diffusion models: decode each block's masks one sub-block of this many positions after another, "
+         "every pass still over the whole block (Fast-dLLM v2); 0 = the model's own (none for most models)",
+         NUM_FIELD(sub_block_length, int)},
         {"scheduler", OptionKind::Choice, 0, 0, false, false, "which masked positions each step commits",
          nullptr, nullptr,
          [](const GenerateParams & p) { return std::string(scheduler_info(p.scheduler).name); },

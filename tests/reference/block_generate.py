@@ -197,18 +197,24 @@ def fast_dllm_v2_generate(model, prompt: list[int], mask_id: int, max_new_tokens
     n, B = len(prompt), block_size
     x = list(prompt)
     run = Run(tokens=[])
+    def carried(logits: np.ndarray) -> int:
+        """The next block's first token: the argmax of the last row, the mask token excluded."""
+        last = logits[-1].copy()
+        last[mask_id] = -np.inf
+        return int(last.argmax())
+
+    def stopped(start: int) -> bool:
+        rest = x[start:]
+        return stop_id in rest and mask_id not in rest[:rest.index(stop_id)]
+
     if n >= B:
         prefill = n // B * B
         logits = model.store(x, 0, prefill)
         commits = []
         if n % B == 0:
-            commits = [(n, int(logits[-1].argmax()))]
+            commits = [(n, carried(logits))]
             x.append(commits[0][1])
         run.passes.append(("prefill", commits))
-
-    def stopped(start: int) -> bool:
-        rest = x[start:]
-        return stop_id in rest and mask_id not in rest[:rest.index(stop_id)]
 
     for _ in range(max_new_tokens // B):
         if stop_id in x[n:]:
@@ -219,8 +225,7 @@ def fast_dllm_v2_generate(model, prompt: list[int], mask_id: int, max_new_tokens
         x += [mask_id] * (b1 - start)
         while not stopped(start):
             if mask_id not in x[b0:b1]:
-                logits = model.store(x, b0, b1)
-                x.append(int(logits[-1].argmax()))
+                x.append(carried(model.store(x, b0, b1)))
                 run.passes.append(("store", [(b1, x[-1])]))
                 break
             for s0 in range(b0, b1, sub_block_size):

@@ -149,7 +149,9 @@ LLADA_MOE = Family(
 
 # JetLM SDAR-*-Chat and Gen-Verse TraDo-*-Instruct (same code): Qwen3 blocks (q/k RMSNorm per head
 # before NEOX RoPE, GQA, no biases, head_dim from config.json), no logit shift, block_size and
-# mask_token_id in config.json. Official decoding: JetAstra/SDAR generate.py.
+# mask_token_id in config.json. Some published copies of config.json lack both: the block is then
+# generate.py's default (4, what the -Chat models are trained on) and the mask the vocabulary's
+# <|MASK|> (151669). Official decoding: JetAstra/SDAR generate.py.
 SDAR = Family(
     arch="sdar",
     hf_architecture="SDARForCausalLM",
@@ -158,7 +160,8 @@ SDAR = Family(
                      rope_theta="rope_theta", rms_eps="rms_norm_eps", vocab_size="vocab_size",
                      mask_token_id="mask_token_id", tied="tie_word_embeddings", head_dim="head_dim",
                      block_size="block_size"),
-    defaults=dict(n_head_kv=None, n_ctx=32768, rope_theta=10000.0, rms_eps=1e-6, tied=False, head_dim=None),
+    defaults=dict(n_head_kv=None, n_ctx=32768, rope_theta=10000.0, rms_eps=1e-6, tied=False, head_dim=None,
+                  mask_token_id=None, block_size=4),
     fixed={"hidden_act": "silu", "rope_scaling": None, "attention_bias": False, "use_sliding_window": False},
     # Qwen3's names are Qwen2's (Dream's) without the q/k/v biases, plus the per-head q/k norms.
     tensors={**{k: v for k, v in DREAM.tensors.items() if not k.endswith(".bias")},
@@ -168,6 +171,7 @@ SDAR = Family(
     shift_logits=False,
     mask_token="<|MASK|>",
     eot_token="<|im_end|>",
+    default_mask_id=151669,
     # generate.py's defaults (block 4, 4 steps, dynamic rule at 0.85); greedy.
     recipe={"block_length": 4, "steps": 4, "scheduler": "low_confidence_dynamic", "confidence_threshold": 0.85,
             "temperature": 0.0},
