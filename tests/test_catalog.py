@@ -1,5 +1,6 @@
-"""models/catalog.json: every entry complete and consistent (LLaDA-MoE among them), each offering a
-ready GGUF, and a damaged catalog refused with the entry and field named."""
+"""models/catalog.json: every entry complete and consistent (LLaDA-MoE among them), the full-attention
+models offering a ready GGUF, the block-diffusion ones a checkpoint to convert, and a damaged catalog
+refused with the entry and field named."""
 from __future__ import annotations
 
 import hashlib
@@ -17,9 +18,15 @@ def test_every_entry_is_complete_and_consistent():
     assert len(set(ids)) == len(ids)
     assert {"llada-8b-instruct", "dream-v0-instruct-7b", "llada-moe-7b-a1b-instruct"} <= set(ids)
     for m in models:
+        assert m["download_bytes"] == 2 * m["params"]       # every checkpoint is bf16
+        assert m["url"] == f"https://huggingface.co/{m['hf_repo']}"
         for need in m["quantizations"].values():
             assert 0 < need["file_gb"] < need["ram_gb"]
-        gguf = m["ready_gguf"]            # every model can be fetched as one file
+        assert abs(m["quantizations"]["f16"]["file_gb"] - m["download_bytes"] / 1e9) < 0.05
+        gguf = m.get("ready_gguf")
+        if gguf is None:                  # block diffusion: no ready GGUF known, converted here
+            assert m["family"] in ("sdar", "fast-dllm-v2")
+            continue
         assert gguf["quantization"] in m["quantizations"] and gguf["file"].endswith(".gguf")
         assert gguf["file_gb"] < gguf["ram_gb"] < gguf["file_gb"] + 2
         assert gguf["file_gb"] * 1e9 < m["download_bytes"] / 3     # the point: 4-5 GB, not 15
@@ -34,6 +41,36 @@ def test_the_mixture_of_experts_model():
     assert (moe["experts"], moe["experts_per_token"], moe["context_length"]) == (64, 8, 4096)
     assert 7.3e9 < moe["params"] < 7.4e9 and 1.3e9 < moe["active_params"] < 1.5e9
     assert moe["ready_gguf"]["architecture"] == "llada-moe"
+
+
+BLOCK_MODELS = {   # id: (repository, parameters); every one has a 32768-position context
+    "sdar-1.7b-chat": ("JetLM/SDAR-1.7B-Chat", 2_031_739_904),
+    "sdar-4b-chat": ("JetLM/SDAR-4B-Chat", 4_411_424_256),
+    "sdar-8b-chat": ("JetLM/SDAR-8B-Chat", 8_190_735_360),
+    "trado-4b-instruct": ("Gen-Verse/TraDo-4B-Instruct", 4_411_424_256),
+    "trado-8b-instruct": ("Gen-Verse/TraDo-8B-Instruct", 8_190_735_360),
+    "fast-dllm-v2-1.5b": ("Efficient-Large-Model/Fast_dLLM_v2_1.5B", 1_543_714_304),
+    "fast-dllm-v2-7b": ("Efficient-Large-Model/Fast_dLLM_v2_7B", 7_615_616_512),
+}
+
+
+def test_the_block_diffusion_models():
+    models = catalog.load()
+    for model_id, (repo, params) in BLOCK_MODELS.items():
+        m = catalog.find(models, model_id)
+        assert (m["hf_repo"], m["params"], m["context_length"]) == (repo, params, 32768)
+        assert m["family"] == ("fast-dllm-v2" if model_id.startswith("fast") else "sdar")
+        assert "ready_gguf" not in m and m["recommended"] == "q4_k_m"
+        for need in m["quantizations"].values():
+            assert need["ram_gb"] == round(need["file_gb"] + 1, 1)   # file + 1 GB, as the about says
+    # SDAR-4B/8B's checkpoints, as their model.safetensors.index.json gives them
+    assert catalog.find(models, "sdar-4b-chat")["download_bytes"] == 8_822_848_512
+    assert catalog.find(models, "sdar-8b-chat")["download_bytes"] == 16_381_470_720
+    # TraDo is SDAR trained further: the same shapes
+    for size in ("4b", "8b"):
+        sdar, trado = (catalog.find(models, f"{n}-{size}-{k}")
+                       for n, k in (("sdar", "chat"), ("trado", "instruct")))
+        assert (sdar["params"], sdar["quantizations"]) == (trado["params"], trado["quantizations"])
 
 
 def test_the_demo_entry_describes_the_shipped_file_and_its_settings_are_in_the_file():

@@ -82,12 +82,34 @@ def test_catalog_facts_against_this_computers_ram(dialog, monkeypatch):
     assert "8 of 64 experts" in moe_text
 
 
+def test_recommends_sdar_for_a_laptop(dialog):
+    """SDAR-1.7B-Chat, the fastest real model on a CPU: its recommended file and RAM, from the
+    catalog, in the dialog's introduction; its card offers the checkpoint to download and convert."""
+    sdar = catalog.find(catalog.load(), first_run.LAPTOP_MODEL)
+    assert (sdar["name"], sdar["family"], sdar["recommended"]) == ("SDAR-1.7B-Chat", "sdar", "q4_k_m")
+    need = sdar["quantizations"]["q4_k_m"]
+    line = first_run.laptop_line()
+    assert line.startswith("<b>For a laptop, start with SDAR-1.7B-Chat</b>")
+    assert f"as Q4_K_M it is a {need['file_gb']:.1f} GB file" in line
+    assert f"needs {theme.gib(need['ram_gb'] * GB)} of RAM" in line
+    d = dialog()
+    assert any(line in label.text() for label in d.findChildren(first_run.QLabel))
+    card = next(c for c in d.cards if c.model["id"] == first_run.LAPTOP_MODEL)
+    assert card.gguf_button is None and card.qtype.currentData() == "Q4_K_M"
+    assert card.download_button.text() == "Download and make (4 GB)"
+
+
+def test_no_recommendation_without_the_model(monkeypatch):
+    monkeypatch.setattr(first_run, "LAPTOP_MODEL", "no-such-model")
+    assert first_run.laptop_line() == ""
+
+
 def test_offline_says_so_and_turns_download_off(dialog):
     d = dialog()
     assert d.online_label.text().startswith("This computer is offline")
     assert "Convert a downloaded folder" in d.online_label.text()
     assert all(not b.isEnabled() for c in d.cards for b in c.download_buttons())
-    assert all(c.gguf_button is not None for c in d.cards)
+    assert all((c.gguf_button is not None) == ("ready_gguf" in c.model) for c in d.cards)
     assert all(c.convert_button.isEnabled() for c in d.cards)
 
 
@@ -207,7 +229,7 @@ def test_download_the_ready_gguf(dialog, qtbot, gguf_repo, ready_model, small_ch
     with FakeHub({GGUF_REPO: gguf_repo}) as server:
         monkeypatch.setenv("HF_ENDPOINT", server.url)
         d = dialog()
-        assert all(c.gguf_button.isEnabled() for c in d.cards)
+        assert all(c.gguf_button.isEnabled() for c in d.cards if c.gguf_button is not None)
         seen = []
         with qtbot.waitSignal(d.model_ready, timeout=JOB_TIMEOUT_MS) as ready:
             assert d.download_gguf(ready_model)

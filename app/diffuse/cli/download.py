@@ -1,6 +1,7 @@
 """`diffuse download MODEL`: a real model of the catalog (models/catalog.json) from the Hugging
 Face hub, as its ready GGUF (one file of 4-5 GB, the default where the catalog has one) or as the
-whole checkpoint folder (15-16 GB) to convert. Resumable: run the same command again."""
+whole checkpoint folder (3-16 GB) to convert; the block-diffusion models come only as their
+checkpoint. Resumable: run the same command again."""
 from __future__ import annotations
 
 import argparse

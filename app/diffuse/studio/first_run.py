@@ -2,9 +2,10 @@
 from Help at any time.
 
 It says what the real models of the catalog are, what each weight type costs in disk and RAM
-against this computer's memory, and offers the ways to get one: download its ready GGUF (one file
-of 4-5 GB) or its whole folder to convert here when the hub can be reached, convert (and quantise)
-a folder downloaded from Hugging Face, or pick a GGUF file. Model facts come from
+against this computer's memory, which one we recommend for a laptop, and offers the ways to get
+one: download its ready GGUF (one file of 4-5 GB, where the catalog has one) or its whole folder to
+convert here when the hub can be reached, convert (and quantise) a folder downloaded from Hugging
+Face, or pick a GGUF file. Model facts come from
 models/catalog.json (diffuse.catalog), the one place they are written down.
 Jobs run on a worker thread; closing the dialog leaves them running, reopening shows them.
 """
@@ -30,12 +31,29 @@ from diffuse.studio.workers import Job
 GB = 1e9
 SHOW_AT_START = "first_run/show_at_start"
 DIRECT = ("F16", "Q8_0")     # types the converter writes itself; others go through F16
+# The real model for a laptop: block diffusion with an exact K/V cache makes it the fastest on a CPU
+# (a step computes only its block's rows, a few rows cost about one decode token).
+LAPTOP_MODEL = "sdar-1.7b-chat"
 
 
 def has_real_model(entries, demo_dir: Path | None) -> bool:
     """Whether the model panel knows a usable diffusion model outside the demo folder."""
     demo = demo_dir.resolve() if demo_dir else None
     return any(e.family and not e.error and e.path.resolve().parent != demo for e in entries)
+
+
+def laptop_line() -> str:
+    """The model we recommend for a laptop, with the file and RAM of its recommended weight type
+    from the catalog; "" when the catalog does not have it."""
+    try:
+        model = catalog.find(catalog.load(), LAPTOP_MODEL)
+    except DiffuseError:
+        return ""
+    q = model["recommended"]
+    need = model["quantizations"][q]
+    return (f"<b>For a laptop, start with {model['name']}</b>: block diffusion with an exact cache "
+            f"makes it the fastest real model on a CPU; as {q.upper()} it is a "
+            f"{need['file_gb']:.1f} GB file that needs {theme.gib(need['ram_gb'] * GB)} of RAM. ")
 
 
 def models_dir() -> Path:
@@ -199,10 +217,10 @@ class FirstRunDialog(QDialog):
         intro = QLabel(
             "<h3>The demo model is small; the real ones write real answers</h3>"
             "Diffuse Studio comes with a tiny demo model so you can watch diffusion at once. "
-            "The models from the research papers are below. Each comes as a ready GGUF file of "
-            "4-5 GB (Q4_K_M, what we recommend), or as its 15-16 GB Hugging Face checkpoint "
-            "made into one GGUF file here: Q4_K_M needs the least memory, F16 is exact but "
-            "needs about 16 GiB of RAM. "
+            "The models from the research papers are below. Some come as a ready GGUF file of "
+            "4-5 GB (Q4_K_M, what we recommend); each can be made into one GGUF file here from "
+            "its Hugging Face checkpoint: Q4_K_M needs the least memory, F16 is exact but needs "
+            "the most RAM. " + laptop_line() +
             f"This computer has <b>{theme.gib(ram)}</b> of RAM.")
         intro.setWordWrap(True)
         cards = QWidget()
