@@ -16,7 +16,7 @@ from PySide6.QtGui import QImage, QPainter
 from diffuse import DiffuseError
 from diffuse.recording import write_atomic
 from diffuse.studio import theme
-from diffuse.studio.canvas import CellLayout, paint_cells, scale_name, value_range
+from diffuse.studio.canvas import CellLayout, color_scale, paint_cells, scale_name
 from diffuse.studio.run_state import RunState
 
 try:
@@ -51,7 +51,7 @@ def frame(run: RunState, step: int, mode: str = "entropy", width: int = 960,
                f"{int(e.gen_mask.sum())} masked   {len(e.unmasked)} decided this step   "
                f"{mode}, {scale_name(fitted)}")
     p.translate(0, CAPTION_H)
-    paint_cells(p, layout, run, step, mode, scale=value_range(run, mode, fitted))
+    paint_cells(p, layout, run, step, mode, scale=color_scale(run, mode, fitted))
     p.end()
     return image
 
