@@ -1,0 +1,117 @@
+"""The threshold rules as the views explain them: each step's commits split into the rule's floor
+and tau's extras, committed values against tau, tau commits marked; fresh demo-model runs (the
+recorded ones predate StepEvent.scheduled, and load without the split)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PySide6.QtGui import QColor
+
+from diffuse.studio import theme
+from diffuse.studio.canvas import CellLayout, render_image
+from diffuse.studio.heatmap import EntropyHeatmap
+from diffuse.studio.run_state import RunState
+
+# Each rule with a tau at which the demo model commits past the rule's floor at some step.
+RULES = {"entropy_exit": {"threshold": 1.5},
+         "low_confidence_dynamic": {"confidence_threshold": 0.5},
+         "confidence_threshold": {"confidence_threshold": 0.5},
+         "entropy_bounded": {"entropy_budget": 4.0}}
+
+
+@pytest.fixture(params=list(RULES))
+def rule_run(request, demo_run):
+    # temperature 0: the confidence the events carry is the one the rules compare
+    rec = demo_run(scheduler=request.param, seed=0, gen_length=48, steps=24, temperature=0.0,
+                   **RULES[request.param])
+    return RunState.from_recording(rec)
+
+
+def test_each_steps_commits_split_into_the_rules_floor_and_taus_extras(rule_run):
+    run, n = rule_run, rule_run.n_steps
+    rule = run.rule
+    assert rule is not None and rule.tau == next(iter(RULES[rule.scheduler].values()))
+    committed = np.array([len(e.unmasked) for e in run.events])
+    assert np.array_equal(run.n_floor[:n] + run.n_extra[:n], committed)
+    assert run.n_extra[:n].max() > 0                      # tau added commits at some step
+    if rule.floor == "schedule":
+        scheduled = np.array([e.scheduled for e in run.events])
+        assert np.array_equal(run.n_extra[:n], np.maximum(committed - scheduled, 0))
+    else:
+        assert (run.n_floor[:n] == 1).all()
+    assert run.by_threshold.sum() == run.n_extra[:n].sum()
+    # what tau added passes it (the budget rule: each step's sum less the largest is in budget)
+    values = run.commit_entropy if rule.quantity == "entropy" else run.commit_confidence
+    if rule.budget:
+        assert (run.budget_used[:n] <= rule.tau + 1e-6).all()
+    else:
+        assert rule.passes(values[run.by_threshold]).all()
+    k = int(np.argmax(run.n_extra[:n]))
+    text = run.commits_text(k)
+    assert f"{committed[k]} decided: {run.n_floor[k]:.0f}" in text
+    assert f"+ {run.n_extra[k]:.0f} by τ ({rule.condition()})" in text
+
+
+def test_entropy_exit_leaves_nothing_masked_below_tau(demo_run):
+    run = RunState.from_recording(demo_run(scheduler="entropy_exit", threshold=1.5, seed=0,
+                                           gen_length=48, steps=24))
+    n = run.n_steps
+    assert run.n_extra[:n].max() > 0 and n < run.steps_allowed
+    # every position left masked after a step is at or above tau; the committed ones that tau
+    # added are below it: the plot's dots and curve sit on either side of the tau line
+    assert (run.masked_min[:n][np.isfinite(run.masked_min[:n])] >= 1.5).all()
+    assert (run.commit_entropy[run.by_threshold] < 1.5).all()
+
+
+def test_the_heatmap_plots_committed_values_against_tau_and_the_split(qtbot, rule_run):
+    run, rule = rule_run, rule_run.rule
+    view = EntropyHeatmap()
+    qtbot.addWidget(view)
+    view.set_run(run)
+    assert view.tau_line.value() == pytest.approx(rule.tau)
+    assert view.tau_line.label.toPlainText() == f"{'budget' if rule.budget else 'τ'}={rule.tau:.2f}"
+    axis = "top-1 probability" if rule.quantity == "confidence" else "entropy (nats)"
+    assert view.side.getAxis("bottom").labelText == axis
+    values = run.commit_entropy if rule.quantity == "entropy" else run.commit_confidence
+    x, y = view.by_tau.getData()
+    assert np.array_equal(np.sort(x), np.sort(values[run.by_threshold]))
+    assert np.array_equal(np.sort(y), np.sort(run.decided_step[run.by_threshold] + 0.5))
+    x, _ = view.committed.getData()
+    assert len(x) == int(((run.decided_step >= 0) & ~run.by_threshold).sum())
+    n = run.n_steps
+    assert np.array_equal(view.tau_bars.opts["width"], run.n_extra[:n])
+    assert np.array_equal(view.floor_bars.opts["width"], run.n_floor[:n])
+    assert "τ" in view.counts.titleLabel.text
+    assert ("Σ−max" in view.side.titleLabel.text) == rule.budget
+
+
+def test_tau_commits_are_marked_on_the_canvas(rule_run):
+    run = rule_run
+    last = run.n_steps - 1
+    w, cw, ch = 960, 60, 30
+    image = render_image(run, last, "entropy", w, cw, ch)
+    layout = CellLayout(run.gen_length, w, cw, ch)
+    white = QColor(theme.HIGHLIGHT).rgb()
+    for i in range(run.gen_length):
+        r = layout.rect(i)
+        corner = image.pixel(int(r.right() - 2), int(r.top() + 2))
+        assert (corner == white) == bool(run.by_threshold[i]), i
+
+
+def test_an_older_recording_says_the_split_is_unknown(qtbot, recorded_run):
+    run = RunState.from_recording(recorded_run("entropy_exit"))    # made before `scheduled`
+    n = run.n_steps
+    assert np.isnan(run.n_extra[:n]).all() and not run.by_threshold.any()
+    k = int(np.nanargmax(run.n_passed[:n]))
+    assert run.n_passed[k] > 0
+    assert "the schedule's count was not recorded" in run.commits_text(k)
+    view = EntropyHeatmap()
+    qtbot.addWidget(view)
+    view.set_run(run)
+    assert np.array_equal(view.floor_bars.opts["width"], [len(e.unmasked) for e in run.events])
+    assert not view.tau_bars.opts["width"].any()
+
+
+def test_schedulers_without_a_threshold_have_no_rule(recorded_run):
+    run = RunState.from_recording(recorded_run("blocks_cache"))
+    assert run.rule is None and run.commits_text(0) == f"{len(run.events[0].unmasked)} decided"
