@@ -115,3 +115,43 @@ def test_an_older_recording_says_the_split_is_unknown(qtbot, recorded_run):
 def test_schedulers_without_a_threshold_have_no_rule(recorded_run):
     run = RunState.from_recording(recorded_run("blocks_cache"))
     assert run.rule is None and run.commits_text(0) == f"{len(run.events[0].unmasked)} decided"
+
+
+@pytest.mark.parametrize("preset, option", [(1, "threshold"), (2, "confidence_threshold")])
+def test_compare_isolates_a_thresholds_effect_on_one_shared_scale(qtbot, window, demo_model,
+                                                                   preset, option):
+    window.set_model(demo_model)
+    window.settings_panel.set_options({"gen_length": 48, "steps": 24, "seed": 3})
+    window.open_compare()
+    cmp = window.compare_window
+    cmp.prompt.setText("Tell me about Mr. Darcy.")
+    cmp.preset.setCurrentIndex(preset)
+    finished = []
+    window.engine.run_finished.connect(finished.append)
+    cmp.start()
+    qtbot.waitUntil(lambda: len(finished) == 2 and cmp.summary.text().startswith("Steps"),
+                    timeout=60000)
+    a, b = cmp.runs
+    # the same rule, seed and options; only tau differs, and A's never fires
+    assert a.options == {**b.options, option: a.options[option]} and a.options["seed"] == 3
+    assert a.rule.scheduler == b.rule.scheduler and a.rule.tau != b.rule.tau
+    assert np.nansum(a.n_extra) == 0
+    assert b.rule.condition() in cmp.sides[1].title.text()
+    lines = cmp.summary.text().splitlines()
+    saved = a.result.steps - b.result.steps
+    assert saved > 0 and f"B needed {saved} fewer" in lines[0]
+    assert any(line.startswith(f"B ({b.rule.scheduler}") for line in lines)
+    diff = a.differs_from(b)
+    assert lines[-1].startswith(f"Answers: differ at {int(diff.sum())} of" if diff.any() else
+                                "Answers: identical")
+    assert "differ" in cmp.diff_legend.text()
+    # one colour scale for both panes, whichever side changes it
+    canvases = [side.canvas.canvas for side in cmp.sides]
+    assert canvases[0].scale == canvases[1].scale
+    assert canvases[0].scale.hi == pytest.approx(max(a.entropy_max, b.entropy_max))
+    cmp.sides[1].canvas.fit_button.click()
+    assert canvases[0].fitted and canvases[0].scale == canvases[1].scale
+    assert canvases[0].scale.band is not None
+    cmp.sides[0].canvas.set_mode("confidence")
+    assert canvases[1].mode == "confidence" and canvases[0].scale == canvases[1].scale
+    cmp.close()

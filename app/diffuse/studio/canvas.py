@@ -128,7 +128,7 @@ def color_scale(runs: RunState | list[RunState], mode: str, fitted: bool = False
     shows differences."""
     runs = [runs] if isinstance(runs, RunState) else runs
     lo = 0.0
-    hi = 1.0 if mode == "confidence" else max([r.entropy_max for r in runs] + [1e-3])
+    hi = 1.0 if mode == "confidence" else max([r.entropy_max for r in runs if r.events] + [1e-3])
     values = np.concatenate([r.fitted_values(mode) for r in runs if r.events] or [np.zeros(0)])
     if not fitted or values.size == 0:
         return ColorScale(mode, fitted, (lo, hi), (0.0, 1.0))
@@ -511,6 +511,7 @@ class CanvasPanel(QWidget):
     status. With `remember`, the mode and scale are kept in the settings."""
 
     scale_changed = Signal(bool)        # fitted
+    mode_changed = Signal(str)
 
     def __init__(self, parent=None, cell_w: int = 60, cell_h: int = 30, title: str = "",
                  remember: bool = False):
@@ -568,9 +569,12 @@ class CanvasPanel(QWidget):
 
     def set_mode(self, mode: str) -> None:
         self.mode_buttons.button(MODES.index(mode)).setChecked(True)
+        changed = mode != self.canvas.mode
         self.canvas.set_mode(mode)
         self._remember("view/colour_mode", mode)
         self._update_header()
+        if changed:
+            self.mode_changed.emit(mode)
 
     def set_fitted(self, fitted: bool) -> None:
         self.fit_button.setChecked(fitted)
