@@ -1,11 +1,15 @@
 """The threshold rules as the views explain them: each step's commits split into the rule's floor
-and tau's extras, committed values against tau, tau commits marked; fresh demo-model runs (the
-recorded ones predate StepEvent.scheduled, and load without the split)."""
+and tau's extras, committed values against tau, tau commits marked, compare isolating tau on one
+colour scale; exports that say what they show. Fresh demo-model runs (the recorded ones predate
+StepEvent.scheduled, and load without the split)."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
-from PySide6.QtGui import QColor
+from PySide6.QtGui import QColor, QImage
+from PySide6.QtWidgets import QFileDialog
 
 from diffuse.studio import theme
 from diffuse.studio.canvas import CellLayout, render_image
@@ -155,3 +159,50 @@ def test_compare_isolates_a_thresholds_effect_on_one_shared_scale(qtbot, window,
     cmp.sides[0].canvas.set_mode("confidence")
     assert canvases[1].mode == "confidence" and canvases[0].scale == canvases[1].scale
     cmp.close()
+
+
+def test_exports_say_what_they_show(demo_run, tmp_path):
+    from PIL import Image
+
+    from diffuse.studio import export
+    from diffuse.studio.canvas import color_scale
+    run = RunState.from_recording(demo_run(scheduler="entropy_exit", threshold=1.5, seed=7,
+                                           gen_length=48, steps=24))
+    lines = export.header_lines(run)
+    assert lines[0] == "prompt: Tell me about Mr. Darcy."
+    assert lines[1] == "model: diffuse-demo-3m.gguf (llada)"
+    assert "scheduler entropy_exit" in lines[2] and "threshold 1.5" in lines[2]
+    assert lines[2].endswith("seed 7")
+    assert "committed by τ (entropy < 1.5 nats)" in lines[3]
+    # the header, with the colour scale's numbers, tops the strip and every GIF frame
+    fitted = color_scale(run, "entropy", True)
+    top = export.header(run, fitted, 960)
+    assert fitted.numbers() == f"0 · {fitted.band[0]:.2g}–{fitted.band[1]:.2g} · {fitted.hi:.2g}"
+    export.png_strip(run, tmp_path / "strip.png", fitted=True)
+    with Image.open(tmp_path / "strip.png") as png:
+        strip = np.asarray(png.convert("RGB"))
+    rgb = top.convertToFormat(QImage.Format.Format_RGB888)
+    head = np.frombuffer(bytes(rgb.constBits()), np.uint8).reshape(
+        rgb.height(), rgb.bytesPerLine())[:, :rgb.width() * 3].reshape(rgb.height(), rgb.width(), 3)
+    assert np.array_equal(strip[:top.height()], head)
+    export.gif(run, tmp_path / "run.gif", width=720)
+    with Image.open(tmp_path / "run.gif") as gif:
+        assert gif.n_frames == run.n_steps
+        assert gif.height > export.header(run, color_scale(run, "entropy"), 720).height()
+    name = export.suggested_name(run, "png")
+    assert name.endswith("_tell-me-about-mr-darcy_entropy_exit.png") and name[:4].isdigit()
+    assert export.suggested_name(None, "gif") == ""
+
+
+def test_save_dialogs_suggest_a_name(qtbot, window, recorded_run, tmp_path, monkeypatch):
+    recorded_run("entropy_exit").save(tmp_path / "run.npz")
+    window.open_recording(tmp_path / "run.npz")
+    offered = []
+    monkeypatch.setattr(QFileDialog, "getSaveFileName",
+                        staticmethod(lambda parent, title, start, *a: offered.append(start) or ("", "")))
+    window._png_clicked()
+    window._gif_clicked()
+    window._save_clicked()
+    names = [Path(p).name for p in offered]
+    assert [n.rsplit(".", 1)[1] for n in names] == ["png", "gif", "npz"]
+    assert all("_tell-me-about-mr-darcy_entropy_exit." in n for n in names)

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (QComboBox, QGridLayout, QHBoxLayout, QLabel, QLin
 
 from diffuse.studio import theme
 from diffuse.studio.canvas import CanvasPanel, display_text
-from diffuse.studio.run_state import TAU_MARK, RunState
+from diffuse.studio.run_state import TAU_MARK, RunState, options_text
 from diffuse.studio.workers import Engine
 
 # A: the rule with a tau that never fires (no entropy is below 0; no probability above 1), so
@@ -38,17 +38,13 @@ PRESETS = {
 }
 
 
-def _label(overrides: dict) -> str:
-    return ", ".join(f"{k} {'on' if v is True else 'off' if v is False else v}"
-                     for k, v in overrides.items())
 
 
 def shared_text(model: str, options: dict, overrides: tuple[dict, dict]) -> str:
     """The model and the settings both runs take from the main window; the values left to the
     model ("auto") are not listed."""
     varied = {k for over in overrides for k in over}
-    shared = ", ".join(f"{k} {'on' if v is True else 'off' if v is False else v}"
-                       for k, v in options.items() if v is not None and k not in varied)
+    shared = options_text({k: v for k, v in options.items() if k not in varied})
     return (f"Model: {model or 'none loaded'} · both runs use the Settings tab: "
             f"{shared or 'the model defaults'}")
 
@@ -216,14 +212,14 @@ class CompareWindow(QWidget):
 
     def _update_titles(self) -> None:
         for side, letter, over in zip(self.sides, "AB", self._overrides()):
-            side.title.setText(f"{letter} · {_label(over)}")
+            side.title.setText(f"{letter} · {options_text(over)}")
         self.update_context()
 
     def _title_runs(self) -> None:
         """The titles with the tau each run used (B's comes from the Settings or the model)."""
         for side, letter, over, run in zip(self.sides, "AB", self._overrides(), self.runs):
             rule = f" · {run.rule.condition()}" if run.events and run.rule is not None else ""
-            side.title.setText(f"{letter} · {_label(over)}{rule}")
+            side.title.setText(f"{letter} · {options_text(over)}{rule}")
 
     def update_context(self) -> None:
         """Show the model and shared settings now in force; drop results of another model."""

@@ -21,6 +21,13 @@ TAU_MARK = "◥"      # the corner mark of a threshold's commit on the canvas, a
 FIT_PERCENTILES = (5, 95)     # a fitted colour scale spends most colours on these percentiles
 
 
+def options_text(options: dict) -> str:
+    """Options as every view lists them: "steps 24, cache on, seed 0"; those left to the model
+    (None) are not listed."""
+    return ", ".join(f"{k} {'on' if v is True else 'off' if v is False else v}"
+                     for k, v in options.items() if v is not None)
+
+
 class RunState:
     def __init__(self, prompt: str = "", options: dict | None = None,
                  model: dict | None = None, decode: Callable[[list[int]], str] | None = None):
