@@ -73,6 +73,8 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
                                         brush=pg.mkBrush(theme.HIGHLIGHT), pen=None)
         self.counts.addItem(self.floor_bars)
         self.counts.addItem(self.tau_bars)
+        for col, stretch in enumerate((4, 2, 1)):      # a narrow view narrows the image least
+            self.ci.layout.setColumnStretchFactor(col, stretch)
         self.empty = theme.EmptyState(self.plot, also=(self.bar, self.side, self.counts))
         self.scene().sigMouseClicked.connect(self._clicked)
         self.set_run(None)
@@ -85,6 +87,7 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         plot.hideAxis("left")
         plot.setMenuEnabled(False)
         plot.setMaximumWidth(width)
+        plot.setMinimumWidth(width // 2)
         return plot
 
     def _bar_label(self) -> str:
