@@ -12,7 +12,7 @@ from PySide6.QtGui import QColor, QImage
 from PySide6.QtWidgets import QFileDialog
 
 from diffuse.studio import theme
-from diffuse.studio.canvas import CellLayout, render_image
+from diffuse.studio.canvas import CellLayout, render_image, tooltip_html
 from diffuse.studio.heatmap import EntropyHeatmap
 from diffuse.studio.run_state import RunState
 
@@ -100,6 +100,8 @@ def test_tau_commits_are_marked_on_the_canvas(rule_run):
         r = layout.rect(i)
         corner = image.pixel(int(r.right() - 2), int(r.top() + 2))
         assert (corner == white) == bool(run.by_threshold[i]), i
+        said = "committed by the threshold" in tooltip_html(run, last, i)
+        assert said == bool(run.by_threshold[i]), i
 
 
 def test_an_older_recording_says_the_split_is_unknown(qtbot, recorded_run):
