@@ -10,6 +10,8 @@ N = prompt + generated positions:
 
     meta                 uint8, UTF-8 JSON: format, prompt, options, model, pieces, result scalars
     step_<field>         (S,) one array per scalar field of StepEvent (step, block, ..., total_ms)
+    step_scheduled       (S,) the count the schedule asked for; absent in recordings made before
+                         events carried it (loaded as -1: unknown)
     tokens               int32 (S, N)
     mask                 bool  (S, N)
     entropy, confidence  float32 (S, N), NaN where not evaluated
@@ -50,13 +52,15 @@ _DENSE_DTYPES = {"tokens": np.int32, "mask": np.bool_, "entropy": np.float32,
                  "confidence": np.float32}
 _RAGGED = ("unmasked", "active", "cached")
 _RESULT_ARRAYS = ("tokens", "prompt_tokens", "step_ms", "forward_ms", "sample_ms", "decided_step")
+_OPTIONAL_SCALARS = {"scheduled": -1}     # name -> its value in recordings made before it was kept
 _EXPERTS = {"experts_values": (np.int16, 1), "experts_offsets": (np.int64, 1), "experts_dims": (np.int32, 2)}
 _MAX_EXPERT = 4096      # the engine's bound on experts per layer
 _RESULT_SCALARS = ("text", "steps", "steps_allowed", "stop_reason", "total_ms", "gen_length",
                    "useful_length")
 
 # What `save` writes: member -> (dtype, dimensions). Anything else in an archive is refused.
-_SCHEMA = ({"meta": (np.uint8, 1)} | {f"step_{n}": (np.float64, 1) for n in _SCALARS}
+_SCHEMA = ({"meta": (np.uint8, 1)}
+           | {f"step_{n}": (np.float64, 1) for n in (*_SCALARS, *_OPTIONAL_SCALARS)}
            | {n: (_DENSE_DTYPES[n], 2) for n in _DENSE}
            | {f"{n}_values": (np.int32, 1) for n in _RAGGED}
            | {f"{n}_offsets": (np.int64, 1) for n in _RAGGED}
@@ -145,7 +149,7 @@ class Recording:
         """Write the recording to `path` (.npz), atomically."""
         ev = self.events
         arrays: dict[str, np.ndarray] = {}
-        for name in _SCALARS:
+        for name in (*_SCALARS, *_OPTIONAL_SCALARS):
             arrays[f"step_{name}"] = np.array([getattr(e, name) for e in ev], np.float64)
         n_total = ev[0].tokens.shape[0] if ev else 0
         for name in _DENSE:
@@ -248,6 +252,8 @@ def _events_from(data: dict[str, np.ndarray]) -> list[StepEvent]:
         for name in _SCALARS:
             v = data[f"step_{name}"][k]
             kw[name] = float(v) if name.endswith("_ms") else int(v)
+        for name, unknown in _OPTIONAL_SCALARS.items():
+            kw[name] = int(data[f"step_{name}"][k]) if f"step_{name}" in data else unknown
         for name in _DENSE:
             kw[name] = data[name][k]
         for name in _RAGGED:
@@ -331,6 +337,7 @@ def _check(data: dict[str, np.ndarray]) -> dict:
         if not (k.isascii() and k.isdigit() and len(k) < 12 and isinstance(v, str)):
             raise ValueError(f"piece {k[:20]!r}: expected a token id and its text")
     missing = [n for n in _SCHEMA if n not in data and n not in _EXPERTS
+               and n.removeprefix("step_") not in _OPTIONAL_SCALARS
                and not (n.startswith("result_") and meta.get("result") is None)]
     if missing:
         raise ValueError(f"missing members {', '.join(missing)}")
@@ -343,6 +350,11 @@ def _check(data: dict[str, np.ndarray]) -> dict:
             raise ValueError(f"step_{name}: not finite")
         if not name.endswith("_ms") and not ((v == np.floor(v)) & (v >= 0) & (v <= _INT_MAX)).all():
             raise ValueError(f"step_{name}: expected counts in [0, {_INT_MAX}]")
+    for name, unknown in _OPTIONAL_SCALARS.items():
+        if f"step_{name}" in data:
+            v = _shape(data, f"step_{name}", (s,))
+            if not ((v == np.floor(v)) & (v >= unknown) & (v <= _INT_MAX)).all():
+                raise ValueError(f"step_{name}: expected counts in [{unknown}, {_INT_MAX}]")
     steps_cap = MAX_BYTES // (_VIEW_BYTES_PER_CELL * max(n, 1))
     if s and data["step_steps_allowed"].max() > steps_cap:
         raise ValueError(f"steps_allowed {data['step_steps_allowed'].max():.0f} is more than "

@@ -339,3 +339,27 @@ def gap_meter(qapp):
     meter = GapMeter()
     yield meter
     meter.stop()
+
+
+@pytest.fixture(scope="session")
+def demo_model():
+    """The demo model itself, loaded once: its runs take milliseconds."""
+    return diffuse.load(DEMO, threads=1)
+
+
+@pytest.fixture
+def demo_run(demo_model):
+    """demo_run(**options) -> a Recording of a fresh demo-model run, made the way
+    tests/fixtures/record_runs.py makes the recorded ones: for what those predate (the
+    schedule's count in every event) and the threshold rules."""
+    m = demo_model
+
+    def make(prompt="Tell me about Mr. Darcy.", **options) -> Recording:
+        rec = Recording(prompt=prompt, options=resolve_options(m.arch, m.recipe, **options),
+                        model={"name": DEMO.name, "arch": m.arch, "path": str(DEMO),
+                               "n_vocab": m.n_vocab, "n_ctx_train": m.n_ctx_train,
+                               "mask_token_id": m.mask_token_id,
+                               "eos_ids": [int(i) for i in m.tokenizer.eos_token_ids],
+                               "special_ids": sorted(int(i) for i in m.tokenizer.special_tokens)})
+        return rec.finish(m.generate(prompt, on_step=rec.add, **options), m.tokenizer.decode)
+    return make

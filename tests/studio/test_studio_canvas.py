@@ -8,8 +8,8 @@ from PySide6.QtGui import QColor, QHelpEvent, QMouseEvent
 from PySide6.QtWidgets import QToolTip
 
 from diffuse.studio import theme
-from diffuse.studio.canvas import (CanvasPanel, CellLayout, display_text, render_image,
-                                   tooltip_html, value_colors, value_range)
+from diffuse.studio.canvas import (CanvasPanel, CellLayout, color_scale, display_text,
+                                   render_image, tooltip_html)
 from diffuse.studio.run_state import RunState
 
 W, CW, CH = 960, 60, 30
@@ -39,8 +39,7 @@ def test_cells_show_masked_decided_and_fresh(run):
     image = render_image(run, step, "entropy", W, CW, CH)
     e = run.events[step]
     masked = e.gen_mask
-    colors = value_colors(run.cell_values(step, "entropy"), "entropy",
-                          value_range(run, "entropy"))
+    colors = color_scale(run, "entropy").colors(run.cell_values(step, "entropy"))
     fresh = set((e.unmasked - run.prompt_length).tolist())
     n_checked = 0
     for i in range(run.gen_length):

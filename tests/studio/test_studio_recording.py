@@ -161,3 +161,23 @@ def test_records_a_real_run(tiny_gguf, tmp_path):
     assert len(back.events) == result.steps == 8
     assert np.array_equal(back.result.tokens, result.tokens)
     assert back.pieces[int(result.tokens[0])] == model.tokenizer.decode([int(result.tokens[0])])
+
+
+def test_the_scheduled_count_is_kept_and_older_recordings_still_load(demo_run, recorded_run,
+                                                                     tmp_path):
+    rec = demo_run(scheduler="entropy_exit", threshold=1.5, seed=0)
+    assert all(e.scheduled >= 1 for e in rec.events)
+    assert any(len(e.unmasked) > e.scheduled for e in rec.events)    # tau committed more
+    rec.save(tmp_path / "new.npz")
+    assert [e.scheduled for e in Recording.load(tmp_path / "new.npz").events] == \
+        [e.scheduled for e in rec.events]
+    old = recorded_run("entropy_exit")       # recorded before events carried the count
+    assert old.events and all(e.scheduled == -1 for e in old.events)
+    old.save(tmp_path / "old.npz")
+    assert all(e.scheduled == -1 for e in Recording.load(tmp_path / "old.npz").events)
+    with np.load(tmp_path / "new.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["step_scheduled"][0] = -2
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(DiffuseError, match="step_scheduled"):
+        Recording.load(tmp_path / "bad.npz")

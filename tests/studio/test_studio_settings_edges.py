@@ -122,7 +122,6 @@ def test_an_ignored_recipe_is_said_in_the_status_bar(window, fake_model):
 def test_a_run_records_the_recipes_options_and_its_views_use_them(qtbot, window, fake_model):
     """A recipe that suggests entropy_exit at tau 0.8: with every field on auto, the run is an
     entropy-exit run at 0.8 for the engine, the recording and the heatmap's tau line."""
-    from diffuse.studio.heatmap import tau_of
     model = fake_model(step_delay=0)
     model.recipe = {**model.recipe, "scheduler": "entropy_exit", "threshold": 0.8}
     window.set_model(model)
@@ -134,4 +133,4 @@ def test_a_run_records_the_recipes_options_and_its_views_use_them(qtbot, window,
         window.chat.generate_button.click()
     run = done.args[0]
     assert model.calls[0]["scheduler"] == run.options["scheduler"] == "entropy_exit"
-    assert run.options["threshold"] == 0.8 and tau_of(run) == 0.8
+    assert run.options["threshold"] == 0.8 and run.rule.tau == 0.8

@@ -6,7 +6,7 @@ import pytest
 
 from diffuse.generation import default_options
 from diffuse.studio.cache_view import CacheView
-from diffuse.studio.heatmap import EntropyHeatmap, tau_of
+from diffuse.studio.heatmap import EntropyHeatmap
 from diffuse.studio.run_state import RunState
 from diffuse.studio.throughput import ThroughputView
 
@@ -54,10 +54,10 @@ def test_heatmap_tau_line_for_entropy_exit(qtbot, recorded_run):
     assert run.n_steps < run.steps_allowed            # entropy-exit finished early
 
 
-def test_tau_of_an_auto_threshold_is_the_family_default(recorded_run):
+def test_the_tau_of_an_auto_threshold_is_the_family_default(recorded_run):
     rec = recorded_run("entropy_exit")
     rec.options["threshold"] = None                   # "auto" in the settings panel
-    assert tau_of(RunState.from_recording(rec)) == default_options(rec.model["arch"])["threshold"]
+    assert RunState.from_recording(rec).rule.tau == default_options(rec.model["arch"])["threshold"]
 
 
 def test_heatmap_click_selects_a_step(qtbot, recorded_run):

@@ -205,16 +205,17 @@ def test_compare_mode(qtbot, window, fake_model):
     window.open_compare()
     cmp = window.compare_window
     cmp.prompt.setText("same prompt")
-    cmp.preset.setCurrentIndex(1)                        # low_confidence vs entropy_exit
+    cmp.preset.setCurrentIndex(1)                        # entropy_exit: tau off vs on
     assert "entropy_exit" in cmp.sides[1].title.text()
     finished = []
     window.engine.run_finished.connect(finished.append)
     cmp.start()
     qtbot.waitUntil(lambda: len(finished) == 2, timeout=20000)
     a, b = cmp.runs
-    assert [c["scheduler"] for c in model.calls] == ["low_confidence", "entropy_exit"]
-    assert b.result.steps < a.result.steps                # entropy-exit needs fewer steps
-    assert "B takes" in cmp.summary.text() and "steps" in cmp.summary.text()
+    assert [c["scheduler"] for c in model.calls] == ["entropy_exit", "entropy_exit"]
+    assert model.calls[0]["threshold"] == 0.0             # A: a tau that never fires
+    assert model.calls[1]["threshold"] == b.rule.tau > 0  # B: the Settings' (here the model's)
+    assert "Steps: A" in cmp.summary.text() and "Time per step: A" in cmp.summary.text()
     diff = a.differs_from(b)
     assert cmp.sides[0].canvas.canvas.diff is not None
     assert np.array_equal(cmp.sides[1].canvas.canvas.diff, diff)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from diffuse.studio import theme
-from diffuse.studio.canvas import value_colors, value_range
+from diffuse.studio.canvas import color_scale
 from diffuse.studio.run_state import RunState
 
 pytestmark = pytest.mark.skipif(shutil.which("Xvfb") is None, reason="Xvfb is not installed")
@@ -75,8 +75,8 @@ def test_real_window_shows_the_replayed_run(xserver, recorded_run, tmp_path):
     rec = recorded_run("eos")
     rec.save(tmp_path / "run.npz")
     run = RunState.from_recording(rec)
-    colors = value_colors(run.cell_values(run.n_steps - 1, "entropy"), "entropy",
-                          value_range(run, "entropy", fitted=True))    # the window's default
+    colors = color_scale(run, "entropy", fitted=True).colors(    # the window's default scale
+        run.cell_values(run.n_steps - 1, "entropy"))
     expected = {(c.red(), c.green(), c.blue()) for c in colors if c is not None}
 
     env = x_env(xserver, tmp_path / "home")

@@ -175,7 +175,7 @@ def test_compare_shows_its_model_and_settings_and_drops_another_models_results(
     cmp.prompt.setText("Tell me about Mr. Darcy.")
     with qtbot.waitSignal(window.engine.run_finished, timeout=20000):
         cmp.start()
-    qtbot.waitUntil(lambda: cmp.summary.text().startswith("A:"), timeout=20000)
+    qtbot.waitUntil(lambda: cmp.summary.text().startswith("Steps: A"), timeout=20000)
     cmp.close()
     window.set_model(fake_model(path="other-model.gguf", step_delay=0.0))
     window.open_compare()

@@ -14,8 +14,8 @@ from PySide6.QtGui import QColor, QImage, QPainter
 
 from diffuse.recording import Recording
 from diffuse.studio import theme
-from diffuse.studio.canvas import (FLASH_MS, CanvasPanel, CellLayout, paint_cells, tooltip_html,
-                                   value_range)
+from diffuse.studio.canvas import (FLASH_MS, CanvasPanel, CellLayout, color_scale, paint_cells,
+                                   tooltip_html)
 from diffuse.studio.run_state import FIT_PERCENTILES, RunState
 from diffuse.studio.timeline import Timeline
 
@@ -153,22 +153,28 @@ def test_fitted_and_absolute_colour_scales_say_which_is_on(qtbot, window, record
     recorded_run("eos").save(tmp_path / "run.npz")
     window.open_recording(tmp_path / "run.npz")
     run, panel = window.run, window.canvas_panel
-    # fitted by default: the 5th-95th percentiles of the text as committed (the end-of-text
-    # padding, near 0 nats, left out), said on the legend and the colour bar
+    # fitted by default: most colours go to the 5th-95th percentiles of the text as committed
+    # (the end-of-text padding, near 0 nats, left out), said on the legend and the colour bar
     assert panel.fit_button.isChecked() and "fitted 5–95%" in panel.legend.caption()
     text = ~np.isin(run.events[-1].gen_tokens, list(run.special_ids))
-    assert value_range(run, "entropy", True) == pytest.approx(
-        tuple(np.percentile(run.commit_entropy[text], FIT_PERCENTILES)))
-    assert value_range(run, "entropy", True)[0] > 1.0     # the absolute scale starts at 0
-    assert panel.canvas.scale == pytest.approx(value_range(run, "entropy", True))
-    assert tuple(window.heatmap.image.levels) == pytest.approx(value_range(run, "entropy", True))
+    fitted = color_scale(run, "entropy", True)
+    assert fitted.band == pytest.approx(tuple(np.percentile(run.commit_entropy[text], FIT_PERCENTILES)))
+    assert fitted.band[0] > 1.0
+    # ... and the rest to the values either side: 0 nats and the band's low end differ
+    assert (fitted.lo, fitted.hi) == (0.0, pytest.approx(run.entropy_max))
+    zero, low = fitted.colors(np.array([0.0, fitted.band[0]]))
+    assert zero != low
+    assert panel.canvas.scale == fitted and panel.legend.scale == fitted
+    assert tuple(window.heatmap.image.levels) == pytest.approx((0.0, run.entropy_max))
     assert "fitted" in window.heatmap.bar.getAxis("left").labelText
     panel.fit_button.click()
-    assert "absolute" in panel.legend.caption() and panel.canvas.scale == (0.0, run.entropy_max)
+    absolute = color_scale(run, "entropy")
+    assert "absolute" in panel.legend.caption() and panel.canvas.scale == absolute
+    assert absolute.band is None and (absolute.lo, absolute.hi) == (0.0, run.entropy_max)
     assert "absolute" in window.heatmap.bar.getAxis("left").labelText
     assert window.heatmap.image.levels[1] == pytest.approx(run.entropy_max)
     panel.set_mode("confidence")
-    assert panel.canvas.scale == (0.0, 1.0)
+    assert (panel.canvas.scale.lo, panel.canvas.scale.hi) == (0.0, 1.0)
     assert panel.legend.caption() == "top-1 probability · absolute"
     again = CanvasPanel(remember=True)                    # the next start of the app
     qtbot.addWidget(again)

@@ -13,17 +13,19 @@ from __future__ import annotations
 import html
 import math
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from PySide6.QtCore import QEvent, QRectF, QSize, Qt, QTimer, Signal
+import pyqtgraph as pg
+from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import (QBrush, QColor, QFontMetrics, QImage, QLinearGradient, QPainter,
-                           QPen)
+                           QPen, QPolygonF)
 from PySide6.QtWidgets import (QButtonGroup, QHBoxLayout, QLabel, QScrollArea, QSizePolicy,
                                QToolButton, QToolTip, QVBoxLayout, QWidget)
 
 from diffuse.studio import storage, theme
-from diffuse.studio.run_state import FIT_PERCENTILES, RunState
+from diffuse.studio.run_state import FIT_PERCENTILES, TAU_MARK, RunState
 
 MODES = ("entropy", "confidence")
 FLASH_MS = 450       # cells committed at the shown step flash, fading over this time
@@ -62,26 +64,87 @@ def display_text(piece: str, special: bool = False) -> str:
     return shown if shown else ("␣" if piece else "∅")
 
 
-def value_colors(values: np.ndarray, mode: str,
-                 scale: tuple[float, float]) -> list[QColor | None]:
-    """A QColor per value through the mode's colour map over `scale` (low, high); None where the
-    value is NaN."""
-    table = theme.lut(theme.ENTROPY_CMAP if mode == "entropy" else theme.CONFIDENCE_CMAP)
-    lo, hi = scale
-    norm = np.clip(np.nan_to_num((values - lo) / (hi - lo), nan=0.0), 0.0, 1.0)
-    idx = (norm * (len(table) - 1)).astype(np.int64)
-    finite = np.isfinite(values)
-    return [QColor(*table[j]) if ok else None for j, ok in zip(idx.tolist(), finite.tolist())]
+BAND_SHARE = 0.7    # of a fitted scale's colours, the share of the committed text's band
 
 
-def value_range(run: RunState, mode: str, fitted: bool = False) -> tuple[float, float]:
-    """The colour scale (low, high). Absolute: 0 to 1 for probabilities, 0 to the run's largest
-    entropy (set by the first, most uncertain step, so colours stay put while a run goes on).
-    Fitted: the FIT_PERCENTILES of the run's committed text so far (RunState.fitted_range), so
-    that a model whose values crowd into a narrow band still shows differences."""
-    if fitted and (scale := run.fitted_range(mode)) is not None:
-        return scale
-    return 0.0, 1.0 if mode == "confidence" else max(run.entropy_max, 1e-3)
+@dataclass(frozen=True)
+class ColorScale:
+    """Values to colours of a mode's colour map, piecewise linear through knots: (lo, hi) for the
+    absolute scale; a fitted one spans the same range but gives BAND_SHARE of the colours to the
+    band of the committed text (its FIT_PERCENTILES) and the rest to the values either side, so
+    that crowded values differ and values outside the band still do (0 nats is not the band's
+    low end)."""
+
+    mode: str                        # entropy | confidence
+    fitted: bool
+    values: tuple[float, ...]        # increasing
+    positions: tuple[float, ...]     # each value's place on the colour map, 0..1, increasing
+    band: tuple[float, float] | None = None    # fitted: the committed text's band
+
+    @property
+    def lo(self) -> float:
+        return self.values[0]
+
+    @property
+    def hi(self) -> float:
+        return self.values[-1]
+
+    def normalise(self, values: np.ndarray) -> np.ndarray:
+        """Each value's place on the colour map, 0..1 (NaN stays NaN)."""
+        return np.interp(values, self.values, self.positions)
+
+    def colors(self, values: np.ndarray) -> list[QColor | None]:
+        """A QColor per value; None where it is NaN."""
+        table = theme.lut(theme.ENTROPY_CMAP if self.mode == "entropy" else theme.CONFIDENCE_CMAP)
+        t = self.normalise(np.asarray(values, np.float64))
+        idx = (np.nan_to_num(t, nan=0.0) * (len(table) - 1)).round().astype(np.int64)
+        return [QColor(*table[j]) if ok else None for j, ok in zip(idx.tolist(), np.isfinite(t).tolist())]
+
+    def stops(self, n: int = 65) -> list[tuple[float, QColor]]:
+        """The gradient along a linear value axis from lo to hi: (fraction of the axis, colour)."""
+        table = theme.lut(theme.ENTROPY_CMAP if self.mode == "entropy" else theme.CONFIDENCE_CMAP)
+        t = np.linspace(0.0, 1.0, n)
+        where = (np.interp(t, self.positions, self.values) - self.lo) / (self.hi - self.lo)
+        return [(float(x), QColor(*table[int(round(u * (len(table) - 1)))])) for x, u in zip(where, t)]
+
+    def colormap(self) -> pg.ColorMap:
+        """The same colours as a pyqtgraph map over levels (lo, hi), for images and colour bars."""
+        pos, colors = zip(*self.stops())
+        return pg.ColorMap(np.array(pos), [c.getRgb()[:3] for c in colors])
+
+    def numbers(self) -> str:
+        """The scale in numbers, as legends print it: "0–7.3", fitted "0 · 4.3–5.6 · 7.3"."""
+        if self.band is None:
+            return f"{self.lo:.2g}–{self.hi:.2g}"
+        return f"{self.lo:.2g} · {self.band[0]:.2g}–{self.band[1]:.2g} · {self.hi:.2g}"
+
+
+def color_scale(runs: RunState | list[RunState], mode: str, fitted: bool = False) -> ColorScale:
+    """The colour scale of one run, or one shared by several (compare). Absolute: 0 to 1 for
+    probabilities, 0 to the largest entropy (set by the first, most uncertain step, so colours
+    stay put while a run goes on). Fitted: the same range, its colours spent mostly on the
+    FIT_PERCENTILES of the committed text so far (special tokens left out: end-of-text, near 0
+    nats, would fill the band), so that a model whose values crowd into a narrow band still
+    shows differences."""
+    runs = [runs] if isinstance(runs, RunState) else runs
+    lo = 0.0
+    hi = 1.0 if mode == "confidence" else max([r.entropy_max for r in runs if r.events] + [1e-3])
+    values = np.concatenate([r.fitted_values(mode) for r in runs if r.events] or [np.zeros(0)])
+    if not fitted or values.size == 0:
+        return ColorScale(mode, fitted, (lo, hi), (0.0, 1.0))
+    b_lo, b_hi = (float(np.clip(v, lo, hi)) for v in np.percentile(values, FIT_PERCENTILES))
+    b_hi = max(b_hi, min(b_lo + 1e-3, hi))
+    tail = (1.0 - BAND_SHARE) / 2
+    below, above = b_lo - lo > 1e-6, hi - b_hi > 1e-6      # a tail with no room gets no colours
+    start = tail if below else 0.0
+    end = 1.0 - tail if above else 1.0
+    if not below:
+        end = min(1.0, end + tail)
+    if not above:
+        start = max(0.0, start - tail)
+    knots = [(lo, 0.0)] * below + [(b_lo, start), (b_hi, end)] + [(hi, 1.0)] * above
+    vals, pos = zip(*knots)
+    return ColorScale(mode, fitted, tuple(vals), tuple(pos), (b_lo, b_hi))
 
 
 def scale_name(fitted: bool) -> str:
@@ -120,11 +183,12 @@ def _cell_text(piece: str, special: bool, width: int, point_size: float) -> str:
 
 def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode: str,
                 diff: np.ndarray | None = None, hover: int = -1,
-                clip: QRectF | None = None, scale: tuple[float, float] | None = None,
+                clip: QRectF | None = None, scale: ColorScale | None = None,
                 flash: float = 0.0) -> None:
     """Draw the canvas of `run` at `step` with `layout`'s geometry (background not included);
     with `clip`, only the rows that reach into it; colours over `scale` (default: absolute);
-    `flash` (0..1) lights the cells committed at `step`."""
+    `flash` (0..1) lights the cells committed at `step`. Cells a threshold committed past the
+    rule's floor (RunState.by_threshold) carry a corner mark."""
     if not run.events:
         return
     event = run.events[step]
@@ -132,7 +196,8 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
     masked = event.gen_mask.tolist()
     later = run.not_started(step).tolist()     # block diffusion: blocks not begun, drawn as outlines
     tokens = event.gen_tokens.tolist()
-    colors = value_colors(run.cell_values(step, mode), mode, scale or value_range(run, mode))
+    colors = (scale or color_scale(run, mode)).colors(run.cell_values(step, mode))
+    by_tau = (run.by_threshold & (run.decided_step >= 0) & (run.decided_step <= event.step)).tolist()
     fresh = set((np.asarray(event.unmasked) - pl).tolist())
     block_lo, block_hi = event.block_start - pl, event.block_end - pl
     block_len = max(1, block_hi - block_lo)
@@ -176,6 +241,8 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
             p.setPen(ink)
             p.setFont(small if special else font)
             p.drawText(r, Qt.AlignmentFlag.AlignCenter, text)
+            if by_tau[i]:
+                paint_tau_mark(p, r)
         if i in fresh:
             p.setPen(ring)
             p.setBrush(glow if flash > 0 else Qt.BrushStyle.NoBrush)
@@ -195,6 +262,15 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
             x = r.left() - layout.gap / 2
             p.fillRect(QRectF(x - 1, r.top() - 1, 2, r.height() + 2),
                        theme.ACCENT if i in (block_lo, block_hi) else theme.MUTED)
+
+
+def paint_tau_mark(p: QPainter, r: QRectF, size: float = 7.0) -> None:
+    """The mark of a threshold's commit: a white corner, outlined to read on any colour."""
+    corner = QPolygonF([QPointF(r.right() - size, r.top()), QPointF(r.right(), r.top()),
+                        QPointF(r.right(), r.top() + size)])
+    p.setPen(QPen(theme.BG, 1.0))
+    p.setBrush(theme.HIGHLIGHT)
+    p.drawPolygon(corner)
 
 
 def render_image(run: RunState, step: int, mode: str, width: int = 960, cell_w: int = 60,
@@ -237,6 +313,9 @@ def tooltip_html(run: RunState, step: int, i: int) -> str:
                  else "top-1 probability: not evaluated yet")
     if decided >= 0 and decided <= event.step:
         lines.append(f"decided at step {decided}")
+        if run.by_threshold[i]:
+            lines.append(f"{TAU_MARK} committed by the threshold ({run.rule.condition()}), "
+                         f"past what the rule commits anyway")
     elif decided >= 0:
         lines.append(f"will be decided at step {decided}")
     else:
@@ -256,7 +335,8 @@ class DenoisingCanvas(QWidget):
         self.step = -1
         self.mode = "entropy"
         self.fitted = False
-        self.scale = (0.0, 1.0)          # of the colours: value_range for the mode and fitted
+        self.scale = ColorScale("entropy", False, (0.0, 1.0), (0.0, 1.0))   # color_scale of the shown runs
+        self.scale_runs: list[RunState] | None = None     # the runs the scale spans (compare: both)
         self.diff: np.ndarray | None = None
         self.hover = -1
         self._layout = CellLayout(0, 100, cell_w, cell_h)
@@ -285,7 +365,9 @@ class DenoisingCanvas(QWidget):
 
     def _rescale(self) -> None:
         if self.run is not None and self.run.events:
-            self.scale = value_range(self.run, self.mode, self.fitted)
+            self.scale = color_scale(self.scale_runs or self.run, self.mode, self.fitted)
+        else:
+            self.scale = ColorScale(self.mode, self.fitted, (0.0, 1.0), (0.0, 1.0))
         self.update()
 
     def flash(self) -> float:
@@ -306,6 +388,11 @@ class DenoisingCanvas(QWidget):
 
     def set_fitted(self, fitted: bool) -> None:
         self.fitted = fitted
+        self._rescale()
+
+    def share_scale(self, runs: list[RunState] | None) -> None:
+        """Colour over one scale spanning `runs` (None: this canvas's run alone)."""
+        self.scale_runs = runs
         self._rescale()
 
     def set_diff(self, diff: np.ndarray | None) -> None:
@@ -363,44 +450,59 @@ class DenoisingCanvas(QWidget):
         return super().event(e)
 
 
+def paint_legend(p: QPainter, rect: QRectF, scale: ColorScale, font_size: float = 7.5) -> None:
+    """The colour scale as a gradient bar with its numbers under it: its ends and, fitted, the
+    band's edges (marked on the bar). The painters of the header legend and of exports."""
+    bar = QRectF(rect.left() + 2, rect.top() + 2, rect.width() - 4, 10)
+    grad = QLinearGradient(bar.topLeft(), bar.topRight())
+    for x, color in scale.stops():
+        grad.setColorAt(x, color)
+    p.setPen(Qt.PenStyle.NoPen)
+    p.setBrush(grad)
+    p.drawRoundedRect(bar, 3, 3)
+    p.setFont(theme.mono_font(font_size))
+    p.setPen(theme.MUTED)
+    row = QRectF(bar.left(), bar.bottom() + 1, bar.width(), rect.bottom() - bar.bottom() - 1)
+    p.drawText(row, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop, f"{scale.lo:.2g}")
+    p.drawText(row, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignTop, f"{scale.hi:.2g}")
+    if scale.band is not None:
+        xs = [bar.left() + bar.width() * (v - scale.lo) / (scale.hi - scale.lo) for v in scale.band]
+        p.setPen(QPen(theme.TEXT, 1.5))
+        for x in xs:
+            p.drawLine(QPointF(x, bar.top() - 1), QPointF(x, bar.bottom() + 1))
+        p.setPen(theme.TEXT)
+        p.drawText(row, Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignTop,
+                   f"band {scale.band[0]:.2g}–{scale.band[1]:.2g}")
+
+
 class ColorLegend(QWidget):
-    """A small horizontal gradient with its range and which scale it is, for the canvas header."""
+    """The colour scale in the canvas header: gradient, numbers, and which scale it is."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.mode, self.scale, self.fitted = "entropy", (0.0, 1.0), False
-        self.setFixedSize(190, 26)
+        self.scale = ColorScale("entropy", False, (0.0, 1.0), (0.0, 1.0))
+        self.setFixedSize(210, 38)
 
-    def set_scale(self, mode: str, scale: tuple[float, float], fitted: bool) -> None:
-        if (mode, scale, fitted) != (self.mode, self.scale, self.fitted):
-            self.mode, self.scale, self.fitted = mode, scale, fitted
+    @property
+    def mode(self) -> str:
+        return self.scale.mode
+
+    def set_scale(self, scale: ColorScale) -> None:
+        if scale != self.scale:
+            self.scale = scale
+            self.setToolTip(f"{self.caption()}: {scale.numbers()}")
             self.update()
 
     def caption(self) -> str:
-        what = "entropy (nats)" if self.mode == "entropy" else "top-1 probability"
-        return f"{what} · {scale_name(self.fitted)}"
+        what = "entropy (nats)" if self.scale.mode == "entropy" else "top-1 probability"
+        return f"{what} · {scale_name(self.scale.fitted)}"
 
     def paintEvent(self, event) -> None:
         p = QPainter(self)
         p.fillRect(self.rect(), theme.BG)
-        table = theme.lut(theme.ENTROPY_CMAP if self.mode == "entropy" else
-                          theme.CONFIDENCE_CMAP)
-        bar = QRectF(44, 4, self.width() - 88, 10)
-        grad = QLinearGradient(bar.topLeft(), bar.topRight())
-        for t in np.linspace(0, 1, 9):
-            grad.setColorAt(float(t), QColor(*table[int(t * (len(table) - 1))]))
-        p.setPen(Qt.PenStyle.NoPen)
-        p.setBrush(grad)
-        p.drawRoundedRect(bar, 3, 3)
+        paint_legend(p, QRectF(0, 0, self.width(), 25), self.scale)
         p.setPen(theme.MUTED)
-        p.setFont(theme.mono_font(7.5))
-        lo, hi = self.scale
-        p.drawText(QRectF(0, 0, 42, 18),
-                   Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, f"{lo:.2g}")
-        p.drawText(QRectF(bar.right() + 4, 0, 60, 18),
-                   Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
-                   f"{hi:.2g}")
-        p.drawText(QRectF(0, 14, self.width(), 12), Qt.AlignmentFlag.AlignCenter, self.caption())
+        p.drawText(QRectF(0, 25, self.width(), 13), Qt.AlignmentFlag.AlignCenter, self.caption())
         p.end()
 
 
@@ -409,6 +511,7 @@ class CanvasPanel(QWidget):
     status. With `remember`, the mode and scale are kept in the settings."""
 
     scale_changed = Signal(bool)        # fitted
+    mode_changed = Signal(str)
 
     def __init__(self, parent=None, cell_w: int = 60, cell_h: int = 30, title: str = "",
                  remember: bool = False):
@@ -466,9 +569,12 @@ class CanvasPanel(QWidget):
 
     def set_mode(self, mode: str) -> None:
         self.mode_buttons.button(MODES.index(mode)).setChecked(True)
+        changed = mode != self.canvas.mode
         self.canvas.set_mode(mode)
         self._remember("view/colour_mode", mode)
         self._update_header()
+        if changed:
+            self.mode_changed.emit(mode)
 
     def set_fitted(self, fitted: bool) -> None:
         self.fit_button.setChecked(fitted)
@@ -492,16 +598,15 @@ class CanvasPanel(QWidget):
 
     def _update_header(self) -> None:
         run = self.canvas.run
-        mode, fitted = self.canvas.mode, self.canvas.fitted
+        self.legend.set_scale(self.canvas.scale)
         if run is None or not run.events:
-            self.legend.set_scale(mode, self.legend.scale, fitted)
             self.status.setText("")
             return
-        self.legend.set_scale(mode, self.canvas.scale, fitted)
         k = run.clamp(self.canvas.step)
         e = run.events[k]
         later = int(run.not_started(k).sum())
         masked = (f"{int(e.gen_mask.sum()) - later} masked in this block · {later} positions in later blocks"
                   if later else f"{int(e.gen_mask.sum())} of {run.gen_length} masked")
         self.status.setText(f"{run.step_label(k)} · block {e.block + 1}/{e.n_blocks} · {masked} · "
-                            f"{len(e.unmasked)} decided this step")
+                            f"{run.commits_text(k)}")
+        self.status.setToolTip(self.status.text())     # the line may be cut in a narrow window

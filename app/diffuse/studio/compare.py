@@ -1,9 +1,12 @@
 """Compare mode: one prompt, two settings, side by side.
 
 The two runs go one after the other on the same engine (running them at once would make each
-slower and the timing meaningless). Both take the loaded model and the main window's settings,
-which the window shows, with the one setting A and B change. When both are done it shows steps,
-time and speed-up, and rings the positions where the answers differ, in both canvases and texts.
+slower and the timing meaningless). Both take the loaded model and the main window's settings
+(the seed included), which the window shows, with the one setting A and B change: a threshold
+rule's comparison keeps the rule and sets its tau to one that never fires in A, so only tau's
+effect differs. Both canvases share one colour scale, mode and fit. When both are done it reports
+steps (those a threshold saved), time per step and whether the answers agree, as separate
+figures, and outlines the positions where the answers differ, in both canvases and texts.
 Results of another model than the loaded one are cleared when the model changes.
 """
 from __future__ import annotations
@@ -15,31 +18,33 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (QComboBox, QGridLayout, QHBoxLayout, QLabel, QLineEdit,
                                QPushButton, QTextBrowser, QVBoxLayout, QWidget)
 
+from diffuse.studio import theme
 from diffuse.studio.canvas import CanvasPanel, display_text
-from diffuse.studio.run_state import RunState
+from diffuse.studio.run_state import TAU_MARK, RunState, options_text
 from diffuse.studio.workers import Engine
 
+# A: the rule with a tau that never fires (no entropy is below 0; no probability above 1), so
+# it commits what its schedule asks, by the same order; B: the same rule at the Settings' tau.
 PRESETS = {
     "Inter-step cache: on vs off": ({"cache": True}, {"cache": False}),
-    "Scheduler: low_confidence vs entropy_exit": ({"scheduler": "low_confidence"},
-                                                  {"scheduler": "entropy_exit"}),
+    "Entropy exit: τ off vs on": ({"scheduler": "entropy_exit", "threshold": 0.0},
+                                  {"scheduler": "entropy_exit"}),
+    "Confidence threshold (low_confidence_dynamic): τ off vs on": (
+        {"scheduler": "low_confidence_dynamic", "confidence_threshold": 1.0},
+        {"scheduler": "low_confidence_dynamic"}),
     "Scheduler: low_confidence vs random": ({"scheduler": "low_confidence"},
                                             {"scheduler": "random"}),
     "Temperature: 0 vs 0.8": ({"temperature": 0.0}, {"temperature": 0.8}),
 }
 
 
-def _label(overrides: dict) -> str:
-    return ", ".join(f"{k} {'on' if v is True else 'off' if v is False else v}"
-                     for k, v in overrides.items())
 
 
 def shared_text(model: str, options: dict, overrides: tuple[dict, dict]) -> str:
     """The model and the settings both runs take from the main window; the values left to the
     model ("auto") are not listed."""
     varied = {k for over in overrides for k in over}
-    shared = ", ".join(f"{k} {'on' if v is True else 'off' if v is False else v}"
-                       for k, v in options.items() if v is not None and k not in varied)
+    shared = options_text({k: v for k, v in options.items() if k not in varied})
     return (f"Model: {model or 'none loaded'} · both runs use the Settings tab: "
             f"{shared or 'the model defaults'}")
 
@@ -60,16 +65,41 @@ def answer_html(run: RunState, diff: np.ndarray | None) -> str:
     return "".join(out)
 
 
+def _per_step_ms(res) -> float:
+    return res.total_ms / max(res.steps, 1)
+
+
 def summary_text(a: RunState, b: RunState) -> str:
+    """Steps, time per step and agreement, each on its own line: a run that takes more steps
+    to another answer is not "slower" by its total alone."""
     ra, rb = a.result, b.result
+    lines = [f"Steps: A {ra.steps}/{ra.steps_allowed} · B {rb.steps}/{rb.steps_allowed}"]
+    saved = ra.steps - rb.steps
+    if saved:
+        more, who = ("B", saved) if saved > 0 else ("A", -saved)
+        lines[0] += f" · {more} needed {who} fewer ({who / max(ra.steps, rb.steps):.0%})"
+    for letter, run in (("A", a), ("B", b)):
+        if run.rule is not None and not np.isnan(run.n_extra[:run.n_steps]).all():
+            extra = run.n_extra[:run.n_steps]
+            n_steps = int((extra > 0).sum())
+            did = (f"τ committed {np.nansum(extra):.0f} positions past the rule's floor, at "
+                   f"{n_steps} step{'s' * (n_steps != 1)}" if n_steps else "τ never fired")
+            lines.append(f"{letter} ({run.rule.scheduler}, {run.rule.condition()}): {did}")
+    ms_a, ms_b = _per_step_ms(ra), _per_step_ms(rb)
+    ratio = f" (B {ms_b / ms_a:.2f}x A per step)" if ms_a > 0 else ""
+    lines.append(f"Time per step: A {ms_a:.1f} ms · B {ms_b:.1f} ms{ratio} · whole runs: "
+                 f"A {ra.total_ms / 1000:.2f} s, B {rb.total_ms / 1000:.2f} s")
     diff = a.differs_from(b)
     n = int(diff.sum())
-    where = (f"the answers differ at {n} of {diff.shape[0]} positions (first at {int(np.argmax(diff))})"
-             if n else "the answers are identical")
-    speed = ra.total_ms / rb.total_ms if rb.total_ms > 0 else float("nan")
-    return (f"A: {ra.steps}/{ra.steps_allowed} steps in {ra.total_ms / 1000:.2f} s · "
-            f"B: {rb.steps}/{rb.steps_allowed} steps in {rb.total_ms / 1000:.2f} s · "
-            f"B takes {1 / speed:.2f}x the time of A · {where}")
+    lines.append(f"Answers: differ at {n} of {diff.shape[0]} positions (first at {int(np.argmax(diff))}), "
+                 f"outlined in both" if n else f"Answers: identical at all {diff.shape[0]} positions")
+    return "\n".join(lines)
+
+
+DIFF_LEGEND = (f"<span style='color:{theme.DIFF.name()}'>┅┅</span> the answers differ at this "
+               f"position &nbsp; <span style='color:{theme.HIGHLIGHT.name()}'>{TAU_MARK}</span> "
+               f"committed by τ &nbsp; <span style='color:{theme.HIGHLIGHT.name()}'>○</span> "
+               f"committed at the shown step")
 
 
 class _Side(QWidget):
@@ -82,6 +112,7 @@ class _Side(QWidget):
         self.stats.setObjectName("Muted")
         self.text = QTextBrowser()
         self.text.setMaximumHeight(150)
+        self.shared: list[RunState] | None = None     # the runs its colour scale spans
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.title)
@@ -90,6 +121,7 @@ class _Side(QWidget):
         layout.addWidget(self.text)
 
     def show_run(self, run: RunState, diff: np.ndarray | None = None) -> None:
+        self.canvas.canvas.share_scale(self.shared)
         self.canvas.show_step(-1)
         self.canvas.canvas.set_diff(diff)
         res = run.result
@@ -103,6 +135,8 @@ class _Side(QWidget):
         self.text.setHtml(answer_html(run, diff))
 
     def clear(self) -> None:
+        self.shared = None
+        self.canvas.canvas.share_scale(None)
         self.canvas.canvas.set_diff(None)
         self.canvas.set_run(None)
         self.stats.clear()
@@ -143,6 +177,12 @@ class CompareWindow(QWidget):
         self.context.setObjectName("Muted")
         self.context.setWordWrap(True)
         self.sides = (_Side("A"), _Side("B"))
+        # One colour scale for both: a mode or fit chosen on one side is the other's too
+        for one, other in (self.sides, self.sides[::-1]):
+            one.canvas.scale_changed.connect(other.canvas.set_fitted)
+            one.canvas.mode_changed.connect(other.canvas.set_mode)
+        self.diff_legend = QLabel(DIFF_LEGEND)
+        self.diff_legend.setObjectName("Muted")
         grid = QGridLayout()
         grid.addWidget(self.sides[0], 0, 0)
         grid.addWidget(self.sides[1], 0, 1)
@@ -152,6 +192,7 @@ class CompareWindow(QWidget):
         layout.addLayout(top)
         layout.addWidget(self.context)
         layout.addLayout(grid, 1)
+        layout.addWidget(self.diff_legend)
         layout.addWidget(self.summary)
 
         self._dirty = False
@@ -171,8 +212,14 @@ class CompareWindow(QWidget):
 
     def _update_titles(self) -> None:
         for side, letter, over in zip(self.sides, "AB", self._overrides()):
-            side.title.setText(f"{letter} · {_label(over)}")
+            side.title.setText(f"{letter} · {options_text(over)}")
         self.update_context()
+
+    def _title_runs(self) -> None:
+        """The titles with the tau each run used (B's comes from the Settings or the model)."""
+        for side, letter, over, run in zip(self.sides, "AB", self._overrides(), self.runs):
+            rule = f" · {run.rule.condition()}" if run.events and run.rule is not None else ""
+            side.title.setText(f"{letter} · {options_text(over)}{rule}")
 
     def update_context(self) -> None:
         """Show the model and shared settings now in force; drop results of another model."""
@@ -198,6 +245,7 @@ class CompareWindow(QWidget):
                               self.engine.model.tokenizer.decode)
                      for over in self._overrides()]
         for side, run in zip(self.sides, self.runs):
+            side.shared = self.runs
             side.canvas.set_run(run)
             side.text.clear()
             side.stats.setText("waiting…")
@@ -226,6 +274,7 @@ class CompareWindow(QWidget):
         for side, run in zip(self.sides, self.runs):
             if run.events:
                 side.show_run(run)
+        self._title_runs()
 
     def _finished(self, run: RunState) -> None:
         if self._side_of(run) is None:
@@ -240,6 +289,7 @@ class CompareWindow(QWidget):
             diff = a.differs_from(b)
             for side, r in zip(self.sides, self.runs):
                 side.show_run(r, diff)
+            self._title_runs()
             self.summary.setText(summary_text(a, b))
         else:
             self.summary.setText("Stopped before both runs finished.")

@@ -1,11 +1,15 @@
-"""Entropy heatmap: steps x positions, filled row by row as the run goes.
+"""Entropy heatmap: steps x positions, filled row by row as the run goes, and how each step's
+commits compare with the scheduler's threshold.
 
 Left: the image (row = step, column = generated position; transparent where a position was not
 evaluated at that step; as many rows as steps used) with a colour bar, on the canvas's colour
-scale (absolute or fitted to the run, as the bar's label says). Right, on the same step axis:
-the smallest and the median entropy over still-masked positions, with the tau line of
-entropy-exit (positions left of it are committed at once). Items are made once per run and fed
-with setData/setImage.
+scale (absolute or fitted to the run, as the bar's label says). Middle, on the same step axis:
+the committed positions' values (entropy, or top-1 probability for the confidence rules) at the
+step they were committed, those a threshold added past the rule's floor in white, beside the
+most certain and the median still-masked position after the step, and the rule's tau; a budget
+rule (entropy_bounded) also plots each step's sum of committed entropies less the largest
+against its budget. Right: the commits of each step, split into the rule's floor (the schedule's
+count, or its one position) and tau's extras. Items are made once per run and fed with setData.
 """
 from __future__ import annotations
 
@@ -13,20 +17,11 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 
-from diffuse.generation import default_options
 from diffuse.studio import theme
-from diffuse.studio.canvas import scale_name, value_range
-from diffuse.studio.run_state import RunState
+from diffuse.studio.canvas import color_scale, scale_name
+from diffuse.studio.run_state import TAU_MARK, RunState
 
-
-def tau_of(run: RunState) -> float | None:
-    """The entropy-exit threshold of a run, or None for other schedulers."""
-    if run.options.get("scheduler") != "entropy_exit":
-        return None
-    tau = run.options.get("threshold")
-    # None: a recording made before runs recorded their "auto" options resolved (Engine.start):
-    # its family's default.
-    return default_options(run.recording.model["arch"])["threshold"] if tau is None else float(tau)
+SIDE_WIDTH, COUNTS_WIDTH = 220, 110
 
 
 class EntropyHeatmap(pg.GraphicsLayoutWidget):
@@ -55,25 +50,45 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         self.plot.addItem(self.step_line)
         self.block_lines: list[pg.InfiniteLine] = []
 
-        self.side = self.addPlot(row=0, col=1)
-        self.side.setYLink(self.plot)
-        self.side.invertY(True)
-        self.side.setLabel("bottom", "masked entropy")
-        self.side.hideAxis("left")
-        self.side.setMenuEnabled(False)
-        self.side.setMaximumWidth(200)
-        self.side.setTitle(theme.legend_html([("min", theme.ACCENT), ("median", theme.MUTED)],
-                                             glyph="━"), size="8pt")
-        self.min_curve = self.side.plot(pen=pg.mkPen(theme.ACCENT, width=2))
+        self.side = self._step_plot(col=1, width=SIDE_WIDTH)
+        self.committed = pg.ScatterPlotItem(size=5, pen=None, brush=pg.mkBrush(theme.MUTED))
+        self.by_tau = pg.ScatterPlotItem(size=7, pen=pg.mkPen(theme.BG, width=1),
+                                         brush=pg.mkBrush(theme.HIGHLIGHT), symbol="t1")
+        self.min_curve = self.side.plot(pen=pg.mkPen(theme.ACCENT, width=2))    # most certain masked
         self.median_curve = self.side.plot(pen=pg.mkPen(theme.MUTED, width=1.5))
-        self.empty = theme.EmptyState(self.plot, also=(self.bar, self.side))
+        self.budget_curve = self.side.plot(pen=pg.mkPen(theme.ACTIVE, width=2))
+        for item in (self.committed, self.by_tau):
+            self.side.addItem(item)
         self.tau_line = pg.InfiniteLine(angle=90, pen=pg.mkPen(theme.HIGHLIGHT, width=1.5,
                                                                style=Qt.PenStyle.DashLine),
-                                        label="τ={value:.2f}",
+                                        label="τ",
                                         labelOpts={"position": 0.95, "color": theme.HIGHLIGHT})
         self.side.addItem(self.tau_line)
+
+        self.counts = self._step_plot(col=2, width=COUNTS_WIDTH)
+        self.counts.setLabel("bottom", "commits")
+        self.floor_bars = pg.BarGraphItem(x0=[], y=[], width=[], height=0.8,
+                                          brush=pg.mkBrush(theme.MUTED), pen=None)
+        self.tau_bars = pg.BarGraphItem(x0=[], y=[], width=[], height=0.8,
+                                        brush=pg.mkBrush(theme.HIGHLIGHT), pen=None)
+        self.counts.addItem(self.floor_bars)
+        self.counts.addItem(self.tau_bars)
+        for col, stretch in enumerate((4, 2, 1)):      # a narrow view narrows the image least
+            self.ci.layout.setColumnStretchFactor(col, stretch)
+        self.empty = theme.EmptyState(self.plot, also=(self.bar, self.side, self.counts))
         self.scene().sigMouseClicked.connect(self._clicked)
         self.set_run(None)
+
+    def _step_plot(self, col: int, width: int) -> pg.PlotItem:
+        """A narrow plot beside the image, on its step axis."""
+        plot = self.addPlot(row=0, col=col)
+        plot.setYLink(self.plot)
+        plot.invertY(True)
+        plot.hideAxis("left")
+        plot.setMenuEnabled(False)
+        plot.setMaximumWidth(width)
+        plot.setMinimumWidth(width // 2)
+        return plot
 
     def _bar_label(self) -> str:
         return f"entropy (nats), {scale_name(self.fitted)}"
@@ -83,21 +98,47 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         self.bar.setLabel("left", self._bar_label())
         self.show_step(self.step)
 
+    def _titles(self, run: RunState | None) -> None:
+        """The middle plot's axis and legend, in its rule's quantity; the counts' legend."""
+        rule = run.rule if run is not None else None
+        confidence = rule is not None and rule.quantity == "confidence"
+        self.side.setLabel("bottom", "top-1 probability" if confidence else "entropy (nats)")
+        dots = [("committed", theme.MUTED)] + [(f"by τ {TAU_MARK}", theme.HIGHLIGHT)] * (rule is not None)
+        lines = [("masked max" if confidence else "masked min", theme.ACCENT), ("median", theme.MUTED)]
+        if rule is not None and rule.budget:
+            lines.append(("Σ−max", theme.ACTIVE))
+        self.side.setTitle(theme.legend_html(dots, glyph="●") + "<br>" + theme.legend_html(lines, glyph="━"),
+                           size="8pt")
+        if rule is None:
+            counts = [("this step", theme.MUTED)]
+        else:
+            counts = [("schedule" if rule.floor == "schedule" else "min 1", theme.MUTED),
+                      ("τ", theme.HIGHLIGHT)]
+        self.counts.setTitle(theme.legend_html(counts), size="8pt")
+
     def set_run(self, run: RunState | None) -> None:
         self.run = run
         self._rows = 0
         for line in self.block_lines:
             self.plot.removeItem(line)
         self.block_lines = []
-        tau = tau_of(run) if run is not None else None
-        self.tau_line.setVisible(tau is not None)
-        self.bar_tau.setVisible(tau is not None)
-        if tau is not None:
-            self.tau_line.setValue(tau)
+        rule = run.rule if run is not None and run.events else None
+        self._titles(run if rule is not None else None)
+        self.tau_line.setVisible(rule is not None)
+        self.bar_tau.setVisible(rule is not None and rule.quantity == "entropy" and not rule.budget)
+        if rule is not None:
+            text = f"{'budget' if rule.budget else 'τ'}={rule.tau:.2f}"
+            self.tau_line.setValue(rule.tau)
+            self.tau_line.label.setFormat(text)
+            self.tau_line.label.setText(text)    # now: a hidden label does not format itself
         if run is None or not run.events:
             self.image.clear()
-            self.min_curve.setData([], [])
-            self.median_curve.setData([], [])
+            for curve in (self.min_curve, self.median_curve, self.budget_curve):
+                curve.setData([], [])
+            for item in (self.committed, self.by_tau):
+                item.setData([], [])
+            self.floor_bars.setOpts(x0=[], y=[], width=[])
+            self.tau_bars.setOpts(x0=[], y=[], width=[])
             self.step_line.setVisible(False)
             self.empty.show(True)
             return
@@ -120,22 +161,45 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         # The range: the step budget while the run goes (one change per run, not one per step),
         # then the steps used, so that an early stop does not leave the data in a sliver.
         rows = run.n_steps if run.done else max(run.steps_allowed, run.n_steps)
-        lo, hi = value_range(run, "entropy", self.fitted)
-        self.image.setImage(run.entropy[:run.n_steps], levels=(lo, hi), autoLevels=False)
-        self.bar.setLevels((lo, hi))
-        tau = tau_of(run)
-        if tau is not None:
-            self.bar_tau.setValue(256.0 * min(max((tau - lo) / (hi - lo), 0.0), 1.0))
+        scale = color_scale(run, "entropy", self.fitted)
+        self.bar.setColorMap(scale.colormap())
+        self.image.setImage(run.entropy[:run.n_steps], levels=(scale.lo, scale.hi), autoLevels=False)
+        self.bar.setLevels((scale.lo, scale.hi))
+        rule = run.rule
+        if rule is not None and rule.quantity == "entropy" and not rule.budget:     # tau in nats
+            self.bar_tau.setValue(256.0 * min(max((rule.tau - scale.lo) / (scale.hi - scale.lo), 0.0), 1.0))
         if rows != self._rows:
             self._rows = rows
             self.empty.show(False)
             self.plot.setRange(xRange=(0, run.gen_length), yRange=(0, rows), padding=0.01)
-        steps = np.arange(run.n_steps) + 0.5
-        self.min_curve.setData(run.masked_min[:run.n_steps], steps, connect="finite")
-        self.median_curve.setData(run.masked_median[:run.n_steps], steps, connect="finite")
-        self.side.setXRange(0, max(run.entropy_max, 1e-3), padding=0.02)
+        self._show_commits(run)
         self.step_line.setVisible(True)
         self.step_line.setValue(k + 0.5)
+
+    def _show_commits(self, run: RunState) -> None:
+        n = run.n_steps
+        steps = np.arange(n) + 0.5
+        confidence = run.rule is not None and run.rule.quantity == "confidence"
+        if confidence:
+            values, best, median = run.commit_confidence, run.masked_max_confidence, run.masked_median_confidence
+        else:
+            values, best, median = run.commit_entropy, run.masked_min, run.masked_median
+        self.min_curve.setData(best[:n], steps, connect="finite")
+        self.median_curve.setData(median[:n], steps, connect="finite")
+        self.budget_curve.setData(run.budget_used[:n], steps, connect="finite")
+        decided = (run.decided_step >= 0) & np.isfinite(values)
+        floor = decided & ~run.by_threshold
+        self.committed.setData(values[floor], run.decided_step[floor] + 0.5)
+        tau = decided & run.by_threshold
+        self.by_tau.setData(values[tau], run.decided_step[tau] + 0.5)
+        self.side.setXRange(0, 1.0 if confidence else max(run.entropy_max, 1e-3), padding=0.02)
+        # Commits per step: the rule's floor, then tau's extras after it; a run without a
+        # threshold, or a recording without the schedule's count, shows each step's total.
+        total = run.n_committed[:n]
+        extra = np.nan_to_num(run.n_extra[:n])
+        self.floor_bars.setOpts(x0=np.zeros(n), y=steps, width=total - extra)
+        self.tau_bars.setOpts(x0=total - extra, y=steps, width=extra)
+        self.counts.setXRange(0, max(total.max(), 1.0), padding=0.05)
 
     def _clicked(self, ev) -> None:
         if self.run is None or not self.run.events:

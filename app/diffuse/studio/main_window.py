@@ -494,11 +494,14 @@ class MainWindow(QMainWindow):
         self._error(f"export failed: {message}")
 
     def _file_dialog(self, save: bool, title: str, suffix: str, kind: str) -> str:
-        """A file picked by the user; each kind opens where the last one went."""
+        """A file picked by the user; each kind opens where the last one went, a save offering
+        a name for the shown run."""
         place = "exports" if suffix != "npz" else "runs" if save else "recordings"
         folder = storage.dialog_dir(place)
         if save:
-            path, _ = QFileDialog.getSaveFileName(self, title, folder, f"{kind} (*.{suffix})")
+            name = export.suggested_name(self.run, suffix)
+            start = str(Path(folder) / name) if name else folder
+            path, _ = QFileDialog.getSaveFileName(self, title, start, f"{kind} (*.{suffix})")
             if path and not path.endswith(f".{suffix}"):
                 path += f".{suffix}"
         else:

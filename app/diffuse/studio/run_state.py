@@ -14,9 +14,18 @@ from diffuse import DiffuseError
 
 from diffuse.events import GenerateResult, StepEvent
 from diffuse.recording import Recording
+from diffuse.studio.rules import ThresholdRule, threshold_extras, threshold_rule
 
 MASK_GLYPH = "░"
-FIT_PERCENTILES = (5, 95)     # a fitted colour scale spans these percentiles of the run's values
+TAU_MARK = "◥"      # the corner mark of a threshold's commit on the canvas, as legends name it
+FIT_PERCENTILES = (5, 95)     # a fitted colour scale spends most colours on these percentiles
+
+
+def options_text(options: dict) -> str:
+    """Options as every view lists them: "steps 24, cache on, seed 0"; those left to the model
+    (None) are not listed."""
+    return ", ".join(f"{k} {'on' if v is True else 'off' if v is False else v}"
+                     for k, v in options.items() if v is not None)
 
 
 class RunState:
@@ -34,7 +43,8 @@ class RunState:
         self.failed: str | None = None
         self.left_out = 0     # oldest chat messages left out of the prompt to fit the context
         self.cpu_percent: np.ndarray | None = None    # per core, over the run (set when it ends)
-        self._fitted: dict[str, tuple[float, float] | None] = {}    # fitted_range, by mode
+        self.rule: ThresholdRule | None = None        # the scheduler's threshold rule, if it has one
+        self._fitted: dict[str, np.ndarray] = {}    # fitted_values, by mode
 
     @classmethod
     def from_recording(cls, rec: Recording) -> RunState:
@@ -78,6 +88,22 @@ class RunState:
         total = self.n_steps if self.done else max(self.steps_allowed, self.n_steps)
         return f"step {self.events[step].step + 1}/{total}"
 
+    def commits_text(self, step: int) -> str:
+        """How many positions the step committed; under a threshold rule, how many the rule
+        commits anyway (the schedule's count, or its one position) and how many tau added."""
+        n, rule = len(self.events[step].unmasked), self.rule
+        said = f"{n} decided"
+        if rule is None:
+            return said
+        if np.isnan(self.n_extra[step]):      # a recording without the schedule's count
+            return (f"{said}, {self.n_passed[step]:.0f} with {rule.condition()} (the schedule's "
+                    f"count was not recorded)")
+        floor = "by the schedule" if rule.floor == "schedule" else rule.floor
+        extra = f"{self.n_extra[step]:.0f} by τ ({rule.condition()}) {TAU_MARK}"
+        if rule.budget:
+            extra += f", Σ − max {self.budget_used[step]:.2f}"
+        return f"{said}: {self.n_floor[step]:.0f} {floor} + {extra}"
+
     def piece(self, token_id: int) -> str:
         """Text of one token; cached in the recording so replays need no tokenizer."""
         text = self.recording.pieces.get(token_id)
@@ -106,6 +132,17 @@ class RunState:
         self.sample_ms = np.zeros(s)
         self.masked_min = np.full(s, np.nan)              # entropy over still-masked positions
         self.masked_median = np.full(s, np.nan)
+        self.masked_max_confidence = np.full(s, np.nan)   # top-1 probability over them
+        self.masked_median_confidence = np.full(s, np.nan)
+        # Threshold rules (self.rule): of each step's commits, those the rule makes whatever tau
+        # is (the schedule's count, or its one position) and those tau added; NaN: not known
+        self.rule = threshold_rule(self.options, self.recording.model.get("arch"))
+        self.n_committed = np.zeros(s)
+        self.n_floor = np.full(s, np.nan)
+        self.n_extra = np.full(s, np.nan)
+        self.n_passed = np.full(s, np.nan)      # commits whose own value passes tau
+        self.budget_used = np.full(s, np.nan)   # budget rules: the step's sum of entropies less the largest
+        self.by_threshold = np.zeros(g, bool)   # committed because of tau, past the rule's floor
         self.decided_step = np.full(g, -1, np.int32)
         self.commit_entropy = np.full(g, np.nan, np.float32)
         self.commit_confidence = np.full(g, np.nan, np.float32)
@@ -114,7 +151,8 @@ class RunState:
     def _grow(self) -> None:
         for name in ("entropy", "confidence", "latest_entropy", "latest_confidence", "cache",
                      "active_fraction", "step_ms", "forward_ms", "sample_ms", "masked_min",
-                     "masked_median"):
+                     "masked_median", "masked_max_confidence", "masked_median_confidence",
+                     "n_committed", "n_floor", "n_extra", "n_passed", "budget_used"):
             a = getattr(self, name)
             pad = np.full_like(a, np.nan if a.dtype.kind == "f" else 0)
             setattr(self, name, np.concatenate([a, pad]))
@@ -142,14 +180,32 @@ class RunState:
         self.step_ms[k], self.forward_ms[k] = event.total_ms, event.forward_ms
         self.sample_ms[k] = event.sample_ms
         idx = np.asarray(event.unmasked, np.int64) - p
+        self.n_committed[k] = len(idx)
         self.decided_step[idx] = event.step
         self.commit_entropy[idx] = self.latest_entropy[k, idx]
         self.commit_confidence[idx] = self.latest_confidence[k, idx]
         still = ent[event.gen_mask & np.isfinite(ent)]
         if still.size:
             self.masked_min[k], self.masked_median[k] = still.min(), np.median(still)
+        still = conf[event.gen_mask & np.isfinite(conf)]
+        if still.size:
+            self.masked_max_confidence[k], self.masked_median_confidence[k] = still.max(), np.median(still)
+        if self.rule is not None:
+            self._split_commits(k, event, idx)
         self.n_steps += 1
         self._fitted = {}
+
+    def _split_commits(self, k: int, event: StepEvent, committed: np.ndarray) -> None:
+        rule, p = self.rule, self.prompt_length
+        values = (self.entropy if rule.quantity == "entropy" else self.confidence)[k, committed]
+        self.n_passed[k] = int(rule.passes(values).sum())
+        if rule.budget and values.size:
+            self.budget_used[k] = float(values.sum() - values.max())
+        extras = threshold_extras(rule, event)
+        if extras is not None:
+            self.by_threshold[extras - p] = True
+            self.n_extra[k] = len(extras)
+            self.n_floor[k] = len(committed) - len(extras)
 
     def finish(self, result: GenerateResult | None) -> None:
         self.recording.finish(result)
@@ -178,19 +234,14 @@ class RunState:
         event = self.events[step]
         return event.gen_mask & (self.cache[step, self.prompt_length:] == 0)
 
-    def fitted_range(self, mode: str) -> tuple[float, float] | None:
-        """The FIT_PERCENTILES of the entropy (or top-1 probability) the answer's text tokens had
-        when committed, or None before any; special tokens (end-of-text, near 0 nats) are left
-        out, so the band of the text fills the colours. Kept until the next step (views ask on
-        every redraw)."""
+    def fitted_values(self, mode: str) -> np.ndarray:
+        """The entropy (or top-1 probability) the answer's text tokens had when committed, special
+        tokens (end-of-text, near 0 nats) left out: what a fitted colour scale fits. Kept until
+        the next step (views ask on every redraw)."""
         if mode not in self._fitted:
             values = self.commit_entropy if mode == "entropy" else self.commit_confidence
             special = np.isin(self.events[-1].gen_tokens, list(self.special_ids))
-            values = values[~special & np.isfinite(values)]
-            self._fitted[mode] = None
-            if values.size:
-                lo, hi = (float(v) for v in np.percentile(values, FIT_PERCENTILES))
-                self._fitted[mode] = (lo, max(hi, lo + 1e-3))
+            self._fitted[mode] = values[~special & np.isfinite(values)]
         return self._fitted[mode]
 
     def text_at(self, step: int) -> str:
