@@ -138,8 +138,8 @@ class ThroughputView(QWidget):
             self._draw_cpu(loads, "CPU % now")
         vm = psutil.virtual_memory()
         rss = self._process.memory_info().rss
-        self.memory.setText(f"this process {theme.gib(rss)} · RAM available "
-                            f"{theme.gib(vm.available)} of {theme.gib(vm.total)} · "
+        self.memory.setText(f"this process {theme.size_text(rss)} · RAM available "
+                            f"{theme.size_text(vm.available)} of {theme.size_text(vm.total)} · "
                             f"{len(loads)} cores")
 
     def _draw_cpu(self, loads: np.ndarray, title: str) -> None:
