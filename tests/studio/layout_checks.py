@@ -75,10 +75,22 @@ def _tab_problems(bar: QTabBar) -> list[str]:
             if bar.tabRect(i).width() + SLACK < bar.tabSizeHint(i).width() and not bar.tabToolTip(i)]
 
 
-def _caption_problems(view: pg.GraphicsView) -> list[str]:
-    return [f"caption {c.text[:40]!r}: {c.item.boundingRect().width():.0f} > {c.width():.0f}"
-            for c in view.scene().items() if isinstance(c, theme.Caption) and c.isVisible()
-            and c.item.boundingRect().width() > c.width() + SLACK]
+def _plot_text_problems(view: pg.GraphicsView) -> list[str]:
+    """Captions wider than the plots; axis titles running out of the view (a long title of a
+    short axis is cut there)."""
+    out = []
+    shown = view.mapToScene(view.viewport().rect()).boundingRect()
+    for item in view.scene().items():
+        if not item.isVisible():
+            continue
+        if isinstance(item, theme.Caption) and item.item.boundingRect().width() > item.width() + SLACK:
+            out.append(f"caption {item.text[:40]!r}: {item.item.boundingRect().width():.0f} > {item.width():.0f}")
+        if isinstance(item, pg.AxisItem) and item.label.isVisible() and item.labelText:
+            margin = item.label.document().documentMargin()      # blank around the text
+            text = item.label.sceneBoundingRect().adjusted(margin, margin, -margin, -margin)
+            if not shown.adjusted(-SLACK, -SLACK, SLACK, SLACK).contains(text):
+                out.append(f"axis title {item.labelText[:40]!r} runs out of the view")
+    return out
 
 
 def layout_problems(root: QWidget) -> list[str]:
@@ -94,7 +106,7 @@ def layout_problems(root: QWidget) -> list[str]:
         if isinstance(w, QTabBar):
             problems += [f"{_name(w)}: {p}" for p in _tab_problems(w)]
         if isinstance(w, pg.GraphicsView):
-            problems += [f"{_name(w)}: {p}" for p in _caption_problems(w)]
+            problems += [f"{_name(w)}: {p}" for p in _plot_text_problems(w)]
         if not isinstance(w, LEAVES) or isinstance(w, QHeaderView) or w is root:
             continue
         if (why := _cut_text(w)) is not None:

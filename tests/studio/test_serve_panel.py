@@ -82,7 +82,7 @@ def test_the_live_views_follow_a_served_request(qtbot, window, model):
         # its CPU load over the run, as for the user's own runs, not the load now
         assert run.cpu_percent is not None
         window.views.setCurrentWidget(window.throughput)
-        qtbot.waitUntil(lambda: "over the run" in window.throughput.cpu_plot.getAxis("left").labelText,
+        qtbot.waitUntil(lambda: "whole run" in window.throughput.cpu_plot.getAxis("bottom").labelText,
                         timeout=5000)
 
         panel.follow.setChecked(False)      # switched off: the next request leaves the views alone
