@@ -14,8 +14,8 @@ import os
 from typing import NamedTuple
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QAbstractSpinBox, QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox,
-                               QLabel, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QAbstractSpinBox, QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout,
+                               QGroupBox, QLabel, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from diffuse import DiffuseError, physical_cores
 from diffuse.generation import (OPTION_NAMES, OPTIONS, default_options, option, resolve_options,
