@@ -230,7 +230,7 @@ class ChatPanel(QWidget):
         if self.busy or not self.model_ready:
             return       # the button is off, and the hint says why
         if not text:
-            self.hint.setText("Type a prompt first: there is nothing to answer.")
+            self.hint.setText("Type a prompt first.")
             self.prompt.setFocus()
             return
         self.prompt.clear()
