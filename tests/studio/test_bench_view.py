@@ -4,9 +4,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QApplication
 
 import diffuse
-from diffuse.studio.bench_view import BenchWindow, parse_values
+from diffuse.studio.bench_view import SWEEPS, BenchWindow, parse_values, point_name
 
 OPTIONS = {"gen_length": 8, "block_length": 8, "steps": 4, "threads": 1, "chat": True, "seed": None}
 
@@ -89,3 +91,21 @@ def test_main_window_opens_it(window):
     action = next(a for a in window.findChildren(type(window.compare_action)) if a.text() == "Benchmarks…")
     action.trigger()
     assert window.bench_window.isVisible()
+
+
+def test_before_a_sweep_the_plots_say_what_they_will_show(bench):
+    for axis in SWEEPS:
+        bench.axis.setCurrentText(axis)       # naming the axis must not bring back bare axes
+        for plot, empty in zip(bench._plots(), (bench.tps_empty, bench.ms_empty, bench.agree_empty)):
+            assert empty.note.isVisible() and "no sweep yet" in empty.note.toPlainText()
+            assert not plot.getAxis("bottom").isVisible() and not plot.getAxis("left").isVisible()
+
+
+def test_the_fastest_point_is_named_and_esc_closes(qtbot, bench):
+    _sweep(qtbot, bench, "Inter-step cache", "off,on")
+    assert "; fastest with cache o" in bench.status.text() and "at 1" not in bench.status.text()
+    assert point_name("cache", 0.0) == "cache off" and point_name("steps", 16.0) == "16 steps"
+    bench.activateWindow()
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is bench, timeout=5000)
+    qtbot.keyClick(bench, Qt.Key.Key_Escape)
+    qtbot.waitUntil(lambda: not bench.isVisible(), timeout=5000)

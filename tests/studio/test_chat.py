@@ -3,6 +3,7 @@ failed message is kept but never sent again, the live bubble shows readable text
 Delete ask first, and the prompt is encoded in one place, on the engine thread."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 
@@ -175,3 +176,17 @@ def test_clear_and_delete_ask_first_and_keep_the_file_until_confirmed(qtbot):
     answer(chat, "Delete")
     assert not path.exists() and chat.conversation.messages == []
     assert ConversationStore().list() == []
+
+
+def test_an_empty_prompt_and_an_answer_without_text_say_so(qtbot, window, fake_model, recorded_run):
+    window.set_model(fake_model(step_delay=0))
+    window.chat.prompt.setPlainText("  \n ")
+    window.chat.submit()
+    assert not window.engine.busy and window.chat.hint.text().startswith("Type a prompt first")
+    rec = recorded_run("eos")
+    rec.result = dataclasses.replace(rec.result, text="")       # end-of-text everywhere
+    run = RunState.from_recording(rec)
+    window.chat.add_answer(run, None)
+    assert "no text: the model ended the answer at once" in window.chat.view.toPlainText()
+    ask(qtbot, window, "Tell me about Mr. Darcy.")        # the hint is the model's again
+    assert window.chat.hint.text() == "Model: diffuse-demo-3m.gguf"

@@ -45,7 +45,8 @@ def test_dense_run_shows_the_empty_state(qtbot, recorded_run):
     qtbot.addWidget(view)
     view.set_run(RunState.from_recording(recorded_run("blocks_cache")))
     view.show_step(2)
-    assert view.empty.note.isVisible() and "dense" in view.summary.text
+    assert view.empty.note.isVisible() and "dense" in view.empty.note.toPlainText()
+    assert not view.top1.isVisible() and not view.usage.getAxis("bottom").isVisible()
 
 
 def test_helpers():

@@ -64,21 +64,21 @@ def test_catalog_facts_against_this_computers_ram(dialog, monkeypatch):
     text = llada.findChildren(first_run.QLabel)[0].text()
     q = llada.model["quantizations"]
     for name, need in q.items():
-        assert f"{name.upper()}" in text and theme.gib(need["ram_gb"] * GB) in text
+        assert f"{name.upper()}" in text and theme.size_text(need["ram_gb"] * GB) in text
     # 8 GB of RAM: Q4_K_M (6 GB) fits, F16 (17 GB) does not.
     rows = {line.split("</td>")[0]: line for line in text.split("<tr><td>")[1:]}
     assert "fits" in rows["Q4_K_M (recommended)"]
-    assert f"more than this computer's {theme.gib(8 * GB)}" in rows["F16"]
+    assert f"more than this computer's {theme.size_text(8 * GB)}" in rows["F16"]
     assert llada.qtype.currentData() == "Q4_K_M"
     # The ready GGUF beside the folder: its own file size and the RAM that file needs.
     gguf = llada.model["ready_gguf"]
     ready = text.split("<b>Ready GGUF</b>")[1].split("<br>")[0]
     assert gguf["file"] in ready and f"about {gguf['file_gb']:.1f} GB" in ready
-    assert f"needs {theme.gib(gguf['ram_gb'] * GB)} of RAM" in ready and "fits" in ready
+    assert f"needs {theme.size_text(gguf['ram_gb'] * GB)} of RAM" in ready and "fits" in ready
     assert "Download the ready GGUF (about 4.9 GB)" == llada.gguf_button.text()
     moe = card(d, "llada-moe")
     moe_text = moe.findChildren(first_run.QLabel)[0].text()
-    assert f"4.52 GB · needs {theme.gib(5.5 * GB)} of RAM" in moe_text
+    assert f"4.52 GB · needs {theme.size_text(5.5 * GB)} of RAM" in moe_text
     assert "8 of 64 experts" in moe_text
 
 
@@ -154,7 +154,7 @@ def test_refusals(dialog, tmp_path, monkeypatch, tiny_hf_llada):
     monkeypatch.setattr(panel.shutil, "disk_usage",
                         lambda p: shutil._ntuple_diskusage(10**12, 10**12 - 10, 10))
     assert not d.convert_folder(tiny_hf_llada, "F16")
-    assert "GiB of disk" in d.message.text() and d.job is None
+    assert "2.9 MiB of disk" in d.message.text() and "has 10 B free" in d.message.text() and d.job is None
 
 
 def test_pick_a_gguf(dialog, qtbot, tiny_gguf):
@@ -200,7 +200,9 @@ def test_opens_at_start_only_without_a_real_model(qtbot, dialog, tiny_gguf):
     path = tiny_gguf("llada", "q8_0")
     with qtbot.waitSignal(window.model_panel.model_loaded, timeout=60_000):
         d.use_gguf(path)
-    assert first_run.has_real_model(window.model_panel.entries, catalog.shipped_models_dir())
+    # the list is read again on a thread of its own: it may end after the model loaded
+    qtbot.waitUntil(lambda: first_run.has_real_model(window.model_panel.entries,
+                                                     catalog.shipped_models_dir()), timeout=30_000)
     d.close()
     assert first_run.open_at_start(window) is None
     d.shutdown()

@@ -26,9 +26,9 @@ def test_every_ready_gguf_is_offered_with_its_size_and_ram(model_panel, monkeypa
     for item, m in zip(asked["items"], models):
         gguf = m["ready_gguf"]
         assert item.startswith(m["name"]) and catalog.gguf_size_text(gguf) in item
-        assert f"needs {theme.gib(gguf['ram_gb'] * 1e9)} of RAM" in item
+        assert f"needs {theme.size_text(gguf['ram_gb'] * 1e9)} of RAM" in item
     moe = asked["items"][2]
-    assert "4.52 GB" in moe and f"more than the {theme.gib(5 * 2**30)} available" in moe
+    assert "4.52 GB" in moe and f"more than the {theme.size_text(5 * 2**30)} available" in moe
     assert model_panel.job is None
 
 

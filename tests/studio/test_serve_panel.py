@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import socket
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -78,6 +79,11 @@ def test_the_live_views_follow_a_served_request(qtbot, window, model):
         run = window.run
         assert window.served[1] is run and run.n_steps == run.result.steps > 0
         assert run.result.text.startswith(text) and "served request" in window.statusBar().currentMessage()
+        # its CPU load over the run, as for the user's own runs, not the load now
+        assert run.cpu_percent is not None
+        window.views.setCurrentWidget(window.throughput)
+        qtbot.waitUntil(lambda: "whole run" in window.throughput.cpu_plot.getAxis("bottom").labelText,
+                        timeout=5000)
 
         panel.follow.setChecked(False)      # switched off: the next request leaves the views alone
         with urllib.request.urlopen(request, timeout=30) as r:
@@ -87,3 +93,17 @@ def test_the_live_views_follow_a_served_request(qtbot, window, model):
     finally:
         panel.stop()
         qtbot.waitUntil(lambda: not panel.serving(), timeout=10000)
+
+
+def test_refused_requests_are_logged_with_their_reason(qtbot, panel, model):
+    panel.set_model(model)
+    panel.switch.setChecked(True)
+    body = json.dumps({"prompt": "It was", "n": 99}).encode()
+    request = urllib.request.Request(panel.server.url + "/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    refused.value.close()
+    assert refused.value.code == 400
+    qtbot.waitUntil(lambda: "POST /v1/completions 400: n must be in [1, 8]" in panel.log.toPlainText(),
+                    timeout=5000)

@@ -7,7 +7,7 @@ import os
 import pytest
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtCore import QUrl
-from PySide6.QtWidgets import QDoubleSpinBox
+from PySide6.QtWidgets import QDoubleSpinBox, QLabel
 
 import diffuse
 from diffuse import DiffuseError
@@ -134,7 +134,9 @@ def test_threads_auto_means_the_physical_cores(qtbot):
     panel = SettingsPanel()
     qtbot.addWidget(panel)
     assert panel.options()["threads"] is None
-    assert f"{diffuse.physical_cores()} physical cores" in panel.threads.specialValueText()
+    assert panel.threads.specialValueText() == "auto"      # narrow: the count is said under it
+    assert f"auto: {diffuse.physical_cores()} physical cores" in [
+        label.text() for label in panel.findChildren(QLabel)]
     assert "physical cores" in panel.threads.toolTip()
     assert panel.threads.maximum() == (os.cpu_count() or 1)
 

@@ -1,6 +1,7 @@
 """A real window on a real X server (Xvfb): the app starts from its entry point, replays a
 recording, and the screen shows the canvas with the right colours; the demo model generates for
-real on a small and a large screen with no button text clipped and the canvas in view."""
+real on a small and a large screen with nothing cut on any side tab (layout_checks) and the
+canvas in view, and the keyboard moves from the prompt with Tab and Ctrl+Tab."""
 from __future__ import annotations
 
 import contextlib
@@ -10,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -115,10 +117,13 @@ def test_real_window_shows_the_replayed_run(xserver, recorded_run, tmp_path):
 # fills the screen (no window manager here), then it reports what a user could not read or see.
 GENERATE = r"""
 import json, sys, time
-from PySide6.QtCore import QEventLoop, QPoint, QRect
-from PySide6.QtWidgets import QAbstractButton, QApplication
+from PySide6.QtCore import QEventLoop, QPoint, QRect, Qt
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QApplication
 from diffuse.studio import storage, theme
 from diffuse.studio.main_window import MainWindow
+sys.path.insert(0, sys.argv[1])
+from layout_checks import layout_problems
 
 app = QApplication(sys.argv[:1])
 theme.apply(app)
@@ -143,13 +148,29 @@ assert wait_for(lambda: finished, 60), "the run did not finish"
 wait_for(lambda: False, 1.0)           # the views catch up, the window settles
 canvas = window.canvas_panel
 at = canvas.mapTo(window, QPoint(0, 0))
+problems = {}
+for i in range(window.side_tabs.count()):
+    window.side_tabs.setCurrentIndex(i)
+    wait_for(lambda: False, 0.3)
+    problems[window.side_tabs.tabText(i)] = layout_problems(window)
+# the keyboard: Ctrl+Tab changes the plots' tab from the prompt, Tab leaves it, no tab typed
+prompt = window.chat.prompt
+window.activateWindow()
+prompt.setFocus()
+focused = wait_for(prompt.hasFocus, 10)
+view = window.views.currentIndex()
+QTest.keyClick(prompt, Qt.Key.Key_Tab, Qt.KeyboardModifier.ControlModifier)
+wait_for(lambda: False, 0.2)
+ctrl_tab = window.views.currentIndex() != view
+QTest.keyClick(prompt, Qt.Key.Key_Tab)
+wait_for(lambda: False, 0.2)
 print(json.dumps({
+    "problems": problems,
+    "keys": {"focused": focused, "ctrl_tab": ctrl_tab, "tab_leaves": not prompt.hasFocus(),
+             "typed": prompt.toPlainText()},
     "steps": finished[0].n_steps,
     "window": [window.width(), window.height()],
     "screen": [app.primaryScreen().geometry().width(), app.primaryScreen().geometry().height()],
-    "clipped": [f"{b.text()!r} {b.width()} < {b.sizeHint().width()}"
-                for b in window.findChildren(QAbstractButton)
-                if b.isVisible() and b.text() and b.width() < b.sizeHint().width()],
     "canvas_in_window": window.rect().contains(QRect(at, canvas.size())),
     "canvas_min_met": canvas.width() >= canvas.minimumSizeHint().width()
                       and canvas.height() >= canvas.minimumSizeHint().height(),
@@ -161,12 +182,13 @@ window.close()
 @pytest.mark.parametrize("size", ["1024x700", "1600x1000"])
 def test_demo_model_generates_with_nothing_clipped(tmp_path, size):
     with xvfb(size) as display:
-        done = subprocess.run([sys.executable, "-c", GENERATE], env=x_env(display, tmp_path),
-                              capture_output=True, timeout=180)
+        done = subprocess.run([sys.executable, "-c", GENERATE, str(Path(__file__).parent)],
+                              env=x_env(display, tmp_path), capture_output=True, timeout=180)
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
     report = json.loads(done.stdout.decode().strip().splitlines()[-1])
     width, height = map(int, size.split("x"))
     assert report["steps"] > 0
     assert report["window"] == report["screen"] == [width, height], report
-    assert report["clipped"] == [], report
+    assert all(found == [] for found in report["problems"].values()), report["problems"]
+    assert report["keys"] == {"focused": True, "ctrl_tab": True, "tab_leaves": True, "typed": ""}, report
     assert report["canvas_in_window"] and report["canvas_min_met"], report

@@ -139,7 +139,7 @@ def test_ram_need_is_for_the_models_context(qtbot, model_panel):
     entry = inspect_model(DEMO)
     assert entry.positions == 256 == gguf_file.read(DEMO).kv["llada.context_length"]
     model_panel.select_path(DEMO)
-    assert f"{theme.gib(entry.ram_needed)} for 256 positions" in model_panel.details.toPlainText()
+    assert f"{theme.size_text(entry.ram_needed)} for 256 positions" in model_panel.details.toPlainText()
 
 
 def test_ram_is_written_in_one_unit_everywhere(qtbot, monkeypatch):
@@ -150,12 +150,12 @@ def test_ram_is_written_in_one_unit_everywhere(qtbot, monkeypatch):
     dialog = first_run.FirstRunDialog()
     qtbot.addWidget(dialog)
     texts = " ".join(label.text() for label in dialog.findChildren(first_run.QLabel))
-    assert f"<b>{theme.gib(total)}</b>" in texts and "23.3 GiB" in texts
+    assert f"<b>{theme.size_text(total)}</b>" in texts and "23.3 GiB" in texts
     assert " GB of RAM" not in texts and "GB</b> of RAM" not in texts
     view = throughput.ThroughputView()
     qtbot.addWidget(view)
     view.sample_cpu()
-    assert f"of {theme.gib(total)}" in view.memory.text() and "23.3 GiB" in view.memory.text()
+    assert f"of {theme.size_text(total)}" in view.memory.text() and "23.3 GiB" in view.memory.text()
 
 
 # -- compare ------------------------------------------------------------------------------------

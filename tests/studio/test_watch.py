@@ -218,8 +218,8 @@ def test_cpu_load_is_measured_during_the_run(qtbot, window, fake_model):
     loads = run.cpu_percent
     assert loads is not None and len(loads) == len(window.throughput.cpu_bars.opts["height"])
     assert loads.sum() > 30 and ((loads >= 0) & (loads <= 100)).all()
-    axis = window.throughput.cpu_plot.getAxis("left")
-    qtbot.waitUntil(lambda: "over the run" in axis.labelText)
+    axis = window.throughput.cpu_plot.getAxis("bottom")
+    qtbot.waitUntil(lambda: "whole run" in axis.labelText)
     assert np.array_equal(window.throughput.cpu_bars.opts["height"], loads)
     window.throughput.sample_cpu()                        # the timer keeps the run's figure
     assert np.array_equal(window.throughput.cpu_bars.opts["height"], loads)

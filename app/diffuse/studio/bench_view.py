@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (QApplication, QComboBox, QHBoxLayout, QLabel, QLineEdit,
                                QPushButton, QVBoxLayout, QWidget)
 
@@ -65,6 +66,14 @@ def measure_point(model, prompt: str, options: dict, option: str, value, cancel)
             "steps": results[0].steps, "tokens": results[0].tokens}
 
 
+def point_name(option: str, x: float) -> str:
+    """A sweep point as a person says it: "cache on", "16 steps", "a batch of 4"."""
+    if option == "cache":
+        return f"cache {'on' if x else 'off'}"
+    n = f"{x:g}"
+    return {"steps": f"{n} steps", "block_length": f"block length {n}", "batch": f"a batch of {n}"}[option]
+
+
 def sweep_order(option: str, values: list) -> list:
     """The reference point first: the largest step budget, or the first value typed."""
     return sorted(values, reverse=True) if option == "steps" else list(values)
@@ -81,6 +90,7 @@ class BenchWindow(QWidget):
         self.base_options = base_options
         self.job: Job | None = None
         self.points: list[dict] = []      # appended by the job's thread, read on progress
+        self.option = ""                  # the option the points sweep
 
         self.axis = QComboBox()
         self.axis.addItems(list(SWEEPS))
@@ -105,7 +115,6 @@ class BenchWindow(QWidget):
         self.tps_plot, self.tps_curve, self.tps_empty = self._plot("tokens/s (every generated position)")
         self.ms_plot, self.ms_curve, self.ms_empty = self._plot("ms per step")
         self.agree_plot, self.agree_curve, self.agree_empty = self._plot("agreement with the reference answer")
-        self.agree_plot.setYRange(0, 1.05, padding=0)
         plots = QHBoxLayout()
         plots.addWidget(self.tps_plot)
         plots.addWidget(self.ms_plot)
@@ -117,6 +126,8 @@ class BenchWindow(QWidget):
         layout.addWidget(self.status)
         self._axis_changed(self.axis.currentText())
         QApplication.instance().aboutToQuit.connect(self.stop)
+        # Esc closes the window, as in a dialog (closing cancels a sweep, as the X does)
+        QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.close)
 
     def _plot(self, ylabel: str):
         plot = pg.PlotWidget()
@@ -124,7 +135,7 @@ class BenchWindow(QWidget):
         plot.setLabel("left", ylabel)
         curve = plot.plot([], [], pen=pg.mkPen(theme.ACCENT, width=2), symbol="o",
                           symbolBrush=theme.ACCENT, symbolPen=None)
-        empty = theme.EmptyState(plot.getPlotItem(), "run a sweep")
+        empty = theme.EmptyState(plot.getPlotItem(), f"{ylabel}\n(no sweep yet)")
         empty.show(True)
         return plot, curve, empty
 
@@ -132,7 +143,7 @@ class BenchWindow(QWidget):
         option, default = SWEEPS[name]
         self.values.setText(default)
         for plot in self._plots():
-            plot.setLabel("bottom", name)
+            plot.getAxis("bottom").setLabel(name)    # the axis itself stays hidden while empty
             plot.getAxis("bottom").setTicks([[(0, "off"), (1, "on")]] if option == "cache" else None)
 
     def _plots(self):
@@ -156,7 +167,7 @@ class BenchWindow(QWidget):
         prompt = self.prompt.text().strip() or "Why is the sky blue?"
         # The chat flag and threads of the settings panel are Model.generate arguments too.
         options = {k: v for k, v in self.base_options().items() if v is not None}
-        self.points = []
+        self.points, self.option = [], option
         self._redraw()
 
         def sweep(progress, cancel):
@@ -199,8 +210,11 @@ class BenchWindow(QWidget):
         self.agree_curve.setData(x, [p["agreement"] for p in points])
         for plot, empty in zip(self._plots(), (self.tps_empty, self.ms_empty, self.agree_empty)):
             empty.show(not points)
-            if points:
-                plot.enableAutoRange(axis="x" if plot is self.agree_plot else None)
+            if points and plot is self.agree_plot:
+                plot.setYRange(0, 1.05, padding=0)      # a share: always the whole scale
+                plot.enableAutoRange(axis="x")
+            elif points:
+                plot.enableAutoRange()
 
     def _ended(self, text: str) -> None:
         self.job = None
@@ -212,8 +226,8 @@ class BenchWindow(QWidget):
     def _finished(self, n_points: int) -> None:
         cancelled = self.job is not None and self.job.cancelled
         best = max(self.points, key=lambda p: p["tokens_per_s"], default=None)
-        summary = (f"; fastest at {best['x']:g}: {best['tokens_per_s']:.1f} tok/s, "
-                   f"{best['ms_per_step']:.0f} ms/step" if best else "")
+        summary = (f"; fastest with {point_name(self.option, best['x'])}: {best['tokens_per_s']:.1f} "
+                   f"tok/s, {best['ms_per_step']:.0f} ms/step" if best else "")
         self._ended(f"{'Cancelled' if cancelled else 'Done'}: {n_points} point(s){summary}.")
 
     def _failed(self, message: str) -> None:

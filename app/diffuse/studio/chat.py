@@ -14,10 +14,11 @@ from typing import Callable
 
 from PySide6.QtCore import QUrl, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QComboBox, QGridLayout, QHBoxLayout, QLabel, QMessageBox,
-                               QPlainTextEdit, QPushButton, QTextBrowser, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QGridLayout, QHBoxLayout, QMessageBox, QPlainTextEdit, QPushButton,
+                               QTextBrowser, QVBoxLayout, QWidget)
 
 from diffuse import DiffuseError
+from diffuse.studio import theme
 from diffuse.studio.conversations import Conversation, ConversationStore, Message
 from diffuse.studio.run_state import MASK_GLYPH, RunState
 
@@ -78,12 +79,9 @@ class ChatPanel(QWidget):
         self.confirm_box: QMessageBox | None = None
         self.busy = False
         self.model_ready = False
+        self._ready_hint = ""
 
-        self.picker = QComboBox()
-        self.picker.setToolTip("Saved conversations")
-        self.picker.setSizeAdjustPolicy(
-            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.picker.setMinimumContentsLength(6)
+        self.picker = theme.ElidedComboBox(6)    # its tooltip: the whole title
         self.picker.activated.connect(self._picked)
         new = QPushButton("New")
         new.setToolTip("Start a new conversation")
@@ -102,6 +100,7 @@ class ChatPanel(QWidget):
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("Ask something…  (Ctrl+Enter to generate)")
         self.prompt.setMaximumHeight(110)
+        self.prompt.setTabChangesFocus(True)     # Tab leaves the box; a prompt needs no tab characters
         self.generate_button = QPushButton("Generate")
         self.generate_button.setObjectName("Primary")
         self.generate_button.clicked.connect(self.submit)
@@ -117,7 +116,7 @@ class ChatPanel(QWidget):
         self.clear_button = QPushButton("Clear")
         self.clear_button.setToolTip("Remove every message of this conversation")
         self.clear_button.clicked.connect(self.clear)
-        self.hint = QLabel()
+        self.hint = theme.ElidedLabel()
         self.hint.setObjectName("Muted")
         # Two rows, so that the panel fits beside the canvas on a 1024-pixel screen.
         buttons = QGridLayout()
@@ -160,6 +159,7 @@ class ChatPanel(QWidget):
         for cid, title in saved:
             self.picker.addItem(title, cid)
         self.picker.setCurrentIndex(max(0, self.picker.findData(self.conversation.id)))
+        self.picker.setToolTip(self.conversation.title)
         self.picker.blockSignals(False)
 
     def _picked(self, index: int) -> None:
@@ -227,7 +227,11 @@ class ChatPanel(QWidget):
 
     def submit(self) -> None:
         text = self.prompt.toPlainText().strip()
-        if not text or self.busy or not self.model_ready:
+        if self.busy or not self.model_ready:
+            return       # the button is off, and the hint says why
+        if not text:
+            self.hint.setText("Type a prompt first.")
+            self.prompt.setFocus()
             return
         self.prompt.clear()
         message = Message("user", text)
@@ -248,6 +252,7 @@ class ChatPanel(QWidget):
             self._request(msgs[-1])
 
     def _request(self, message: Message) -> None:
+        self.hint.setText(self._ready_hint)     # a note of the last action is old news
         self._error = None
         self._asking = message
         self._pending, self._pending_left_out = "", 0
@@ -292,7 +297,8 @@ class ChatPanel(QWidget):
 
     def set_model_ready(self, ready: bool, name: str = "") -> None:
         self.model_ready = ready
-        self.hint.setText(f"Model: {name}" if ready else "Load a model in the Models tab first")
+        self._ready_hint = f"Model: {name}" if ready else "Load a model in the Models tab first"
+        self.hint.setText(self._ready_hint)
         self._update_buttons()
 
     def show_progress(self, run: RunState, step: int) -> None:
@@ -345,8 +351,9 @@ class ChatPanel(QWidget):
             else:
                 if m.meta.get("left_out"):
                     parts.append(self._notice(left_out_note(m.meta["left_out"])))
+                body = _text_html(m.text) if m.text.strip() else self._no_text(m)
                 parts.append(self._bubble(m.meta.get("model") or "Answer", "#f2a541", "#1a1d25",
-                                          _text_html(m.text), self._answer_note(i, m)))
+                                          body, self._answer_note(i, m)))
         if self._pending_left_out and self._pending is not None:
             parts.append(self._notice(left_out_note(self._pending_left_out)))
         if self._pending is not None:
@@ -361,6 +368,16 @@ class ChatPanel(QWidget):
         self.view.setHtml("".join(parts))
         if at_bottom:
             bar.setValue(bar.maximum())
+
+    @staticmethod
+    def _no_text(m: Message) -> str:
+        """What an answer without text says instead of an empty bubble."""
+        if m.meta.get("stop_reason") == "cancelled":
+            why = "stopped before any text was decided"
+        else:
+            why = ("no text: the model ended the answer at once (end-of-text everywhere); "
+                   "try another seed, more steps or a longer answer")
+        return f"<i style='color:#8a90a2'>{html.escape(why)}</i>"
 
     @staticmethod
     def _notice(text: str) -> str:

@@ -14,6 +14,9 @@ from diffuse.studio import theme
 from diffuse.studio.run_state import RunState
 
 EXPERT_CMAP = "turbo"    # many distinguishable hues: neighbouring expert ids look different
+# What the view says instead of plots, in short lines (the view may be narrow)
+NO_RUN = "Generate with a mixture-of-experts\nmodel (LLaDA-MoE) to see which\nexperts each step used"
+DENSE = "This run's model is dense:\nit has no experts to show.\nLLaDA-MoE runs show them here."
 
 
 def usage_counts(experts: np.ndarray, n_expert: int) -> np.ndarray:
@@ -49,8 +52,6 @@ class ExpertsView(pg.GraphicsLayoutWidget):
         self.usage.setLabel("bottom", "expert")
         self.usage.setMenuEnabled(False)
         self.usage.setTitle("positions per expert at this step", size="9pt")
-        self.empty = theme.EmptyState(self.usage, "Generate with a mixture-of-experts model "
-                                                  "(LLaDA-MoE) to see which experts each step used")
         self.usage_image = pg.ImageItem(axisOrder="row-major")     # [layer, expert]
         self.usage_image.setLookupTable(theme.lut("viridis"))
         self.usage.addItem(self.usage_image)
@@ -66,11 +67,14 @@ class ExpertsView(pg.GraphicsLayoutWidget):
         self.top1.addItem(self.prompt_line)
         self.summary = theme.Caption(justify="left", color=theme.MUTED)
         self.addItem(self.summary, row=2, col=0)
+        # Without routing there is nothing to plot: the second plot and the title go too.
+        self.empty = theme.EmptyState(self.usage, NO_RUN, also=(self.top1, self.usage.titleLabel))
         self.set_run(None)
 
     def set_run(self, run: RunState | None) -> None:
         self.run = run
         self._shape = None
+        self.empty.note.setText(NO_RUN)
         self.empty.show(True)
         self.usage_image.clear()
         self.top1_image.clear()
@@ -85,8 +89,8 @@ class ExpertsView(pg.GraphicsLayoutWidget):
         k = run.clamp(step)
         event = run.events[k]
         if event.experts is None:
+            self.empty.note.setText(DENSE)     # said once, in the middle, not again below
             self.empty.show(True)
-            self.summary.setText("no expert routing in this run (a dense model)")
             return
         experts = np.asarray(event.experts)
         # experts per layer: the model's count when the run states it (at least every id seen)

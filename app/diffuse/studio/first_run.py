@@ -51,9 +51,9 @@ def laptop_line() -> str:
         return ""
     q = model["recommended"]
     need = model["quantizations"][q]
-    return (f"<b>For a laptop, start with {model['name']}</b>: block diffusion with an exact cache "
-            f"makes it the fastest real model on a CPU; as {q.upper()} it is a "
-            f"{need['file_gb']:.1f} GB file that needs {theme.gib(need['ram_gb'] * GB)} of RAM. ")
+    return (f"<b>For a laptop, start with {model['name']}</b>: block diffusion with an exact cache, "
+            f"so a step computes only a few new rows, and the smallest of the real models; as {q.upper()} it is a "
+            f"{need['file_gb']:.1f} GB file that needs {theme.size_text(need['ram_gb'] * GB)} of RAM. ")
 
 
 def models_dir() -> Path:
@@ -114,7 +114,7 @@ class ModelCard(QGroupBox):
             verdict = _verdict(need["ram_gb"], ram_total)
             star = " (recommended)" if q == model.get("recommended") else ""
             rows.append(f"<tr><td>{q.upper()}{star}</td><td align=right>{need['file_gb']:.1f} GB"
-                        f"</td><td align=right>{theme.gib(need['ram_gb'] * GB)}</td><td>{verdict}</td></tr>")
+                        f"</td><td align=right>{theme.size_text(need['ram_gb'] * GB)}</td><td>{verdict}</td></tr>")
         facts = QLabel(
             f"<a href='{model['url']}' style='color:{theme.ACCENT.name()}'>{model['hf_repo']}</a>"
             f" · {model['family']} family · "
@@ -156,17 +156,19 @@ class ModelCard(QGroupBox):
             self.gguf_button.clicked.connect(lambda: self.gguf_requested.emit(self.model))
         for b in self.download_buttons():
             b.setEnabled(False)       # until the hub is known to answer
-        buttons = QHBoxLayout()
-        if self.gguf_button is not None:
-            buttons.addWidget(self.gguf_button)
-        buttons.addStretch(1)
-        buttons.addWidget(QLabel("Or make:"))
-        buttons.addWidget(self.qtype)
-        buttons.addWidget(self.convert_button)
-        buttons.addWidget(self.download_button)
+        # The ready file on a row of its own, the ways to make one on the next: one row was wider
+        # than the dialog, whose text then ran past its right edge.
+        make = QHBoxLayout()
+        make.addWidget(QLabel("Or make:"))
+        make.addWidget(self.qtype)
+        make.addWidget(self.convert_button)
+        make.addWidget(self.download_button)
+        make.addStretch(1)
         layout = QVBoxLayout(self)
         layout.addWidget(facts)
-        layout.addLayout(buttons)
+        if self.gguf_button is not None:
+            layout.addWidget(self.gguf_button, 0, Qt.AlignmentFlag.AlignLeft)
+        layout.addLayout(make)
 
     def download_buttons(self) -> list[QPushButton]:
         """The buttons that need the hub."""
@@ -176,7 +178,7 @@ class ModelCard(QGroupBox):
 def _verdict(ram_gb: float, ram_total: int) -> str:
     if ram_gb * GB <= ram_total:
         return f"<span style='color:{theme.ACCENT.name()}'>fits</span>"
-    return f"<span style='color:#ff9e7a'>more than this computer's {theme.gib(ram_total)}</span>"
+    return f"<span style='color:#ff9e7a'>more than this computer's {theme.size_text(ram_total)}</span>"
 
 
 def _active(model: dict) -> str:
@@ -194,7 +196,7 @@ def _ready_line(model: dict, ram_total: int) -> str:
     if gguf is None:
         return ""
     return (f"<b>Ready GGUF</b> ({gguf['quantization'].upper()}): {gguf['repo']}/{gguf['file']}"
-            f" · {catalog.gguf_size_text(gguf)} · needs {theme.gib(gguf['ram_gb'] * GB)} of RAM at "
+            f" · {catalog.gguf_size_text(gguf)} · needs {theme.size_text(gguf['ram_gb'] * GB)} of RAM at "
             f"{catalog.RAM_POSITIONS} positions, "
             f"{_verdict(gguf['ram_gb'], ram_total)} · {catalog.gguf_checks_text(gguf)}<br>")
 
@@ -221,7 +223,7 @@ class FirstRunDialog(QDialog):
             "4-5 GB (Q4_K_M, what we recommend); each can be made into one GGUF file here from "
             "its Hugging Face checkpoint: Q4_K_M needs the least memory, F16 is exact but needs "
             "the most RAM. " + laptop_line() +
-            f"This computer has <b>{theme.gib(ram)}</b> of RAM.")
+            f"This computer has <b>{theme.size_text(ram)}</b> of RAM.")
         intro.setWordWrap(True)
         cards = QWidget()
         cards_layout = QVBoxLayout(cards)
@@ -238,6 +240,7 @@ class FirstRunDialog(QDialog):
         cards_layout.addStretch(1)
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)   # the cards wrap
         scroll.setWidget(cards)
 
         self.online_label = QLabel("Checking whether Hugging Face can be reached…")

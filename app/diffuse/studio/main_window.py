@@ -9,10 +9,13 @@ GUI work short: the window answers input and other timers within a few tens of m
 from __future__ import annotations
 
 import functools
+import platform
 import time
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer, Signal
+import psutil
+import PySide6
+from PySide6.QtCore import Qt, QTimer, Signal, qVersion
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (QApplication, QFileDialog, QLabel, QMainWindow, QMessageBox,
                                QScrollArea, QSplitter, QTabWidget, QVBoxLayout, QWidget)
@@ -23,7 +26,7 @@ from diffuse._core import GGML_VERSION
 from diffuse.events import GenerateResult
 from diffuse.generation import resolve_options
 from diffuse.recording import Recording
-from diffuse.studio import export, first_run, storage
+from diffuse.studio import export, first_run, storage, theme
 from diffuse.studio.bench_view import BenchWindow
 from diffuse.studio.cache_view import CacheView
 from diffuse.studio.canvas import CanvasPanel
@@ -32,12 +35,13 @@ from diffuse.studio.compare import CompareWindow
 from diffuse.studio.experts_view import ExpertsView
 from diffuse.studio.heatmap import EntropyHeatmap
 from diffuse.studio.model_panel import ModelPanel
+from diffuse.studio.panes import PaneToggle
 from diffuse.studio.run_state import RunState
 from diffuse.studio.serve_panel import ServePanel
 from diffuse.studio.settings_panel import SettingsPanel
 from diffuse.studio.throughput import ThroughputView
 from diffuse.studio.timeline import Timeline
-from diffuse.studio.workers import Engine, Job
+from diffuse.studio.workers import Engine, Job, cpu_busy
 
 REFRESH_MS = 25
 CLOSE_WAIT_S = 0.5     # how long closing may block the GUI for a step or a job to return
@@ -53,7 +57,8 @@ def _scrolled(page: QWidget) -> QScrollArea:
 
 
 def about_text() -> str:
-    return (f"Diffuse Studio {diffuse.__version__} (ggml {GGML_VERSION})\n\n"
+    return (f"Diffuse Studio {diffuse.__version__} (ggml {GGML_VERSION}, Qt {qVersion()}, "
+            f"PySide6 {PySide6.__version__}, Python {platform.python_version()})\n\n"
             "Watch masked diffusion language models (LLaDA, Dream) denoise an answer step by "
             "step, on your CPU.")
 
@@ -119,9 +124,9 @@ class MainWindow(QMainWindow):
         self.splitter.setSizes([430, 760, 390])
         self.setCentralWidget(self.splitter)
 
-        self.model_label = QLabel("no model")
+        self.model_label = theme.ElidedLabel("no model")     # a long file name must not widen the window
         self.run_label = QLabel("")
-        self.statusBar().addWidget(self.model_label)
+        self.statusBar().addWidget(self.model_label, 1)
         self.statusBar().addPermanentWidget(self.run_label)
         self._make_actions()
 
@@ -139,6 +144,7 @@ class MainWindow(QMainWindow):
         self.serve_panel.served_step.connect(self._served_step)
         self.serve_panel.log_entry.connect(self._served_done)
         self.served: tuple[object, RunState] | None = None   # (serve Job, its run) the views follow
+        self._served_cpu: list = []      # psutil.cpu_times(percpu=True) as the followed request began
         self.model_panel.refused.connect(self._show_status)
         self.heatmap.step_clicked.connect(self.show_step)
         self.timeline.slider.valueChanged.connect(self._mark_dirty)
@@ -180,7 +186,7 @@ class MainWindow(QMainWindow):
         run = bar.addMenu("&Run")
         # The chat's prompt box owns Ctrl+Return (a second binding would make both dead): the
         # menu only names it.
-        self.generate_action = self._action(run, "Generate\tCtrl+Return", self._generate_clicked,
+        self.generate_action = self._action(run, "Generate\tCtrl+Return", self.chat.submit,
                                             tip="Generate an answer to the chat's prompt")
         self.stop_action = self._action(run, "Cancel", self.stop, "Esc",
                                         "Stop the run after the current step, and its playback")
@@ -196,6 +202,20 @@ class MainWindow(QMainWindow):
                      self.timeline.play_button.toggle, "Space")
         self._action(view, "Step back", self.timeline.back, "Ctrl+Left")
         self._action(view, "Step forward", self.timeline.forward, "Ctrl+Right")
+        view.addSeparator()
+        # Ctrl+Tab changes tabs anywhere, the prompt box included (it would type a tab there).
+        self._action(view, "Next tab", lambda: self._cycle_tabs(1), "Ctrl+Tab",
+                     "The next tab of the side panel when it has the focus, else of the plots")
+        self._action(view, "Previous tab", lambda: self._cycle_tabs(-1), "Ctrl+Shift+Tab")
+        view.addSeparator()
+        self.pane_toggles = []       # panels that collapse, for small screens
+        for text, keys, splitter, index in (("Models and settings panel", "Ctrl+1", self.splitter, 0),
+                                             ("Plots under the canvas", "Ctrl+2", self.centre, 1),
+                                             ("Chat panel", "Ctrl+3", self.splitter, 2)):
+            action = QAction(text, self)
+            action.setShortcut(QKeySequence(keys))
+            view.addAction(action)
+            self.pane_toggles.append(PaneToggle(action, splitter, index))
         help_menu = bar.addMenu("&Help")
         self._action(help_menu, "Getting real models…",
                      lambda checked=False: first_run.open_for(self),
@@ -207,6 +227,11 @@ class MainWindow(QMainWindow):
         for action in (self.open_action, self.save_action, self.png_action, self.gif_action,
                        self.compare_action, self.stop_action):
             tools.addAction(action)
+
+    def _cycle_tabs(self, step: int) -> None:
+        focus = QApplication.focusWidget()
+        tabs = self.side_tabs if focus is not None and self.side_tabs.isAncestorOf(focus) else self.views
+        tabs.setCurrentIndex((tabs.currentIndex() + step) % tabs.count())
 
     def _update_actions(self) -> None:
         has_run = self.run is not None and bool(self.run.events)
@@ -342,6 +367,7 @@ class MainWindow(QMainWindow):
             req, tok = job.request, self.engine.model.tokenizer
             run = RunState(tok.decode(req.prompt_of(0)), req.options_of(0), self.model_info(), tok.decode)
             self.served = (job, run)
+            self._served_cpu = psutil.cpu_times(percpu=True)   # its load over the run, at its end
             self.show_run(run)
             self.run_label.setText(f"following served request #{job.id}")
         followed, run = self.served
@@ -357,6 +383,7 @@ class MainWindow(QMainWindow):
         if not isinstance(result, GenerateResult):
             run.failed = entry["status"]
         else:
+            run.cpu_percent = cpu_busy(self._served_cpu, psutil.cpu_times(percpu=True))
             run.finish(result)
             self.timeline.run_ended(run.n_steps, result.total_ms)
         self.run_label.setText("")
@@ -510,13 +537,6 @@ class MainWindow(QMainWindow):
             storage.remember_dialog_dir(place, path)
         return path
 
-    def _generate_clicked(self) -> None:
-        if self.chat.prompt.toPlainText().strip():
-            self.chat.submit()
-        else:
-            self.chat.prompt.setFocus()
-            self._show_status("Type a prompt in the chat first.")
-
     def _open_clicked(self) -> None:
         path = self._file_dialog(False, "Open a recorded run", "npz", "Diffuse runs")
         if path:
@@ -574,6 +594,8 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(geometry)
         if state is not None:
             self.splitter.restoreState(state)
+        for toggle in self.pane_toggles:     # a panel may have been left collapsed
+            toggle.sync()
 
     def closeEvent(self, event) -> None:
         first = not self._closing

@@ -29,7 +29,6 @@ from diffuse.studio import storage, theme
 from diffuse.studio.job_box import JobBox
 from diffuse.studio.workers import Job
 
-GiB = 2**30
 PLAN_POSITIONS = 1024     # prompt + answer positions the RAM estimate plans for, at most
 OFFERED_QTYPES = ("F16", "Q8_0", "Q4_K_M")
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -124,8 +123,8 @@ def fit_problem(entry: ModelEntry, available: int | None = None) -> str | None:
         return entry.error
     available = psutil.virtual_memory().available if available is None else available
     if entry.ram_needed > available:
-        return (f"{entry.name} needs about {theme.gib(entry.ram_needed)} of RAM, only "
-                f"{theme.gib(available)} are available. Close other programs or use a "
+        return (f"{entry.name} needs about {theme.size_text(entry.ram_needed)} of RAM, only "
+                f"{theme.size_text(available)} are available. Close other programs or use a "
                 f"smaller quantisation (Q4_K_M).")
     return None
 
@@ -151,8 +150,8 @@ def disk_problem(out: Path, needed: int) -> str | None:
     except OSError as e:
         return f"{out.parent}: cannot write there ({e})"
     if needed > free:
-        return (f"{out.name} needs about {needed / GiB:.1f} GiB of disk, {out.parent} has "
-                f"{free / GiB:.1f} GiB free")
+        return (f"{out.name} needs about {theme.size_text(needed)} of disk, {out.parent} has "
+                f"{theme.size_text(free)} free")
     return None
 
 
@@ -180,7 +179,9 @@ class ModelPanel(QWidget):
     refused = Signal(str)
     job_finished = Signal(str, object)   # title, value (None if failed or cancelled)
 
-    COLUMNS = ("Model", "Family", "Type", "Size", "RAM need")
+    # Four short columns: the table fits the side panel on a 1024-pixel screen (the family is
+    # in the details and the tooltips).
+    COLUMNS = ("Model", "Type", "Size", "RAM")
     STATUS = {"loaded": ("▶", "#5ad1c8"), "ready": ("●", "#7ed07e"), "too big": ("●", "#ff9e7a"),
               "not a dLLM": ("○", "#8a90a2")}
 
@@ -207,6 +208,10 @@ class ModelPanel(QWidget):
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         header.setMinimumSectionSize(36)
         self.table.setWordWrap(False)
+        # A long name loses its middle (its start and its quantisation stay), never the panel's
+        # width: the whole path is in the row's tooltip.
+        self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+        self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         for c in range(1, len(self.COLUMNS)):
             header.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
         self.table.itemSelectionChanged.connect(self._selected)
@@ -328,11 +333,14 @@ class ModelPanel(QWidget):
                       "ready" if problem is None else
                       "not a dLLM" if e.error else "too big")
             mark, color = self.STATUS[status]
-            cells = (f"{mark} {name}", e.family or e.architecture or "?", e.file_type,
-                     f"{e.size / GiB:.2f} GiB", f"{e.ram_needed / GiB:.1f} / {theme.gib(available)}")
+            cells = (f"{mark} {name}", e.file_type, theme.size_text(e.size), theme.size_text(e.ram_needed))
+            tip = (f"{e.path}\n{e.family or e.architecture or 'unknown'} family · {e.file_type} · "
+                   f"{theme.size_text(e.size)} · needs {theme.size_text(e.ram_needed)} of RAM at "
+                   f"{e.positions} positions, {theme.size_text(available)} available\n{status}"
+                   + (f": {problem}" if problem else ""))
             for c, text in enumerate(cells):
                 item = QTableWidgetItem(text)
-                item.setToolTip(f"{e.path}\n{status}" + (f": {problem}" if problem else ""))
+                item.setToolTip(tip)
                 item.setData(Qt.ItemDataRole.UserRole, status)
                 if c == 0 or problem:
                     item.setForeground(QColor(color))
@@ -355,7 +363,7 @@ class ModelPanel(QWidget):
         lines = [f"<b>{e.name}</b>", f"{e.path}",
                  f"family <b>{e.family or '-'}</b> · dialect {e.dialect} · weights "
                  f"{e.weight_type} · file type {e.file_type}",
-                 f"RAM needed ≈ {theme.gib(e.ram_needed)} for {e.positions} positions "
+                 f"RAM needed ≈ {theme.size_text(e.ram_needed)} for {e.positions} positions "
                  f"(prompt + answer)"]
         problem = fit_problem(e)
         if problem:
@@ -601,7 +609,7 @@ def _gguf_offer(model: dict, available: int) -> str:
     """One ready GGUF as the download dialog lists it: the file's size and the RAM it needs."""
     gguf = model["ready_gguf"]
     ram = gguf["ram_gb"] * 1e9
-    fits = "fits" if ram <= available else f"more than the {theme.gib(available)} available"
+    fits = "fits" if ram <= available else f"more than the {theme.size_text(available)} available"
     return (f"{model['name']} · {gguf['quantization'].upper()} · "
-            f"{catalog.gguf_size_text(gguf)} · needs {theme.gib(ram)} of RAM at {catalog.RAM_POSITIONS} "
+            f"{catalog.gguf_size_text(gguf)} · needs {theme.size_text(ram)} of RAM at {catalog.RAM_POSITIONS} "
             f"positions ({fits})")

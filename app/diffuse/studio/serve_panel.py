@@ -35,7 +35,9 @@ def client_snippet(url: str, model_id: str, api_key: str | None) -> str:
 
 
 class ServePanel(QWidget):
-    log_entry = Signal(dict)     # emitted on the batcher's thread, delivered on the GUI thread
+    # Both emitted on the server's threads, delivered on the GUI thread:
+    log_entry = Signal(dict)          # the batcher's entry of a request that ran
+    request_logged = Signal(dict)     # every HTTP request, refused ones too (the log shows these)
     # (Job, StepEvent): a step of a served request's first answer, for the live views to follow
     served_step = Signal(object, object)
 
@@ -43,7 +45,9 @@ class ServePanel(QWidget):
         super().__init__(parent)
         self.model = None
         self.server = None
-        self.switch = QCheckBox("Serve the loaded model (OpenAI API)")
+        self.switch = QCheckBox("Serve the loaded model")
+        self.switch.setToolTip("an OpenAI-compatible API (/v1/completions, /v1/chat/completions) "
+                               "for other programs")
         self.switch.toggled.connect(self._switched)
         self.host = QLineEdit("127.0.0.1")
         self.host.setToolTip("127.0.0.1: this computer only; 0.0.0.0: every network interface")
@@ -83,7 +87,7 @@ class ServePanel(QWidget):
         self.log.setReadOnly(True)
         self.log.setFont(theme.mono_font())
         self.log.setMaximumBlockCount(LOG_LINES)
-        self.log_entry.connect(self._logged)
+        self.request_logged.connect(self._logged)
         self._poll = QTimer(self)
         self._poll.setInterval(POLL_MS)
         self._poll.timeout.connect(self._check_stopped)
@@ -122,6 +126,7 @@ class ServePanel(QWidget):
         except DiffuseError as e:
             return self._refused(str(e))
         self.server.batcher.listeners.append(self.log_entry.emit)
+        self.server.request_listeners.append(self.request_logged.emit)
         self.server.batcher.step_listeners.append(self._stepped)
         self.server.start()
         self.url.setText(self.server.url)
@@ -190,7 +195,13 @@ class ServePanel(QWidget):
         QGuiApplication.clipboard().setText(self.snippet.toPlainText())
 
     def _logged(self, e: dict) -> None:
-        self.log.appendPlainText(
-            f"{time.strftime('%H:%M:%S', time.localtime(e['time']))}  #{e['id']} {e['kind']} {e['status']}: "
-            f"{e['prompt_tokens']}+{e['completion_tokens']} tokens, {e['steps']} steps, batch of {e['batch']}, "
-            f"waited {e['queued_ms']:.0f} ms, ran {e['run_ms']:.0f} ms")
+        """One line per HTTP request: what a request that ran did, or why one was refused."""
+        r = e["request"]     # the batcher's entry, for a request that ran
+        if r is not None:
+            line = (f"#{r['id']} {r['kind']} {r['status']}: {r['prompt_tokens']}+{r['completion_tokens']} "
+                    f"tokens, {r['steps']} steps, batch of {r['batch']}, waited {r['queued_ms']:.0f} ms, "
+                    f"ran {r['run_ms']:.0f} ms" + (f" ({e['error']})" if e["error"] else ""))
+        else:
+            what = f"{e['method']} {e['path']}" if e["method"] else "request"
+            line = f"{what} {e['status']}" + (f": {e['error']}" if e["error"] else "")
+        self.log.appendPlainText(f"{time.strftime('%H:%M:%S')}  {line}")

@@ -14,14 +14,14 @@ import os
 from typing import NamedTuple
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox,
-                               QLabel, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QAbstractSpinBox, QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout,
+                               QGroupBox, QLabel, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from diffuse import DiffuseError, physical_cores
 from diffuse.generation import (OPTION_NAMES, OPTIONS, default_options, option, resolve_options,
                                  schedule_check)
 from diffuse.gguf_file import FAMILIES
-from diffuse.studio import storage
+from diffuse.studio import storage, theme
 
 AUTO = "auto"
 INT_MAX = 2**31 - 1     # a QSpinBox holds a 32-bit int (the engine's seed goes to 2^64 - 1)
@@ -57,7 +57,7 @@ PLACES = {
     "block_length": Place(SCHEDULE, "Block length", 8),
     "threshold": Place(SCHEDULE, "Tau", 0.1, suffix=" nats"),
     "eps": Place(SCHEDULE, "Eps", 0.001, decimals=5),
-    "cache": Place(CACHE, "reuse K/V of settled positions between steps"),
+    "cache": Place(CACHE, "Reuse settled positions' K/V"),
     "keep_active": Place(CACHE, "Keep active"),
     "refresh_every": Place(CACHE, "Refresh every"),
     "temperature": Place(SAMPLING, "Temperature", 0.1),
@@ -88,7 +88,7 @@ def _field(o: dict, place: Place) -> QWidget:
     if o["kind"] == "bool":
         box = QCheckBox(place.label)
     elif o["kind"] == "choice":
-        box = QComboBox()
+        box = theme.ElidedComboBox()     # as narrow as the panel
         box.addItem(AUTO, None)
         for name in o["choices"]:
             family, text = SCHEDULER_HELP.get(name, (None, ""))
@@ -110,9 +110,16 @@ def _field(o: dict, place: Place) -> QWidget:
         box.setSingleStep(place.step)
         box.setSuffix(place.suffix)
         box.setSpecialValueText(AUTO)
+        _fit_digits(box)
         tip += "; auto: the model's default"
     box.setToolTip(tip)
     return box
+
+
+def _fit_digits(box: QAbstractSpinBox) -> None:
+    """As narrow as eight digits need, not as the range's extremes in full: Qt's width for the
+    seed (up to 2^31) or eps widened the panel past a 1024-pixel screen."""
+    box.setMinimumWidth(box.fontMetrics().horizontalAdvance("0" * 8) + 40)   # + padding, arrows
 
 
 def _value(box: QWidget):
@@ -164,6 +171,24 @@ def _checked(key: str, value, box: QWidget, arch: str):
     return value
 
 
+def _note(text: str = "") -> QLabel:
+    """A muted line under a field; it wraps rather than widen the panel (a scheduler's name)."""
+    note = QLabel(text)
+    note.setObjectName("Muted")
+    note.setWordWrap(True)
+    return note
+
+
+def _with_note(field: QWidget, note: QLabel) -> QWidget:
+    box = QWidget()
+    column = QVBoxLayout(box)
+    column.setContentsMargins(0, 0, 0, 0)
+    column.setSpacing(0)
+    column.addWidget(field)
+    column.addWidget(note)
+    return box
+
+
 class SettingsPanel(QWidget):
     changed = Signal()
 
@@ -190,10 +215,13 @@ class SettingsPanel(QWidget):
                 self._row(forms[place.group], place.label, box, name)
         self.threads = QSpinBox()
         self.threads.setRange(0, os.cpu_count() or 1)      # up to the logical CPUs; 0 is "auto"
-        self.threads.setSpecialValueText(f"{AUTO} ({physical_cores()} physical cores)")
+        self.threads.setSpecialValueText(AUTO)
+        _fit_digits(self.threads)
         self.threads.setToolTip("CPU threads; auto: the physical cores (hyper-threads cost more than they give)")
-        self.chat = QCheckBox("wrap the prompt in the model's chat template")
-        forms[SAMPLING].addRow("Threads", self.threads)
+        self.chat = QCheckBox("Use the chat template")
+        self.chat.setToolTip("wrap the prompt in the model's chat template")
+        threads_note = _note(f"auto: {physical_cores()} physical cores")
+        forms[SAMPLING].addRow("Threads", _with_note(self.threads, threads_note))
         forms[SAMPLING].addRow(self.chat)
         self.schedule_line = QLabel()       # what the engine would round or refuse
         self.schedule_line.setWordWrap(True)
@@ -211,17 +239,11 @@ class SettingsPanel(QWidget):
         self._update_schedule_line()
 
     def _row(self, form: QFormLayout, label: str, widget: QWidget, key: str) -> None:
-        note = QLabel()
-        note.setObjectName("Muted")
-        self.defaults_note[key] = note
-        box = QWidget()
-        row = QVBoxLayout(box)
-        row.setContentsMargins(0, 0, 0, 0)
-        row.setSpacing(0)
-        row.addWidget(widget)
-        row.addWidget(note)
+        note = self.defaults_note[key] = _note()
         note.hide()
-        form.addRow(label, box)
+        name = QLabel(label)
+        name.setWordWrap(True)      # a long name takes two lines, not the field's width
+        form.addRow(name, _with_note(widget, note))
 
     # -- values -------------------------------------------------------------------------------
 

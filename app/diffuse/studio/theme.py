@@ -1,4 +1,5 @@
-"""Look of the app: bundled fonts, the style sheet, colours and colour maps.
+"""Look of the app: bundled fonts, the style sheet, colours and colour maps, sizes as text, and
+the widgets that keep a narrow panel readable (text wrapped, or cut with "…" and a tooltip).
 
 Resources live in the repository's `resources/` folder; an installed package carries them as
 `diffuse/studio/resources/` (see the wheel settings), so both places are searched.
@@ -10,9 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QFont, QFontDatabase, QIcon
-from PySide6.QtWidgets import QApplication
+from PySide6.QtCore import QRect, QSize, Qt
+from PySide6.QtGui import QColor, QFont, QFontDatabase, QIcon, QPainter
+from PySide6.QtWidgets import (QApplication, QComboBox, QLabel, QSizePolicy, QStyle,
+                               QStyleOptionComboBox, QStylePainter)
 
 from diffuse import DiffuseError
 
@@ -88,10 +90,15 @@ def lut(name: str, n: int = 256) -> np.ndarray:
     return pg.colormap.get(name).getLookupTable(0.0, 1.0, n, alpha=False)
 
 
-def gib(n_bytes: float) -> str:
-    """An amount of memory as every view of the app writes it (binary GiB, as system monitors
-    count RAM: the same machine must not read 25 in one place and 23.5 in another)."""
-    return f"{n_bytes / 2**30:.1f} GiB"
+def size_text(n_bytes: float) -> str:
+    """An amount of memory or disk as every view of the app writes it: binary units (as system
+    monitors count RAM: the same machine must not read 25 in one place and 23.5 in another), the
+    largest that keeps a whole number in front (6.8 MiB, not 0.01 GiB)."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n_bytes) >= scale:
+            value = n_bytes / scale      # three digits at most: 6.8 MiB, 271 MiB, 23.5 GiB
+            return f"{value:.1f} {unit}" if abs(value) < 100 else f"{value:.0f} {unit}"
+    return f"{n_bytes:.0f} B"
 
 
 def legend_html(entries: list[tuple[str, QColor]], glyph: str = "■") -> str:
@@ -103,8 +110,14 @@ def legend_html(entries: list[tuple[str, QColor]], glyph: str = "■") -> str:
 
 
 class Caption(pg.LabelItem):
-    """A line of text under plots that never widens them: a LabelItem asks its layout for its
-    text's width, so a long line pushed the plots past the right edge of a narrow view."""
+    """Text under plots that never widens them: a LabelItem asks its layout for its text's
+    width, so a long line pushed the plots past the right edge of a narrow view. It wraps at the
+    plots' width instead (and grows a line taller)."""
+
+    def resizeEvent(self, ev) -> None:
+        if self.item.textWidth() != self.width():
+            self.item.setTextWidth(max(self.width(), 1.0))
+        super().resizeEvent(ev)
 
     def updateMin(self) -> None:
         super().updateMin()
@@ -140,6 +153,68 @@ class EmptyState:
         if empty:
             self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
             self.note.setPos(0.5, 0.5)
+
+
+class ElidedLabel(QLabel):
+    """One line of text that never widens its panel: narrower than its text, it ends in "…"
+    and its tooltip holds the whole text."""
+
+    def __init__(self, text: str = "", parent=None):
+        super().__init__(text, parent)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(0, super().minimumSizeHint().height())
+
+    def setText(self, text: str) -> None:
+        super().setText(text)
+        self._update_tip()
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._update_tip()
+
+    def elided(self) -> bool:
+        return self.fontMetrics().horizontalAdvance(self.text()) > self.contentsRect().width()
+
+    def _update_tip(self) -> None:
+        self.setToolTip(self.text() if self.elided() else "")
+
+    def paintEvent(self, event) -> None:
+        painter = QPainter(self)
+        rect = self.contentsRect()
+        text = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, rect.width())
+        self.style().drawItemText(painter, rect, self.alignment() | Qt.AlignmentFlag.AlignVCenter,
+                                  self.palette(), self.isEnabled(), text, self.foregroundRole())
+
+
+class ElidedComboBox(QComboBox):
+    """A combo box as narrow as its panel whose current text ends in "…" when it does not fit
+    (Qt cuts it off mid-letter); its list shows the items whole. Give it a tooltip."""
+
+    def __init__(self, min_chars: int = 8, parent=None):
+        super().__init__(parent)
+        self.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.setMinimumContentsLength(min_chars)
+
+    def text_rect(self) -> QRect:
+        option = QStyleOptionComboBox()
+        self.initStyleOption(option)
+        return self.style().subControlRect(QStyle.ComplexControl.CC_ComboBox, option,
+                                           QStyle.SubControl.SC_ComboBoxEditField, self)
+
+    def showPopup(self) -> None:
+        self.view().setMinimumWidth(self.view().sizeHintForColumn(0) + 24)
+        super().showPopup()
+
+    def paintEvent(self, event) -> None:
+        painter = QStylePainter(self)
+        option = QStyleOptionComboBox()
+        self.initStyleOption(option)
+        painter.drawComplexControl(QStyle.ComplexControl.CC_ComboBox, option)
+        option.currentText = self.fontMetrics().elidedText(
+            option.currentText, Qt.TextElideMode.ElideRight, self.text_rect().width() - 2)
+        painter.drawControl(QStyle.ControlElement.CE_ComboBoxLabel, option)
 
 
 def text_on(color: QColor) -> QColor:

@@ -71,8 +71,8 @@ class ThroughputView(QWidget):
         self.cpu_plot.setMenuEnabled(False)
         self.cpu_plot.setMouseEnabled(x=False, y=False)
         self.cpu_plot.setYRange(0, 100, padding=0.02)
-        self.cpu_plot.setLabel("left", "CPU % now")
-        self.cpu_plot.setLabel("bottom", "core")
+        self.cpu_plot.setLabel("left", "CPU %")
+        self.cpu_plot.setLabel("bottom", "core (now)")
         self.cpu_plot.getAxis("bottom").setTicks([[(i, str(i)) for i in range(n_cpu)]])
         self.cpu_bars = pg.BarGraphItem(x=np.arange(n_cpu), height=np.zeros(n_cpu), width=0.7,
                                         brush=theme.ACCENT, pen=None)
@@ -135,23 +135,23 @@ class ThroughputView(QWidget):
         loads = np.array(psutil.cpu_percent(percpu=True), float)
         if self.run is None or self.run.cpu_percent is None:
             self._cpu_of = None
-            self._draw_cpu(loads, "CPU % now")
+            self._draw_cpu(loads, "now")
         vm = psutil.virtual_memory()
         rss = self._process.memory_info().rss
-        self.memory.setText(f"this process {theme.gib(rss)} · RAM available "
-                            f"{theme.gib(vm.available)} of {theme.gib(vm.total)} · "
+        self.memory.setText(f"this process {theme.size_text(rss)} · RAM available "
+                            f"{theme.size_text(vm.available)} of {theme.size_text(vm.total)} · "
                             f"{len(loads)} cores")
 
-    def _draw_cpu(self, loads: np.ndarray, title: str) -> None:
+    def _draw_cpu(self, loads: np.ndarray, when: str) -> None:
+        """`when` the load was measured, said under the bars (the side axis is too short)."""
         self.cpu_bars.setOpts(height=loads)
-        self.cpu_plot.setLabel("left", title)
+        self.cpu_plot.setLabel("bottom", f"core ({when})")
 
     def _show_run_cpu(self) -> None:
         run = self.run
         if run is not None and run.cpu_percent is not None and self._cpu_of is not run:
             self._cpu_of = run
-            self._draw_cpu(run.cpu_percent,
-                           f"CPU % over the run's {run.result.total_ms / 1000:.2f} s")
+            self._draw_cpu(run.cpu_percent, "whole run")     # its length: "total time"
 
     def set_run(self, run: RunState | None) -> None:
         self.run = run
