@@ -83,7 +83,7 @@ def test_catalog_facts_against_this_computers_ram(dialog, monkeypatch):
 
 
 def test_recommends_sdar_for_a_laptop(dialog):
-    """SDAR-1.7B-Chat, the fastest real model on a CPU: its recommended file and RAM, from the
+    """SDAR-1.7B-Chat (block diffusion: a step computes a few rows): its recommended file and RAM, from the
     catalog, in the dialog's introduction; its card offers the checkpoint to download and convert."""
     sdar = catalog.find(catalog.load(), first_run.LAPTOP_MODEL)
     assert (sdar["name"], sdar["family"], sdar["recommended"]) == ("SDAR-1.7B-Chat", "sdar", "q4_k_m")

@@ -52,7 +52,7 @@ def laptop_line() -> str:
     q = model["recommended"]
     need = model["quantizations"][q]
     return (f"<b>For a laptop, start with {model['name']}</b>: block diffusion with an exact cache, "
-            f"so a step computes only a few new rows, and the smallest of the real models; as {q.upper()} it is a "
+            f"so a step computes only a few new rows, and one of the smallest real models; as {q.upper()} it is a "
             f"{need['file_gb']:.1f} GB file that needs {theme.size_text(need['ram_gb'] * GB)} of RAM. ")
 
 
