@@ -134,7 +134,7 @@ def test_every_option_has_a_flag_with_the_engines_help():
     argv = []
     for o in OPTIONS:
         value = given[o["name"]]
-        argv += ["--no-cache"] if o["kind"] == "bool" else [flag(o), value if o["kind"] == "choice" else text(o, value)]
+        argv += ["--no-" + flag(o)[2:]] if o["kind"] == "bool" else [flag(o), value if o["kind"] == "choice" else text(o, value)]
     args = parser.parse_args(["generate", "-m", "M.gguf", "-p", "hi", *argv])
     assert generation_options(args) == given
     resolve_options("dream", **generation_options(args))

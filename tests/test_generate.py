@@ -140,7 +140,7 @@ def test_every_scheduler_fills_the_buffer(dream, scheduler):
     r = dream.generate(PROMPT, gen_length=16, steps=8, block_length=8, scheduler=scheduler,
                        temperature=0.7, top_p=0.9, top_k=50, seed=3)
     # Threshold rules run a block until it has no masks: at most one step per position.
-    until_done = scheduler in ("confidence_threshold", "entropy_bounded")
+    until_done = scheduler in ("confidence_threshold", "entropy_bounded", "confidence_factor")
     assert r.steps <= r.steps_allowed == (16 if until_done else 8)
     assert not (r.tokens == dream.mask_token_id).any()
 

@@ -192,7 +192,7 @@ void diffuse_py::register_generate(py::module_ & m) {
         d["max_open"] = o.hi_open;
         d["help"] = o.help;
         d["range"] = diffuse::option_range_text(o);
-        d["choices"] = o.kind == OptionKind::Choice ? py::cast(diffuse::scheduler_names()) : py::list();
+        d["choices"] = o.kind == OptionKind::Choice ? py::cast(o.choices()) : py::list();
         options.append(d);
     }
     m.attr("OPTIONS") = options;

@@ -90,6 +90,22 @@ enum class Scheduler {
     LowConfidenceStatic,   // the k most confident
     ConfidenceThreshold,   // Fast-dLLM: every position >= confidence_threshold, at least the top one
     EntropyBounded,        // EB-sampler: lowest entropies while their sum minus the largest <= entropy_budget
+    ConfidenceFactor,      // Fast-dLLM's factor rule: the n most confident while the n-th >= 1 - factor / (n + 1)
+};
+
+// Full-attention models: which rows a step recomputes with the inter-step cache on.
+enum class CachePolicy {
+    Active,   // the paper's: masked in the block + changed within keep_active steps; refresh_every
+    Prefix,   // Fast-dLLM PrefixCache: a full pass at each block's start, then the block and everything after it
+    Dual,     // Fast-dLLM DualCache: a full pass at each block's start, then the block's rows only
+};
+
+// When the answer is over before its last block.
+enum class EosStop {
+    None,      // never: every block is decoded
+    AllEos,    // a finished block that is all end-of-text
+    HoldsEos,  // a finished block holding end-of-text (dInfer; SDAR's and LLaDA2's loops)
+    Prefix,    // as soon as the decided prefix of the answer holds end-of-text (Fast-dLLM v2), mid-block
 };
 
 // How many positions each step commits.
@@ -111,7 +127,14 @@ struct GenerateParams {
     float     threshold      = 1.5f;  // entropy_exit tau, nats
     float     confidence_threshold = 0.9f;  // low_confidence_dynamic / confidence_threshold tau, a probability
     float     entropy_budget = 0.35f; // entropy_bounded: sum of entropies minus the largest, nats
+    float     factor         = 1.0f;  // confidence_factor: the n-th most confident needs >= 1 - factor / (n + 1)
+    bool      carry_first    = false; // shifted logits: a block's first position alone, from the row before
+                                      // it, in a step of its own (always on for block diffusion)
     bool      cache          = true;  // inter-step KV cache
+    CachePolicy cache_policy = CachePolicy::Active;  // full attention: rows a cached step recomputes
+    int       suffix_window  = -1;    // full attention: positions after the block a step sees (DPad);
+                                      // -1: all, 0: none
+    EosStop   eos_stop       = EosStop::AllEos;
     int       keep_active    = 2;     // a position stays active this many steps after it changed
                                       // (2: fidelity 0.84 vs 0.83 at 1 on the demo model)
     int       refresh_every  = 0;     // full recompute every N steps (0: only at step 0; 1: exact)

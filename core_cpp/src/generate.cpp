@@ -52,6 +52,7 @@ GenerateParams default_generate_params(Arch arch) {
             p.scheduler = Scheduler::LowConfidenceDynamic;
             p.block_length = 0;
             p.confidence_threshold = 0.9f;
+            p.eos_stop = EosStop::Prefix;
             break;
     }
     return p;
@@ -80,12 +81,19 @@ Geometry validate(const ModelImpl & model, const std::vector<int32_t> & prompt, 
     if (prompt.empty()) throw Error("the prompt is empty");
     model.check_tokens(prompt.data(), prompt.size());
     check_options(p);
+    if (p.carry_first && !hp.shift_logits)
+        throw Error("carry_first applies to models with shifted logits (Dream, Fast-dLLM v2) only");
     const int64_t n_prompt = (int64_t) prompt.size();
     Geometry g;
     if (hp.block_diffusion()) {
         // Blocks aligned at position 0 (SDAR's generate.py): the prompt's whole blocks are
         // prefilled, its tail shares the first answer block, the run ends on a block boundary.
         if (p.cfg_scale > 0) throw Error("cfg_scale is not supported for block-diffusion models");
+        // Their cache is exact and they see no suffix: neither option means anything there.
+        if (p.cache_policy != CachePolicy::Active)
+            throw Error("cache_policy applies to full-attention models only (a block-diffusion model's cache is exact)");
+        if (p.suffix_window >= 0)
+            throw Error("suffix_window applies to full-attention models only (a block-diffusion model sees no suffix)");
         g.block = p.block_length > 0 ? p.block_length : hp.block_size;
         g.sub = p.sub_block_length > 0 ? p.sub_block_length : hp.sub_block_size > 0 ? hp.sub_block_size : g.block;
         g.sub = std::min(g.sub, g.block);
@@ -135,6 +143,8 @@ struct Sequence {
     int n_final = 0;                   // block diffusion: rows [0, n_final) of the cache are final
 
     int b = 0, u = 0, i = 0, step = 0; // current block, sub-block, step within it, steps run
+    int block_steps = 0;               // steps run in the current block
+    int n_seen = 0;                    // full attention: rows [0, n_seen) have been computed once
     bool carrying = false;             // this step commits the block's first position (carry step)
     bool done = false;
     GenerateOutput out;
@@ -144,7 +154,7 @@ struct Sequence {
 
     Sequence(int index_, const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p_)
         : index(index_), p(p_), sched(scheduler_info(p_.scheduler)), block_causal(model.hparams().block_diffusion()),
-          carries(block_causal && model.hparams().shift_logits) {
+          carries(model.hparams().shift_logits && (block_causal || p_.carry_first)) {
         const Geometry g = validate(model, prompt, p);
         block = g.block;
         sub = g.sub;
@@ -184,10 +194,12 @@ struct Sequence {
 
     int block_start() const { return origin + b * block; }
     int block_end() const { return block_start() + block; }
+    // Full attention: the positions a step attends to (the suffix window cuts off the rest).
+    int window_end() const { return p.suffix_window < 0 ? n_total : std::min(n_total, block_end() + p.suffix_window); }
     int sub_start() const { return block_start() + u * sub; }
     int sub_end() const { return std::min(sub_start() + sub, block_end()); }
     // Positions a step can see: block diffusion has no future yet.
-    int n_visible() const { return block_causal ? block_end() : n_total; }
+    int n_visible() const { return block_causal ? block_end() : window_end(); }
     bool is_eos(int32_t t) const { return std::find(p.eos_ids.begin(), p.eos_ids.end(), t) != p.eos_ids.end(); }
 
     // Positions to commit at step i of a sub-block (the rule may commit more or fewer).
@@ -198,16 +210,20 @@ struct Sequence {
         return std::min(llada_transfer_counts(sub_end() - sub_start(), steps_per_sub)[i], n_cand);
     }
 
-    // Full attention: whether the finished current block, all end-of-text, ends the answer.
-    bool block_all_eos() const {
-        if (p.eos_ids.empty()) return false;
-        for (int pos = std::max(block_start(), n_prompt); pos < block_end(); ++pos)
-            if (mask[pos] || !is_eos(x[pos])) return false;
-        return true;
+    // Whether the finished current block ends the answer (eos_stop all_eos / holds_eos).
+    bool block_ends_answer() const {
+        if (p.eos_ids.empty() || (p.eos_stop != EosStop::AllEos && p.eos_stop != EosStop::HoldsEos)) return false;
+        const bool all = p.eos_stop == EosStop::AllEos;
+        for (int pos = std::max(block_start(), n_prompt); pos < block_end(); ++pos) {
+            const bool eos = !mask[pos] && is_eos(x[pos]);
+            if (!all && eos) return true;
+            if (all && !eos) return false;
+        }
+        return all;
     }
 
-    // Block diffusion: whether the answer's decided prefix holds end-of-text (Fast-dLLM v2's stop;
-    // SDAR and LLaDA2 stop after the block holding it, which changes nothing before it).
+    // eos_stop prefix: whether the answer's decided prefix holds end-of-text (Fast-dLLM v2's stop;
+    // nothing after it can change the text).
     bool prefix_holds_eos() const {
         if (p.eos_ids.empty()) return false;
         for (int pos = n_prompt; pos < n_total && !mask[pos]; ++pos)
@@ -229,7 +245,7 @@ struct Sequence {
     // Moves to the next step that has work (finishing sub-blocks and blocks on the way); false
     // when the run is over.
     bool next_step(bool shift_logits) {
-        if (block_causal && !done && prefix_holds_eos()) end_with_eos(n_prompt);
+        if (p.eos_stop == EosStop::Prefix && !done && prefix_holds_eos()) end_with_eos(n_prompt);
         while (!done && b < n_blocks) {
             const int bs = block_start(), be = block_end();
             cand.clear();
@@ -249,9 +265,9 @@ struct Sequence {
                 plan_active();
                 return true;
             }
-            if (!block_causal && be < n_total && block_all_eos()) end_with_eos(be);
+            if (be < n_total && block_ends_answer()) end_with_eos(be);
             ++b;
-            u = i = 0;
+            u = i = block_steps = 0;
         }
         done = true;
         return false;
@@ -260,6 +276,8 @@ struct Sequence {
     // After a step's commits.
     void advance() {
         ++step;
+        ++block_steps;
+        n_seen = std::max(n_seen, window_end());
         if (!carrying) ++i;
     }
 
@@ -276,14 +294,27 @@ struct Sequence {
             for (int pos = from; pos < (carrying ? bs : be); ++pos) active.push_back(pos);
             return;
         }
-        const bool full = !p.cache || step == 0 || (p.refresh_every > 0 && step % p.refresh_every == 0);
-        std::vector<uint8_t> on(n_total, 1);
+        // Full attention over [0, window_end()). Prefix and dual caches: a full pass at each block's
+        // start, then the rows from the block's start to the window's end (prefix) or the block (dual).
+        const int we = window_end();
+        const bool block_policy = p.cache_policy != CachePolicy::Active;
+        const bool full = !p.cache || step == 0 || (block_policy ? block_steps == 0
+                                                                 : p.refresh_every > 0 && step % p.refresh_every == 0);
+        std::vector<uint8_t> on(we, 1);
         if (!full) {
-            for (int pos = 0; pos < n_total; ++pos)
-                on[pos] = (mask[pos] && pos >= bs && pos < be) || step - last_change[pos] <= p.keep_active;
+            for (int pos = 0; pos < we; ++pos) {
+                switch (p.cache_policy) {
+                    case CachePolicy::Active:
+                        on[pos] = (mask[pos] && pos >= bs && pos < be) || step - last_change[pos] <= p.keep_active;
+                        break;
+                    case CachePolicy::Prefix: on[pos] = pos >= bs; break;
+                    case CachePolicy::Dual: on[pos] = pos >= bs && pos < be; break;
+                }
+                on[pos] |= pos >= n_seen;   // entering the suffix window: never computed yet
+            }
             for (int32_t s : sources) on[s] = 1;
         }
-        for (int pos = 0; pos < n_total; ++pos)
+        for (int pos = 0; pos < we; ++pos)
             if (on[pos]) active.push_back(pos);
     }
 
@@ -293,7 +324,7 @@ struct Sequence {
                       const std::vector<int32_t> & wanted) const {
         SequenceRows r;
         r.cache = kv;
-        r.n_kv = block_causal ? (positions.back() / block + 1) * block : n_total;
+        r.n_kv = block_causal ? (positions.back() / block + 1) * block : window_end();
         r.attn_block = block_causal ? block : 0;
         std::vector<int32_t> row_of(n_total, -1);
         for (int32_t pos : positions) {
@@ -451,7 +482,7 @@ int generate_stream(const Model & base, const BatchFeed & feed, const StepCallba
 
             const int n_scheduled = q.scheduled(n_cand);
             SelectInput in{stats, n_scheduled, q.p.threshold, q.p.confidence_threshold, q.p.entropy_budget,
-                           q.p.alg_temp, dream_transfer_prob(q.i, q.steps_per_sub, q.p.eps),
+                           q.p.factor, q.p.alg_temp, dream_transfer_prob(q.i, q.steps_per_sub, q.p.eps),
                            rng_key(q.p.seed ^ 0x5ced5ced5cedULL, (uint64_t) q.step, 1)};
             const std::vector<int> chosen = q.carrying ? std::vector<int>{0} : q.sched.select(in);
 

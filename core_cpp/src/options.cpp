@@ -15,7 +15,30 @@ constexpr double SEED_MAX = 18446744073709551615.0;
 
 #define NUM_FIELD(field, type)                                                         \
     [](const GenerateParams & p) { return (double) p.field; },                         \
-    [](GenerateParams & p, double v) { p.field = (type) v; }, nullptr, nullptr
+    [](GenerateParams & p, double v) { p.field = (type) v; }, nullptr, nullptr, nullptr
+
+// A choice between the values of an enum, by name: NAMES lists them in the enum's order.
+template <typename E, const char * const * NAMES, size_t N>
+struct EnumChoice {
+    static std::vector<std::string> names() { return {NAMES, NAMES + N}; }
+    static std::string name(E e) { return NAMES[(size_t) e]; }
+    static E parse(const char * option, const std::string & v) {
+        for (size_t i = 0; i < N; ++i)
+            if (v == NAMES[i]) return (E) i;
+        std::string all;
+        for (size_t i = 0; i < N; ++i) all += (i ? ", " : "") + std::string(NAMES[i]);
+        throw Error("unknown " + std::string(option) + " '" + v + "' (choose one of: " + all + ")");
+    }
+};
+
+constexpr const char * CACHE_POLICY_NAMES[] = {"active", "prefix", "dual"};
+constexpr const char * EOS_STOP_NAMES[] = {"none", "all_eos", "holds_eos", "prefix"};
+using CachePolicyChoice = EnumChoice<CachePolicy, CACHE_POLICY_NAMES, 3>;
+using EosStopChoice = EnumChoice<EosStop, EOS_STOP_NAMES, 4>;
+
+#define ENUM_FIELD(field, Choice)                                                      \
+    nullptr, nullptr, [](const GenerateParams & p) { return Choice::name(p.field); },  \
+    [](GenerateParams & p, const std::string & v) { p.field = Choice::parse(#field, v); }, Choice::names
 
 }  // namespace
 
@@ -37,7 +60,8 @@ const std::vector<OptionInfo> & generate_options() {
         {"scheduler", OptionKind::Choice, 0, 0, false, false, "which masked positions each step commits",
          nullptr, nullptr,
          [](const GenerateParams & p) { return std::string(scheduler_info(p.scheduler).name); },
-         [](GenerateParams & p, const std::string & v) { p.scheduler = scheduler_by_name(v).id; }},
+         [](GenerateParams & p, const std::string & v) { p.scheduler = scheduler_by_name(v).id; },
+         scheduler_names},
         {"threshold", OptionKind::Float, 0, 1e6, false, false,
          "entropy_exit tau, nats: commit every masked position whose entropy is below it",
          NUM_FIELD(threshold, float)},
@@ -47,6 +71,12 @@ const std::vector<OptionInfo> & generate_options() {
         {"entropy_budget", OptionKind::Float, 0, 1e6, false, false,
          "entropy_bounded budget, nats: commit the positions of lowest entropy while the sum of their entropies "
          "minus the largest stays within it", NUM_FIELD(entropy_budget, float)},
+        {"factor", OptionKind::Float, 0, 1e6, true, false,
+         "confidence_factor (Fast-dLLM's factor rule): commit the n most confident positions while the n-th is at "
+         "least 1 - factor / (n + 1) likely", NUM_FIELD(factor, float)},
+        {"carry_first", OptionKind::Bool, 0, 1, false, false,
+         "models with shifted logits (Dream): commit each block's first position alone, from the row before it, "
+         "before the block's other steps (Fast-dLLM's Dream; always on for Fast-dLLM v2)", NUM_FIELD(carry_first, bool)},
         {"cache", OptionKind::Bool, 0, 1, false, false,
          "inter-step K/V cache: recompute only active positions (block-diffusion models: exact, finished "
          "blocks are never recomputed)", NUM_FIELD(cache, bool)},
@@ -55,6 +85,18 @@ const std::vector<OptionInfo> & generate_options() {
          NUM_FIELD(keep_active, int)},
         {"refresh_every", OptionKind::Int, 0, BIG, false, false,
          "full recompute every N steps; 0 = only at step 0, 1 = every step (exact)", NUM_FIELD(refresh_every, int)},
+        {"cache_policy", OptionKind::Choice, 0, 0, false, false,
+         "full-attention models, cache on: active = recompute masked and recently changed positions (the paper's); "
+         "prefix = a full pass at each block's start, then the block and everything after it (Fast-dLLM PrefixCache); "
+         "dual = a full pass at each block's start, then only the block (Fast-dLLM DualCache)",
+         ENUM_FIELD(cache_policy, CachePolicyChoice)},
+        {"suffix_window", OptionKind::Int, -1, BIG, false, false,
+         "full-attention models: masked positions after the current block a step attends to (DPad); -1 = all, 0 = none",
+         NUM_FIELD(suffix_window, int)},
+        {"eos_stop", OptionKind::Choice, 0, 0, false, false,
+         "when end-of-text ends the run early: none; all_eos = a finished block that is all end-of-text; holds_eos = a "
+         "finished block holding one (dInfer); prefix = as soon as everything before an end-of-text is decided",
+         ENUM_FIELD(eos_stop, EosStopChoice)},
         {"temperature", OptionKind::Float, 0, 100, false, false, "sampling temperature; 0 = greedy",
          NUM_FIELD(temperature, float)},
         {"top_k", OptionKind::Int, 0, 1 << 24, false, false, "keep the k most likely tokens; 0 = off",
@@ -75,6 +117,7 @@ const std::vector<OptionInfo> & generate_options() {
 }
 
 #undef NUM_FIELD
+#undef ENUM_FIELD
 
 const OptionInfo & generate_option(const std::string & name) {
     for (const OptionInfo & o : generate_options())
@@ -91,7 +134,7 @@ std::string option_range_text(const OptionInfo & o) {
         case OptionKind::Bool: return "true or false";
         case OptionKind::Choice: {
             std::string names;
-            for (const std::string & n : scheduler_names()) names += (names.empty() ? "" : ", ") + n;
+            for (const std::string & n : o.choices()) names += (names.empty() ? "" : ", ") + n;
             return "one of: " + names;
         }
         case OptionKind::Seed: return "an integer in [0, 2^64 - 1]";

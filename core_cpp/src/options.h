@@ -23,6 +23,7 @@ struct OptionInfo {
     void        (*set)(GenerateParams &, double);
     std::string (*get_choice)(const GenerateParams &);
     void        (*set_choice)(GenerateParams &, const std::string &);
+    std::vector<std::string> (*choices)();   // a choice's allowed names
 };
 
 const std::vector<OptionInfo> & generate_options();

@@ -120,6 +120,18 @@ std::vector<int> select_entropy_bounded(const SelectInput & in) {
     return out;
 }
 
+// Fast-dLLM's get_transfer_index_dynamic: with the confidences sorted c_1 >= c_2 >= ..., the n most
+// confident while every c_i (i <= n) is >= 1 - factor / (i + 1), the first always. Its quirk is
+// kept: when the first failure is the last position, that one is committed too (all of them).
+std::vector<int> select_confidence_factor(const SelectInput & in) {
+    std::vector<int> order = top_k(scores(in, confidence), (int) in.stats.size());
+    size_t n = 1;
+    while (n < order.size() && confidence(in.stats[order[n]]) >= 1.0 - in.factor / (double) (n + 2)) ++n;
+    if (n == order.size() - 1) n = order.size();
+    order.resize(n);
+    return order;
+}
+
 const SchedulerInfo SCHEDULERS[] = {
     // id                              name                      rule                          schedule              gumbel fixed  until_done
     {Scheduler::LowConfidence,        "low_confidence",         select_low_confidence,        Schedule::LLaDABlocks, true,  true,  false},
@@ -133,6 +145,7 @@ const SchedulerInfo SCHEDULERS[] = {
     {Scheduler::LowConfidenceStatic,  "low_confidence_static",  select_low_confidence_static, Schedule::LLaDABlocks, false, true,  false},
     {Scheduler::ConfidenceThreshold,  "confidence_threshold",   select_confidence_threshold,  Schedule::LLaDABlocks, false, false, true},
     {Scheduler::EntropyBounded,       "entropy_bounded",        select_entropy_bounded,       Schedule::LLaDABlocks, false, false, true},
+    {Scheduler::ConfidenceFactor,     "confidence_factor",      select_confidence_factor,     Schedule::LLaDABlocks, false, false, true},
 };
 
 }  // namespace

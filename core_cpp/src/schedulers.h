@@ -17,6 +17,7 @@ struct SelectInput {
     float threshold;          // entropy_exit tau, nats
     float confidence_threshold;   // low_confidence_dynamic / confidence_threshold tau, a probability
     float entropy_budget;     // entropy_bounded gamma, nats
+    float factor;             // confidence_factor
     float alg_temp;           // Dream: > 0 samples positions instead of taking the top k
     double transfer_prob;     // Dream origin: 1 - s/t (1 on the last step)
     uint64_t rng;             // per-step key

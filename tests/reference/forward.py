@@ -17,6 +17,10 @@ SDAR and Fast-dLLM v2 are block diffusion: position p attends to position j iff 
 (blocks of B aligned at absolute position 0; causal across blocks, bidirectional inside). `past`
 holds the keys and values of positions 0..m-1, so that the rows of a block can be computed against
 finished blocks, as the official loops do. Raw logits, no Dream/Fast-dLLM shift.
+
+Full attention with a K/V cache of its own (Fast-dLLM's PrefixCache and DualCache): `cache` holds
+every position's keys and values of a pass; a later pass computes only some `rows` and attends to
+their new K/V and the cached K/V of every other position.
 """
 from __future__ import annotations
 
@@ -81,11 +85,11 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope(x: np.ndarray, theta: float, start: int = 0) -> np.ndarray:
-    """x (n_head, n, d) at positions start..start+n-1: rotate pairs (j, j + d/2) by position * theta^(-2j/d)."""
-    _, n, d = x.shape
+def rope(x: np.ndarray, theta: float, positions: np.ndarray) -> np.ndarray:
+    """x (n_head, n, d) at `positions` (n,): rotate pairs (j, j + d/2) by position * theta^(-2j/d)."""
+    d = x.shape[-1]
     inv_freq = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)      # (d/2,)
-    angles = np.arange(start, start + n, dtype=np.float64)[:, None] * inv_freq[None, :]   # (n, d/2)
+    angles = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]   # (n, d/2)
     cos = np.concatenate([np.cos(angles)] * 2, axis=-1)                       # (n, d)
     sin = np.concatenate([np.sin(angles)] * 2, axis=-1)
     rotated = np.concatenate([-x[..., d // 2:], x[..., : d // 2]], axis=-1)   # rotate_half
@@ -144,7 +148,8 @@ def block_causal(rows: range, n_keys: int, block_size: int) -> np.ndarray:
 
 
 def forward(hf_dir, ids, weights: dict[str, np.ndarray] | None = None, routing: list | None = None,
-            block_size: int | None = None, past: list | None = None, kv_out: list | None = None) -> np.ndarray:
+            block_size: int | None = None, past: list | None = None, kv_out: list | None = None,
+            rows=None, cache: list | None = None) -> np.ndarray:
     """Logits (n, vocab) float64 of token ids under the checkpoint in hf_dir (or its config with
     `weights`, Hugging Face name -> array, in place of its own). MoE: `routing`, a list, receives
     one (chosen experts, margin) per layer (see moe_ffn).
@@ -152,7 +157,12 @@ def forward(hf_dir, ids, weights: dict[str, np.ndarray] | None = None, routing: 
     Block diffusion (SDAR, Fast-dLLM v2): attention is block-causal with blocks of `block_size`
     (default: the model's own). `past`: per layer (k, v), each (n_kv, m, head_dim) after RoPE, of
     positions 0..m-1; `ids` are then positions m..m+n-1. `kv_out`, a list, receives per layer the
-    (k, v) of all m + n positions."""
+    (k, v) of all m + n positions.
+
+    Full attention: `cache`, a list, per layer [k, v] of every position of `ids` (n_kv, len(ids),
+    head_dim), after RoPE. Without `rows` every row is computed and `cache` is filled; with `rows`
+    (positions) only those rows are computed, attending to every position's K/V in `cache`, where
+    theirs are replaced; the logits are then those rows'."""
     config, w = load(str(hf_dir))
     w = w if weights is None else weights
     arch = config["architectures"][0]
@@ -171,12 +181,16 @@ def forward(hf_dir, ids, weights: dict[str, np.ndarray] | None = None, routing: 
     hd = config.get("head_dim") or n_embd // n_head
 
     ids = np.asarray(ids)
-    n = len(ids)
     start = 0 if past is None else past[0][0].shape[1]
+    positions = np.arange(start, start + len(ids)) if rows is None else np.asarray(rows)
+    n = len(positions)
     allowed = None
     if blocky:
         allowed = block_causal(range(start, start + n), start + n, block_size or block_size_of(hf_dir))
-    x = w[names["embed"]][ids]                                                  # (n, n_embd)
+    refill = cache is not None and rows is None
+    if refill:
+        cache.clear()
+    x = w[names["embed"]][ids if rows is None else ids[positions]]            # (n, n_embd)
     for i in range(n_layer):
         L = {key: w.get(names["layer"].format(i=i) + names[key]) for key in names if key not in
              ("embed", "norm", "head", "layer")}
@@ -188,8 +202,13 @@ def forward(hf_dir, ids, weights: dict[str, np.ndarray] | None = None, routing: 
         k = k.reshape(n, n_kv, hd).transpose(1, 0, 2)
         if moe or sdar:
             q, k = rms_norm(q, L["q_norm"], eps), rms_norm(k, L["k_norm"], eps)
-        q, k = rope(q, theta, start), rope(k, theta, start)
+        q, k = rope(q, theta, positions), rope(k, theta, positions)
         v = v.reshape(n, n_kv, hd).transpose(1, 0, 2)
+        if refill:
+            cache.append([k.copy(), v.copy()])
+        elif cache is not None:                          # these rows' K/V replace theirs, the rest stays
+            cache[i][0][:, positions], cache[i][1][:, positions] = k, v
+            k, v = cache[i][0], cache[i][1]
         if past is not None:
             k, v = np.concatenate([past[i][0], k], axis=1), np.concatenate([past[i][1], v], axis=1)
         if kv_out is not None:

@@ -158,6 +158,20 @@ def add_parser(sub) -> argparse.ArgumentParser:
     bl.add_argument("--json", type=Path, metavar="PATH", help="write the measurements as JSON")
     bl.add_argument("--markdown", type=Path, metavar="PATH", help="write the tables as markdown")
 
+    fa = bs.add_parser("fast", help="fast decoding (threshold, factor, DualCache, PrefixCache, suffix window, "
+                                    "early EOS) against the model's own decoding",
+                       description="Each fast-decoding method beside the model's defaults: forward passes, ms per "
+                                   "step, useful tok/s, agreement with the baseline's answer and, with --data, "
+                                   "held-out continuations reproduced; then ms per step at each --lengths "
+                                   "(blocks of 32). See docs/benchmarks.md.")
+    fa.add_argument("model", help="GGUF model file (a full-attention model: LLaDA, Dream, LLaDA-MoE)")
+    fa.add_argument("--data", type=Path, help="the demo model's training text: score held-out continuations")
+    fa.add_argument("--lengths", type=int_list, default=[], help="answer lengths of the speed table (e.g. 256,1024)")
+    fa.add_argument("--no-quality", dest="quality", action="store_false", help="only the speed table")
+    add_threads_option(fa)
+    fa.add_argument("--json", type=Path, metavar="PATH", help="write the measurements as JSON")
+    fa.add_argument("--markdown", type=Path, metavar="PATH", help="write the tables as markdown")
+
     rp = bs.add_parser("report", help="the paper's tables, Fig. 3 and the study's findings from a folder of JSON",
                        description="Reads DIR/**/grid.json (bench grid) and DIR/batch.json, context.json, "
                                    "steps.json; writes DIR/study.md and its PNG plots.")
@@ -168,7 +182,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     return {"forward": _forward, "grid": _grid, "prompts": _prompts, "batch": _batch, "context": _context,
-            "steps": _steps, "block": _block, "report": _report}[args.bench_command](args)
+            "steps": _steps, "block": _block, "fast": _fast, "report": _report}[args.bench_command](args)
 
 
 def _check_files(args, *inputs) -> None:
@@ -364,6 +378,21 @@ def _block(args) -> int:
     print(text_table(result["runs"], block.RUN_COLUMNS))
     _write_json(args.json, result)
     _write(args.markdown, block.markdown(result))
+    return 0
+
+
+def _fast(args) -> int:
+    from diffuse.bench import fast
+    from diffuse.bench.tables import text_table
+    _check_files(args, args.model, *([args.data] if args.data else []))
+    result = fast.run(str(args.model), args.threads, args.lengths, str(args.data) if args.data else None,
+                      quality_run=args.quality, log=lambda line: print(line, file=sys.stderr))
+    if result["quality"]:
+        print(text_table(result["quality"], fast.QUALITY_COLUMNS))
+    if result["speed"]:
+        print(text_table(result["speed"], fast.SPEED_COLUMNS))
+    _write_json(args.json, result)
+    _write(args.markdown, fast.markdown(result))
     return 0
 
 

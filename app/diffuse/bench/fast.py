@@ -1,0 +1,136 @@
+"""`diffuse bench fast`: the fast-decoding methods of the full-attention models against the
+model's own decoding, side by side in one run (issue 21; see docs/benchmarks.md section 11).
+
+Methods, each the model's defaults (its recipe over its family's) with one change:
+threshold (Fast-dLLM's confidence_threshold rule), factor (its factor rule), DualCache,
+PrefixCache, both threshold and DualCache, a suffix window (DPad) and dInfer's end-of-text stop.
+
+Quality, on the model's defaults: per method over a few prompts the forward passes (NFE), ms per
+step, useful tok/s, and the share of the baseline's answer (up to its first end-of-text) the
+method's answer matches position for position; with held-out text (`--data`, the demo model's
+training text), the share of held-out continuations the method reproduces token for token.
+
+Speed: ms per step at each answer length (blocks of 32), over a run's first SPEED_STEPS steps.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import diffuse
+from diffuse.bench.tables import md_table
+
+METHODS: dict[str, dict] = {
+    "baseline": {},
+    "threshold 0.9": {"scheduler": "confidence_threshold", "confidence_threshold": 0.9},
+    "factor 1": {"scheduler": "confidence_factor", "factor": 1.0},
+    "DualCache": {"cache": True, "cache_policy": "dual"},
+    "PrefixCache": {"cache": True, "cache_policy": "prefix"},
+    "threshold 0.9 + DualCache": {"scheduler": "confidence_threshold", "confidence_threshold": 0.9,
+                                  "cache": True, "cache_policy": "dual"},
+    "suffix window 8": {"suffix_window": 8},
+    "early EOS (holds_eos)": {"eos_stop": "holds_eos"},
+}
+# The baseline's own early stop is the paper's (a block all end-of-text); early EOS is compared to it.
+BASELINE = {"eos_stop": "all_eos"}
+
+PROMPTS = [
+    "Tell me about Mr. Darcy.",
+    "Continue: It is a truth universally acknowledged,",
+    "Continue: Emma Woodhouse, handsome, clever, and rich,",
+    "Repeat after me: The early bird gets the worm.",
+    "What is a fool and his money?",
+    "Tell me something.",
+]
+
+QUALITY_COLUMNS = [("method", "method", "{}"), ("nfe", "NFE", "{:.1f}"), ("ms_per_step", "ms/step", "{:.1f}"),
+                   ("useful_tok_s", "useful tok/s", "{:.1f}"), ("agreement", "agrees with baseline", "{:.2f}"),
+                   ("heldout_acc", "held-out continuation acc.", "{:.3f}")]
+SPEED_STEPS = 12
+SPEED_COLUMNS = [("method", "method", "{}"), ("gen_length", "gen_length", "{}"),
+                 ("ms_per_step", "ms/step", "{:.1f}"), ("rows_per_step", "rows/step", "{:.0f}")]
+
+
+def agreement(answer: np.ndarray, baseline: np.ndarray, eos_ids) -> float:
+    """Share of the baseline's answer, up to and with its first end-of-text, matched position for position."""
+    ends = [i for i, t in enumerate(baseline.tolist()) if t in eos_ids]
+    n = ends[0] + 1 if ends else len(baseline)
+    return float((answer[:n] == baseline[:n]).mean()) if n else 1.0
+
+
+def heldout_accuracy(model, windows: np.ndarray, options: dict, gen: int) -> float:
+    """Share of held-out continuations reproduced: each window's last `gen` tokens, from the rest."""
+    hits = total = 0
+    for w in windows:
+        r = model.generate(w[:-gen].tolist(), chat=False, **{**options, "gen_length": gen})
+        hits += int((r.tokens[:gen] == w[-gen:]).sum())
+        total += gen
+    return hits / total
+
+
+def quality(model, prompts: list[str], windows: np.ndarray | None, log=print) -> list[dict]:
+    eos = set(model.tokenizer.eos_token_ids)
+    base_opts = {**BASELINE, "seed": 0}
+    baseline = [model.generate(p, **base_opts) for p in prompts]
+    rows = []
+    for name, change in METHODS.items():
+        opts = {**base_opts, **change}
+        results = baseline if not change else [model.generate(p, **opts) for p in prompts]
+        ms = sum(r.total_ms for r in results)
+        row = {"method": name, "options": change,
+               "nfe": float(np.mean([r.steps for r in results])),
+               "ms_per_step": ms / sum(r.steps for r in results),
+               "useful_tok_s": sum(r.useful_length for r in results) / (ms / 1000.0),
+               "agreement": float(np.mean([agreement(r.tokens, b.tokens, eos) for r, b in zip(results, baseline)]))}
+        if windows is not None:
+            gen = diffuse.generation.resolve_options(model.arch, model.recipe, **opts)["block_length"] or 16
+            row["heldout_acc"] = heldout_accuracy(model, windows, opts, gen)
+        log(f"{name}: {row['nfe']:.1f} passes, {row['ms_per_step']:.1f} ms/step, agreement {row['agreement']:.2f}")
+        rows.append(row)
+    return rows
+
+
+def speed(model, lengths: list[int], prompt: str, log=print) -> list[dict]:
+    """ms per step over a run's first SPEED_STEPS steps (step 0 and, for the block caches, each
+    block's first step are full passes; the others recompute what the method keeps)."""
+    rows = []
+    for gen in lengths:
+        for name, change in METHODS.items():
+            if "eos_stop" in change:
+                continue                      # the same steps as the baseline, fewer of them
+            events = []
+
+            def first_steps(ev, events=events):
+                events.append(ev)
+                return len(events) < SPEED_STEPS
+
+            opts = {**BASELINE, "seed": 0, "gen_length": gen, "block_length": 32, "steps": gen, **change}
+            model.generate(prompt, on_step=first_steps, **opts)
+            rows.append({"method": name, "gen_length": gen, "options": change,
+                         "ms_per_step": float(np.mean([e.total_ms for e in events])),
+                         "rows_per_step": float(np.mean([len(e.active) for e in events]))})
+            log(f"{gen} {name}: {rows[-1]['ms_per_step']:.1f} ms/step, {rows[-1]['rows_per_step']:.0f} rows")
+    return rows
+
+
+def run(path: str, threads: int | None, lengths: list[int], data: str | None = None, n_windows: int = 24,
+        quality_run: bool = True, log=print) -> dict:
+    model = diffuse.load(path, threads=threads)
+    windows = None
+    if data is not None and quality_run:
+        from diffuse.train.bpe import EOS
+        from diffuse.train.data import heldout_windows, read_documents, split_heldout
+        _, held = split_heldout(read_documents(data))
+        tok = model.tokenizer
+        windows = heldout_windows(tok.encode, tok.token_to_id(EOS), held, 96, n_windows)
+    return {"model": path, "threads": model.threads,
+            "quality": quality(model, PROMPTS, windows, log) if quality_run else [],
+            "speed": speed(model, lengths, PROMPTS[0], log) if lengths else []}
+
+
+def markdown(result: dict) -> str:
+    out = f"`{result['model']}`, {result['threads']} threads.\n\n"
+    if result["quality"]:
+        out += md_table(result["quality"], QUALITY_COLUMNS) + "\n"
+    if result["speed"]:
+        out += md_table(result["speed"], SPEED_COLUMNS)
+    return out
