@@ -91,7 +91,7 @@ def test_recommends_sdar_for_a_laptop(dialog):
     line = first_run.laptop_line()
     assert line.startswith("<b>For a laptop, start with SDAR-1.7B-Chat</b>")
     assert f"as Q4_K_M it is a {need['file_gb']:.1f} GB file" in line
-    assert f"needs {theme.gib(need['ram_gb'] * GB)} of RAM" in line
+    assert f"needs {theme.size_text(need['ram_gb'] * GB)} of RAM" in line
     d = dialog()
     assert any(line in label.text() for label in d.findChildren(first_run.QLabel))
     card = next(c for c in d.cards if c.model["id"] == first_run.LAPTOP_MODEL)

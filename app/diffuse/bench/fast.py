@@ -14,6 +14,8 @@ Speed: ms per step at each answer length (blocks of 32), over a run's first SPEE
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 import diffuse
@@ -119,7 +121,7 @@ def run(path: str, threads: int | None, lengths: list[int], data: str | None = N
     if data is not None and quality_run:
         from diffuse.train.bpe import EOS
         from diffuse.train.data import heldout_windows, read_documents, split_heldout
-        _, held = split_heldout(read_documents(data))
+        _, held = split_heldout(read_documents(Path(data)))
         tok = model.tokenizer
         windows = heldout_windows(tok.encode, tok.token_to_id(EOS), held, 96, n_windows)
     return {"model": path, "threads": model.threads,

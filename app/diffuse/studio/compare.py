@@ -35,6 +35,16 @@ PRESETS = {
     "Scheduler: low_confidence vs random": ({"scheduler": "low_confidence"},
                                             {"scheduler": "random"}),
     "Temperature: 0 vs 0.8": ({"temperature": 0.0}, {"temperature": 0.8}),
+    # The fast-decoding methods against the decoding they speed up: A is the plain method, B adds one.
+    "Fast-dLLM threshold vs the fixed schedule": ({"scheduler": "low_confidence"},
+                                                  {"scheduler": "confidence_threshold"}),
+    "Fast-dLLM factor rule vs the fixed schedule": ({"scheduler": "low_confidence"},
+                                                    {"scheduler": "confidence_factor"}),
+    "DualCache vs the paper's cache": ({"cache": True, "cache_policy": "active"},
+                                       {"cache": True, "cache_policy": "dual"}),
+    "PrefixCache vs no cache": ({"cache": False}, {"cache": True, "cache_policy": "prefix"}),
+    "DPad suffix window 8 vs the whole suffix": ({"suffix_window": -1}, {"suffix_window": 8}),
+    "Early end-of-text: none vs dInfer's": ({"eos_stop": "none"}, {"eos_stop": "holds_eos"}),
 }
 
 

@@ -36,7 +36,34 @@ SCHEDULER_HELP = {
     "maskgit_plus": ("dream", "commit by top-1 probability"),
     "topk_margin": ("dream", "commit by the margin between the top two"),
     "entropy": ("dream", "commit the lowest-entropy positions"),
+    "low_confidence_dynamic": (None, "SDAR, LLaDA2: every position above the confidence tau when at least the "
+                                     "schedule's count are, else that count"),
+    "low_confidence_static": (None, "SDAR: the schedule's count, most confident first"),
+    "confidence_threshold": (None, "Fast-dLLM: the most confident and every position at least tau likely; "
+                                   "a block runs until it has no masks"),
+    "entropy_bounded": (None, "EB-sampler: the lowest entropies while their sum minus the largest fits the budget"),
+    "confidence_factor": (None, "Fast-dLLM's factor rule: the n most confident while the n-th is at least "
+                                "1 - factor/(n+1) likely"),
 }
+
+# The published fast-decoding methods, as settings over the model's defaults (a preset first
+# resets every field to auto).
+PRESETS = {
+    "Fast-dLLM: confidence threshold": {"scheduler": "confidence_threshold", "confidence_threshold": 0.9},
+    "Fast-dLLM: factor rule": {"scheduler": "confidence_factor", "factor": 1.0},
+    "Fast-dLLM: DualCache": {"cache": True, "cache_policy": "dual"},
+    "Fast-dLLM: PrefixCache": {"cache": True, "cache_policy": "prefix"},
+    "Fast-dLLM: threshold + DualCache": {"scheduler": "confidence_threshold", "confidence_threshold": 0.9,
+                                         "cache": True, "cache_policy": "dual"},
+    "DPad: suffix window of 8": {"suffix_window": 8},
+    "dInfer: stop at a block holding end-of-text": {"eos_stop": "holds_eos"},
+    "The paper: entropy exit + inter-step cache": {"scheduler": "entropy_exit", "cache": True,
+                                                   "cache_policy": "active"},
+}
+
+
+def options_summary(opts: dict) -> str:
+    return ", ".join(f"{k} = {v}" for k, v in opts.items())
 
 
 class Place(NamedTuple):
@@ -55,11 +82,19 @@ PLACES = {
     "steps": Place(SCHEDULE, "Steps"),
     "gen_length": Place(SCHEDULE, "Gen length", 16),
     "block_length": Place(SCHEDULE, "Block length", 8),
+    "sub_block_length": Place(SCHEDULE, "Sub-block length", 4),
     "threshold": Place(SCHEDULE, "Tau", 0.1, suffix=" nats"),
+    "confidence_threshold": Place(SCHEDULE, "Confidence tau", 0.05),
+    "factor": Place(SCHEDULE, "Factor", 0.1),
+    "entropy_budget": Place(SCHEDULE, "Entropy budget", 0.05, suffix=" nats"),
+    "carry_first": Place(SCHEDULE, "A block's first position first"),
+    "eos_stop": Place(SCHEDULE, "End-of-text stop"),
     "eps": Place(SCHEDULE, "Eps", 0.001, decimals=5),
     "cache": Place(CACHE, "Reuse settled positions' K/V"),
     "keep_active": Place(CACHE, "Keep active"),
     "refresh_every": Place(CACHE, "Refresh every"),
+    "cache_policy": Place(CACHE, "Cache policy"),
+    "suffix_window": Place(CACHE, "Suffix window"),
     "temperature": Place(SAMPLING, "Temperature", 0.1),
     "top_k": Place(SAMPLING, "Top-k"),
     "top_p": Place(SAMPLING, "Top-p", 0.05),
@@ -202,6 +237,14 @@ class SettingsPanel(QWidget):
         forms: dict[str, QFormLayout] = {}
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
+        self.preset = theme.ElidedComboBox()
+        self.preset.addItem("Method presets…", None)
+        for name, opts in PRESETS.items():
+            self.preset.addItem(name, name)
+            self.preset.setItemData(self.preset.count() - 1, options_summary(opts), Qt.ItemDataRole.ToolTipRole)
+        self.preset.setToolTip("set the fields to a published decoding method over the model's defaults")
+        self.preset.activated.connect(self.apply_preset)
+        layout.addWidget(self.preset)
         for name in [*PLACES, *(o["name"] for o in OPTIONS if o["name"] not in PLACES)]:
             place = PLACES.get(name) or Place(SAMPLING, name.replace("_", " ").capitalize())
             if place.group not in forms:
@@ -257,6 +300,15 @@ class SettingsPanel(QWidget):
         for name, box in [*self.fields.items(), ("threads", self.threads), ("chat", self.chat)]:
             if name in opts:
                 _show(box, opts[name])
+
+    def apply_preset(self, index: int) -> None:
+        """Every field to auto (the model's defaults), then the preset's settings."""
+        name = self.preset.itemData(index)
+        if name is None:
+            return
+        self.reset()
+        self.set_options(PRESETS[name])
+        self._changed()
 
     def reset(self) -> None:
         """Numbers and the scheduler to auto, the loaded model's defaults; a checkbox, which has
@@ -339,9 +391,13 @@ class SettingsPanel(QWidget):
 
     def _update_enabled(self) -> None:
         f = self.fields
-        f["threshold"].setEnabled(f["scheduler"].currentData() in (None, "entropy_exit"))
-        f["keep_active"].setEnabled(f["cache"].isChecked())
-        f["refresh_every"].setEnabled(f["cache"].isChecked())
+        scheduler = f["scheduler"].currentData()
+        f["threshold"].setEnabled(scheduler in (None, "entropy_exit"))
+        f["confidence_threshold"].setEnabled(scheduler in (None, "low_confidence_dynamic", "confidence_threshold"))
+        f["factor"].setEnabled(scheduler in (None, "confidence_factor"))
+        f["entropy_budget"].setEnabled(scheduler in (None, "entropy_bounded"))
+        for key in ("keep_active", "refresh_every", "cache_policy"):
+            f[key].setEnabled(f["cache"].isChecked())
 
     def _update_schedule_line(self) -> None:
         rounded, refused = schedule_check(self.options(), self.arch or FAMILIES[0], self.n_ctx, self.recipe)
