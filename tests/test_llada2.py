@@ -16,12 +16,16 @@ import pytest
 from fixtures.tiny_models import LLADA2_EXPERTS, LLADA2_GROUPS, LLADA2_GROUPS_USED, LLADA2_USED
 from gguf import GGMLQuantizationType as T
 from reference.block_generate import llada2_generate
+from gguf.quants import dequantize
 from reference.forward import forward as reference_forward
+from reference.forward import load as reference_load
 from test_moe import _drop, _set, _without, relative_error, rewrite
 
 import diffuse
 from diffuse import DiffuseError, gguf_file
 from diffuse.convert import convert_hf
+from diffuse.convert.families import LLADA2
+from diffuse.quantize import quantize_file, tensor_type
 
 PROMPT = [5, 17, 42, 8, 99, 3, 61, 250, 13, 7, 77]
 
@@ -117,6 +121,53 @@ def test_router_choices_match_the_reference_with_margins(llada2, tiny_hf_llada2)
         rows = (layer != -1).all(axis=1)
         assert rows.sum() >= len(x) - len(PROMPT)          # at least the masked rows
         np.testing.assert_array_equal(layer[rows], chosen[ev.active[rows]])
+
+
+# ---- quantisation: llama.cpp's MoE mixture ----
+
+def test_q4_k_m_uses_llama_cpp_mixture(tiny_gguf, tiny_hf_llada2, tmp_path):
+    """Router and expert bias F32; experts row-wise in the default type, ffn_down (routed, shared
+    and dense) Q6_K on use_more_bits layers; the fused attn_qkv one step up. Logits against the
+    reference on the file's own (dequantised) weights: measured 3.2e-2 (LLaDA-MoE 1.4e-2, dense 2.7e-2 to 3.6e-2)."""
+    path = quantize_file(tiny_gguf("llada2", "f32"), tmp_path / "q4.gguf", "Q4_K_M")
+    types = {t.name: T(t.type) for t in gguf_file.read(path).tensors}
+    assert types["blk.1.ffn_gate_inp.weight"] == types["blk.1.exp_probs_b.bias"] == T.F32
+    assert types["blk.1.ffn_gate_exps.weight"] == types["blk.1.ffn_up_shexp.weight"] == T.Q4_K
+    # use_more_bits picks layer 2 of 3 (the last eighth)
+    assert types["blk.2.ffn_down_exps.weight"] == types["blk.2.ffn_down_shexp.weight"] == T.Q6_K
+    assert types["blk.0.ffn_down.weight"] == types["blk.1.ffn_down_exps.weight"] == T.Q4_K
+    assert types["blk.0.attn_qkv.weight"] == T.Q5_K and types["output.weight"] == T.Q6_K
+    model = diffuse.load(path, threads=2)
+    ids = token_ids(model)
+    want = reference_forward(tiny_hf_llada2, ids.tolist(), file_weights(path, tiny_hf_llada2))
+    err = relative_error(model.forward(ids), want)
+    assert err < 6e-2, f"Q4_K_M on its own weights: {err:.2e}"
+
+
+def file_weights(path, hf_dir) -> dict[str, np.ndarray]:
+    """The GGUF file's tensors, dequantized, under their Hugging Face names (experts split)."""
+    names = {**LLADA2.tensors, **LLADA2.dense_tensors, **LLADA2.moe_tensors}
+    weights = dict(reference_load(str(hf_dir))[1])
+    for t in gguf_file.read(path).tensors:
+        x = dequantize(np.asarray(t.raw()), T(t.type)).reshape(t.shape[::-1]).astype(np.float64)
+        layer = t.name.split(".")[1] if t.name.startswith("blk.") else None
+        pattern = t.name.replace(f"blk.{layer}.", "blk.{i}.") if layer else t.name
+        if pattern in LLADA2.experts:
+            for e in range(x.shape[0]):
+                weights[LLADA2.experts[pattern].format(i=layer, e=e)] = x[e]
+        else:
+            weights[names[pattern].format(i=layer)] = x
+    return weights
+
+
+def test_q4_k_m_mixture_of_llada2_mini():
+    """LLaDA2.1-mini's shapes (20 layers, 256 experts)."""
+    def t(name, shape=(2048, 2048)):
+        return tensor_type(name, shape, "Q4_K_M", n_layer=20, has_output=True, n_expert=256)
+    assert t("blk.0.attn_qkv.weight", (2048, 3072)) == t("blk.7.attn_qkv.weight", (2048, 3072)) == T.Q5_K
+    assert t("blk.19.ffn_down_exps.weight", (512, 2048, 256)) == t("blk.0.ffn_down.weight", (5120, 2048)) == T.Q6_K
+    assert t("blk.3.ffn_down_exps.weight", (512, 2048, 256)) == T.Q4_K
+    assert t("blk.1.ffn_gate_inp.weight", (2048, 256)) == t("blk.1.exp_probs_b.bias", (256,)) == T.F32
 
 
 # ---- generation: the port of the official generate ----
