@@ -80,6 +80,16 @@ def test_hparams(llada2):
     assert (hp["arch"], hp["block_size"], hp["n_expert"], hp["n_expert_used"]) == ("sdar", 32, 16, 4)
     assert llada2.mask_token_id == llada2.tokenizer.mask_token_id
     assert llada2.recipe["steps"] == 32
+    assert (hp["router"], hp["n_expert_groups"], hp["n_group_used"], hp["n_expert_shared"], hp["n_layer_dense"],
+            hp["n_rot"]) == ("sigmoid", 4, 2, 1, 1, 32)
+    assert hp["expert_weights_scale"] == pytest.approx(2.5)
+
+
+def test_info_shows_the_router(tiny_gguf):
+    from diffuse import info
+    text = info.format_info(info.describe(tiny_gguf("llada2", "f32")))
+    assert "router sigmoid with selection bias, 2 of 4 groups, weights x 2.5" in text
+    assert "rope over 32 of 64 dims" in text
 
 
 # ---- parity with the float64 reference ----
