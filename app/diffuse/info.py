@@ -177,6 +177,11 @@ def format_info(d: dict, tensors: bool = False) -> str:
         if hp.get("n_expert"):
             lines.append(f"  experts {hp['n_expert']} per layer, {hp['n_expert_used']} used per position, "
                          f"width {hp['n_ff_exp']}; q/k norm {hp['qk_norm']}")
+            if hp.get("router") == "sigmoid":   # LLaDA2
+                lines.append(f"  router sigmoid with selection bias, {hp['n_group_used']} of {hp['n_expert_groups']} "
+                             f"groups, weights x {hp['expert_weights_scale']:g}; {hp['n_expert_shared']} shared "
+                             f"expert(s); {hp['n_layer_dense']} dense layer(s) first; rope over {hp['n_rot']} of "
+                             f"{hp['head_dim']} dims")
     diff = d.get("diffusion") or {}
     if diff.get("block_size"):
         sub = f", sub-blocks of {diff['sub_block_size']}" if diff.get("sub_block_size") else ""

@@ -71,8 +71,9 @@ def tensor_type(name: str, shape: tuple, qtype: str, n_layer: int, has_output: b
       Q8_0, and a row length that is no multiple of the default type's block gives Q8_0;
     - Q4_K_M / Q5_K_M: attn_v and ffn_down (the 3-D ffn_down_exps of MoE too) go to Q6_K on the
       layers use_more_bits selects; 3-D expert tensors are quantised row by row like any matrix;
+    - the fused attn_qkv (LLaDA2) goes one step up on every layer: Q4_K_M -> Q5_K, Q5_K_M -> Q6_K;
     - models of exactly 8 experts (llama.cpp's rule for Mixtral-like MoE): attn_v and attn_k go to
-      Q8_0, and with Q4_K_M attn_output to Q5_K (LLaDA-MoE has 64: no change);
+      Q8_0, and with Q4_K_M attn_output to Q5_K (LLaDA-MoE has 64, LLaDA2 256: no change);
     - everything else takes the default type; then the block-size fallback applies.
     """
     if len(shape) < 2 or not name.endswith("weight") or name.endswith(("_norm.weight", "ffn_gate_inp.weight")):
@@ -90,6 +91,8 @@ def tensor_type(name: str, shape: tuple, qtype: str, n_layer: int, has_output: b
     elif q.k_mix and (m := _LAYER.match(name)) and (".attn_v." in name or ".ffn_down" in name):
         if _use_more_bits(int(m.group(1)), n_layer):
             t = T.Q6_K
+    elif q.k_mix and ".attn_qkv." in name:
+        t = T.Q5_K if qtype == "Q4_K_M" else T.Q6_K
     if n_expert == 8 and (".attn_v." in name or ".attn_k." in name):
         t = T.Q8_0
     elif n_expert == 8 and qtype == "Q4_K_M" and ".attn_output." in name:

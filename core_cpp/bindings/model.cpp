@@ -33,6 +33,13 @@ static py::dict hparams_dict(const diffuse::HParams & hp) {
     d["n_expert_used"] = hp.n_expert_used;
     d["n_ff_exp"] = hp.n_ff_exp;
     d["qk_norm"] = hp.qk_norm;
+    d["n_rot"] = hp.n_rot;                  // RoPE dims of each head (LLaDA2: half)
+    d["router"] = hp.moe() ? (hp.router_sigmoid ? "sigmoid" : "softmax") : "";
+    d["n_expert_groups"] = hp.n_expert_groups;
+    d["n_group_used"] = hp.n_group_used;
+    d["expert_weights_scale"] = hp.expert_weights_scale;
+    d["n_expert_shared"] = hp.n_expert_shared;
+    d["n_layer_dense"] = hp.n_layer_dense;  // leading dense layers of a MoE model
     d["block_size"] = hp.block_size;        // 0: attends to the whole sequence
     d["sub_block_size"] = hp.sub_block_size;    // 0: none
     return d;

@@ -61,6 +61,17 @@ struct HParams {
     int64_t  n_expert_used; // experts each position uses (top k of the router's softmax)
     int64_t  n_ff_exp;      // hidden size of one expert's SwiGLU
     bool     qk_norm;       // RMSNorm of q and k over the head dimension before RoPE (LLaDA-MoE, SDAR)
+    int64_t  n_rot;         // {arch}.rope.dimension_count: RoPE rotates the first n_rot of head_dim (LLaDA2: half)
+    // The router (LLaDA2: sigmoid scores, a selection bias, group-limited top-k, normalised and scaled
+    // weights, shared experts, leading dense layers); LLaDA-MoE: softmax, 1 group, neither.
+    bool     router_sigmoid;       // {arch}.expert_gating_func 2 (sigmoid), else 1 (softmax)
+    int64_t  n_expert_groups;      // {arch}.expert_group_count: experts in this many equal groups
+    int64_t  n_group_used;         // {arch}.expert_group_used_count: top-k only inside the best groups
+    bool     expert_weights_norm;  // weights of the k chosen divided by their sum
+    float    expert_weights_scale; // then multiplied by this (routed_scaling_factor)
+    int64_t  n_expert_shared;      // {arch}.expert_shared_count: shared experts every row also runs (as one SwiGLU)
+    int64_t  n_ff_shexp;           // their hidden size, all together
+    int64_t  n_layer_dense;        // {arch}.leading_dense_block_count: the first layers are a dense SwiGLU of n_ff
     // Block diffusion: attention is causal across blocks of block_size positions (aligned at
     // position 0) and bidirectional inside one; 0 for models that attend to the whole sequence.
     int      block_size;

@@ -3,19 +3,21 @@
 namespace diffuse {
 
 // LLaDA's mask id when a llama.cpp-converted file does not record one; LLaDA-MoE-7B-A1B's is the
-// id llama.cpp's converter writes.
+// id llama.cpp's converter writes, and LLaDA2's <|mask|> too.
 constexpr int32_t LLADA_MASK_ID = 126336;
 constexpr int32_t LLADA_MOE_MASK_ID = 156895;
 
 static const ArchInfo ARCHS[] = {
-    // name            family            graph            bias   qknorm moe    shift  block  mask
-    {"llada",          Arch::LLaDA,      build_llada,     false, false, false, false, false, LLADA_MASK_ID},
-    {"llada-moe",      Arch::LLaDA,      build_llada_moe, false, true,  true,  false, false, LLADA_MOE_MASK_ID},
-    {"dream",          Arch::Dream,      build_dream,     true,  false, false, true,  false, -1},
+    // name            family            graph            bias   qknorm moe    fused  rbias  shift  block  mask
+    {"llada",          Arch::LLaDA,      build_llada,     false, false, false, false, false, false, false, LLADA_MASK_ID},
+    {"llada-moe",      Arch::LLaDA,      build_llada_moe, false, true,  true,  false, false, false, false, LLADA_MOE_MASK_ID},
+    {"dream",          Arch::Dream,      build_dream,     true,  false, false, false, false, true,  false, -1},
     // SDAR and TraDo: Qwen3 blocks, trained block-causal (JetAstra/SDAR modeling_sdar.py).
-    {"sdar",           Arch::SDAR,       build_sdar,      false, true,  false, false, true,  -1},
+    {"sdar",           Arch::SDAR,       build_sdar,      false, true,  false, false, false, false, true,  -1},
     // Fast-dLLM v2: Qwen2.5 blocks (Dream's graph), block-causal, shifted logits.
-    {"fast-dllm-v2",   Arch::FastDLLMv2, build_dream,     true,  false, false, true,  true,  -1},
+    {"fast-dllm-v2",   Arch::FastDLLMv2, build_dream,     true,  false, false, false, false, true,  true,  -1},
+    // LLaDA2.0/2.1: BailingMoeV2 blocks trained block-causal; SDAR's family (block rules, defaults).
+    {"llada2",         Arch::SDAR,       build_llada2,    false, true,  true,  true,  true,  false, true,  LLADA_MOE_MASK_ID},
 };
 
 const ArchInfo * arch_by_name(const std::string & name) {

@@ -22,6 +22,8 @@ struct ArchInfo {
     bool         qkv_bias;     // q/k/v projections carry biases (Qwen2)
     bool         qk_norm;      // per-head RMSNorm of q and k before RoPE (Qwen3, LLaDA-MoE)
     bool         moe;          // routed experts instead of a dense FFN
+    bool         fused_qkv;    // one attn_qkv matrix, rows [q heads, k heads, v heads] (BailingMoeV2)
+    bool         router_bias;  // sigmoid router whose selection bias exp_probs_b must be present (LLaDA2)
     bool         shift_logits; // position i takes the logits of i - 1, when the file does not say
     bool         block_diffusion;  // causal across blocks, bidirectional inside: diffusion.block_size required
     int32_t      default_mask_id;  // when the file records none; -1: the file must record it
@@ -39,5 +41,6 @@ ggml_tensor * build_llada(GraphBuilder & g);
 ggml_tensor * build_llada_moe(GraphBuilder & g);
 ggml_tensor * build_dream(GraphBuilder & g);
 ggml_tensor * build_sdar(GraphBuilder & g);
+ggml_tensor * build_llada2(GraphBuilder & g);
 
 }  // namespace diffuse

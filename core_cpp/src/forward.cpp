@@ -17,7 +17,7 @@ namespace diffuse {
 // views), plus for MoE about 20 per layer and 2 per used expert (router, the k-way sum); sized per
 // shape, since a larger graph costs a larger hash set to clear on every plan.
 static size_t graph_nodes(const HParams & hp, size_t n_seq) {
-    const int64_t moe = hp.moe() ? 24 + 2 * hp.n_expert_used : 0;
+    const int64_t moe = hp.moe() ? 40 + 2 * hp.n_expert_used : 0;   // + groups, weight norm, shared expert
     return 64 + 8 * n_seq + hp.n_layer * (40 + moe + 24 * n_seq);
 }
 
@@ -199,10 +199,13 @@ void ForwardRunner::routing(size_t s, const std::vector<int32_t> & out_rows, std
         ggml_backend_tensor_get(ranking, ranked.data(), first * ranking->nb[1], ranked.size() * sizeof(int32_t));
         for (int j = 0; j < n; ++j) std::copy_n(ranked.begin() + j * E, k, dst_row(j));
     };
+    // Dense layers (LLaDA2's first) route nothing: their rows stay -1.
     for (int64_t il = 0; il + 1 < hp.n_layer; ++il)
-        read(in_.experts[il], off, n_q, [&](int j) { return experts.begin() + (il * n_q + j) * k; });
-    read(in_.experts.back(), out_off, (int) out_rows.size(),
-         [&](int j) { return experts.begin() + ((hp.n_layer - 1) * n_q + out_rows[j]) * k; });
+        if (in_.experts[il])
+            read(in_.experts[il], off, n_q, [&](int j) { return experts.begin() + (il * n_q + j) * k; });
+    if (in_.experts.back())
+        read(in_.experts.back(), out_off, (int) out_rows.size(),
+             [&](int j) { return experts.begin() + ((hp.n_layer - 1) * n_q + out_rows[j]) * k; });
 }
 
 }  // namespace diffuse

@@ -12,6 +12,9 @@ static const DialectKeys LLAMA_CPP_KEYS = {
     "tokenizer.ggml.mask_token_id", "diffusion.shift_logits",
     "{arch}.expert_count", "{arch}.expert_used_count", "{arch}.expert_feed_forward_length",
     "{arch}.attention.key_length", "diffusion.block_size",
+    "{arch}.rope.dimension_count", "{arch}.expert_gating_func", "{arch}.expert_group_count",
+    "{arch}.expert_group_used_count", "{arch}.expert_weights_norm", "{arch}.expert_weights_scale",
+    "{arch}.expert_shared_count", "{arch}.expert_shared_feed_forward_length", "{arch}.leading_dense_block_count",
 };
 
 static const DialectKeys OURS_KEYS = [] {

@@ -30,6 +30,16 @@ struct DialectKeys {
     const char * expert_ff_length;
     const char * head_dim;           // nullptr or absent: n_embd / n_head
     const char * block_size;         // block diffusion: the trained block length
+    // nullptr where the dialect has none (diffuse-cpp): RoPE over the whole head, LLaDA-MoE's router.
+    const char * rope_dim;           // dimensions RoPE rotates (partial RoPE: fewer than head_dim)
+    const char * expert_gating_func; // 1 softmax, 2 sigmoid (llama.cpp's llama_expert_gating_func_type)
+    const char * expert_group_count;
+    const char * expert_group_used_count;
+    const char * expert_weights_norm;
+    const char * expert_weights_scale;
+    const char * expert_shared_count;
+    const char * expert_shared_ff_length;
+    const char * leading_dense_block_count;
 };
 
 // Identify the dialect and family of an opened file (throws diffuse::Error when neither fits).

@@ -22,6 +22,7 @@ GraphBuilder::GraphBuilder(ggml_context * ctx_, const ModelImpl & model, const B
     in.positions = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, shape.total_q());
     in.out_rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, shape.total_out());
     for (ggml_tensor * t : {in.tokens, in.positions, in.out_rows}) ggml_set_input(t);
+    if (model.hparams().moe()) in.experts.assign(model.hparams().n_layer, nullptr);
     for (int s = 0; s < n_seq; ++s) {
         in.cache_rows.push_back(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, shape.n_q[s]));
         ggml_set_input(in.cache_rows.back());
@@ -59,7 +60,16 @@ ggml_tensor * GraphBuilder::linear(ggml_tensor * wt, ggml_tensor * b, ggml_tenso
 }
 
 std::tuple<ggml_tensor *, ggml_tensor *, ggml_tensor *> GraphBuilder::qkv(const LayerWeights & L, ggml_tensor * x) {
-    const int64_t n_q = x->ne[1];
+    const int64_t n_q = x->ne[1], hd = hp.head_dim;
+    if (L.wqkv) {
+        // Rows [q heads, k heads, v heads] of one product (n_head + 2 n_head_kv) * hd per row.
+        ggml_tensor * qkv = ggml_mul_mat(ctx, L.wqkv, x);
+        const size_t es = ggml_element_size(qkv);
+        ggml_tensor * q = ggml_view_3d(ctx, qkv, hd, hp.n_head, n_q, hd * es, qkv->nb[1], 0);
+        ggml_tensor * k = ggml_view_3d(ctx, qkv, hd, hp.n_head_kv, n_q, hd * es, qkv->nb[1], hp.n_head * hd * es);
+        ggml_tensor * v = ggml_view_2d(ctx, qkv, hd * hp.n_head_kv, n_q, qkv->nb[1], (hp.n_head + hp.n_head_kv) * hd * es);
+        return {q, k, ggml_cont(ctx, v)};   // the cache write takes whole rows
+    }
     ggml_tensor * q = ggml_reshape_3d(ctx, linear(L.wq, L.bq, x), hp.head_dim, hp.n_head, n_q);
     ggml_tensor * k = ggml_reshape_3d(ctx, linear(L.wk, L.bk, x), hp.head_dim, hp.n_head_kv, n_q);
     ggml_tensor * v = linear(L.wv, L.bv, x);
@@ -67,7 +77,7 @@ std::tuple<ggml_tensor *, ggml_tensor *, ggml_tensor *> GraphBuilder::qkv(const 
 }
 
 ggml_tensor * GraphBuilder::rope(ggml_tensor * t) {
-    return ggml_rope_ext(ctx, t, in_.positions, nullptr, (int) hp.head_dim, hp.rope_mode, 0, hp.rope_theta,
+    return ggml_rope_ext(ctx, t, in_.positions, nullptr, (int) hp.n_rot, hp.rope_mode, 0, hp.rope_theta,
                          1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
 }
 
@@ -129,20 +139,58 @@ ggml_tensor * GraphBuilder::residual(int il, ggml_tensor * x, ggml_tensor * attn
     return ggml_add(ctx, x, attn);
 }
 
-ggml_tensor * GraphBuilder::swiglu(const LayerWeights & L, ggml_tensor * x) {
-    ggml_tensor * gate = ggml_silu(ctx, ggml_mul_mat(ctx, L.ffn_gate, x));
-    ggml_tensor * up = ggml_mul_mat(ctx, L.ffn_up, x);
-    return ggml_mul_mat(ctx, L.ffn_down, ggml_mul(ctx, gate, up));
+ggml_tensor * GraphBuilder::swiglu(ggml_tensor * gate_w, ggml_tensor * up_w, ggml_tensor * down_w, ggml_tensor * x) {
+    ggml_tensor * gate = ggml_silu(ctx, ggml_mul_mat(ctx, gate_w, x));
+    ggml_tensor * up = ggml_mul_mat(ctx, up_w, x);
+    return ggml_mul_mat(ctx, down_w, ggml_mul(ctx, gate, up));
 }
 
-// SwiGLU FFN of the k experts the router picks for each row, weighted by their router
-// probabilities (softmax over all experts, not renormalised over the k: LLaDA-MoE's rule).
-// x: (n_embd, n). The router's full ranking is kept as an output for ForwardRunner::routing.
-ggml_tensor * GraphBuilder::moe(const LayerWeights & L, ggml_tensor * x) {
+ggml_tensor * GraphBuilder::swiglu(const LayerWeights & L, ggml_tensor * x) {
+    return swiglu(L.ffn_gate, L.ffn_up, L.ffn_down, x);
+}
+
+// The router of a layer: the k experts of each row of x (n_embd, n), best first, I32 (k, n), and
+// their weights (1, k, n). All ggml ops, no custom one:
+//   softmax (LLaDA-MoE): weights = the chosen probabilities over all experts, not renormalised.
+//   sigmoid (LLaDA2):    s = sigmoid(W x); the choice ranks s + exp_probs_b (ggml_add);
+//     groups: reshape to (E/G, G, n), each group's best two (ggml_argsort_top_k + ggml_get_rows),
+//     summed (ggml_sum_rows); the n_group_used best groups (ggml_argsort_top_k) copied into a
+//     -inf filled tensor (ggml_fill + ggml_set_rows), so the top-k sees only them;
+//     weights = the chosen unbiased s (ggml_get_rows), / their sum (ggml_div), * the scale.
+ggml_tensor * GraphBuilder::route(const LayerWeights & L, ggml_tensor * x, ggml_tensor ** weights) {
+    const int64_t n = x->ne[1], E = hp.n_expert, k = hp.n_expert_used;
+    ggml_tensor * logits = ggml_mul_mat(ctx, L.ffn_gate_inp, x);                            // (E, n), F32
+    ggml_tensor * probs = hp.router_sigmoid ? ggml_sigmoid(ctx, logits) : ggml_soft_max(ctx, logits);
+    ggml_tensor * select = L.exp_probs_b ? ggml_add(ctx, probs, L.exp_probs_b) : probs;     // bias: choice only
+    if (hp.n_expert_groups > 1) {
+        const int64_t G = hp.n_expert_groups, per = E / G;
+        ggml_tensor * groups = ggml_reshape_3d(ctx, select, per, G, n);
+        ggml_tensor * best2 = ggml_argsort_top_k(ctx, groups, 2);                           // (2, G, n)
+        ggml_tensor * top2 = ggml_get_rows(ctx, ggml_reshape_4d(ctx, groups, 1, per, G, n), best2);   // (1, 2, G, n)
+        ggml_tensor * score = ggml_sum_rows(ctx, ggml_reshape_3d(ctx, top2, 2, G, n));      // (1, G, n)
+        ggml_tensor * kept = ggml_argsort_top_k(ctx, ggml_reshape_2d(ctx, score, G, n), (int) hp.n_group_used);  // (gu, n)
+        ggml_tensor * rows = ggml_get_rows(ctx, groups, kept);                              // (per, gu, n)
+        groups = ggml_set_rows(ctx, ggml_fill(ctx, groups, -INFINITY), rows, kept);        // others -inf
+        select = ggml_reshape_2d(ctx, groups, E, n);
+    }
+    ggml_tensor * chosen = ggml_argsort_top_k(ctx, select, (int) k);                        // (k, n)
+    ggml_tensor * w = ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, E, n), chosen);     // (1, k, n)
+    if (hp.expert_weights_norm) {
+        w = ggml_reshape_2d(ctx, w, k, n);
+        w = ggml_reshape_3d(ctx, ggml_div(ctx, w, ggml_sum_rows(ctx, w)), 1, k, n);        // sigmoids: sum > 0
+    }
+    if (hp.expert_weights_scale != 1.0f) w = ggml_scale(ctx, w, hp.expert_weights_scale);
+    *weights = w;
+    return chosen;
+}
+
+// SwiGLU FFN of the k experts the router picks for each row, weighted as route() says, plus the
+// shared experts' SwiGLU of the same input. x: (n_embd, n). The router's full ranking is kept as
+// an output for ForwardRunner::routing.
+ggml_tensor * GraphBuilder::moe(int il, const LayerWeights & L, ggml_tensor * x) {
     const int64_t n = x->ne[1], k = hp.n_expert_used;
-    ggml_tensor * probs = ggml_soft_max(ctx, ggml_mul_mat(ctx, L.ffn_gate_inp, x));        // (n_expert, n)
-    ggml_tensor * chosen = ggml_argsort_top_k(ctx, probs, (int) k);                        // (k, n)
-    ggml_tensor * weights = ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, hp.n_expert, n), chosen);  // (1, k, n)
+    ggml_tensor * weights = nullptr;
+    ggml_tensor * chosen = route(L, x, &weights);                                          // (k, n)
     ggml_tensor * xe = ggml_reshape_3d(ctx, x, x->ne[0], 1, n);      // (n_embd, 1, n): one input shared by its k
     ggml_tensor * gate = ggml_mul_mat_id(ctx, L.ffn_gate_exps, xe, chosen);                // (n_ff_exp, k, n)
     ggml_tensor * up = ggml_mul_mat_id(ctx, L.ffn_up_exps, xe, chosen);
@@ -154,10 +202,11 @@ ggml_tensor * GraphBuilder::moe(const LayerWeights & L, ggml_tensor * x) {
         ggml_tensor * e = ggml_view_2d(ctx, out, out->ne[0], n, out->nb[2], j * out->nb[1]);
         sum = sum ? ggml_add(ctx, sum, e) : e;
     }
+    if (L.ffn_gate_shexp) sum = ggml_add(ctx, sum, swiglu(L.ffn_gate_shexp, L.ffn_up_shexp, L.ffn_down_shexp, x));
     // chosen views the first k of each row of the router's full ranking: kept as an output
     // (n_expert ints per row), so the allocator never reuses it.
     ggml_set_output(chosen->view_src);
-    in_.experts.push_back(chosen->view_src);
+    in_.experts[il] = chosen->view_src;
     return sum;
 }
 

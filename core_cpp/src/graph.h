@@ -40,8 +40,8 @@ struct GraphInputs {
     std::vector<ggml_tensor *> masks;        // per sequence, F16 (n_kv, n_q) additive, or nullptr
     ggml_tensor * out_rows = nullptr;        // I32 (n_out_total), into the batch
     ggml_tensor * logits = nullptr;          // (n_vocab, n_out_total)
-    // MoE, per layer: the router's ranking, I32 (n_expert, rows) best first; rows = n_q_total
-    // (last layer: n_out_total)
+    // MoE, per layer (nullptr for a dense one): the router's ranking, I32 (n_expert, rows) best
+    // first; rows = n_q_total (last layer: n_out_total)
     std::vector<ggml_tensor *> experts;
 };
 
@@ -58,20 +58,26 @@ public:
     ggml_tensor * norm(ggml_tensor * x, ggml_tensor * weight);        // RMSNorm times weight
     ggml_tensor * linear(ggml_tensor * w, ggml_tensor * b, ggml_tensor * x);   // w x (+ b)
     // Q (hd, n_head, n_q), K (hd, n_head_kv, n_q), V (hd * n_head_kv, n_q) of a layer, biases
-    // added where the layer has them.
+    // added where the layer has them; a fused attn_qkv is split by views (Q and K may be strided).
     std::tuple<ggml_tensor *, ggml_tensor *, ggml_tensor *> qkv(const LayerWeights & L, ggml_tensor * x);
-    ggml_tensor * rope(ggml_tensor * t);                              // (hd, heads, n_q), at the rows' positions
+    // (hd, heads, n_q) at the rows' positions: NEOX or NORM over the first n_rot dims of each head,
+    // the others passed through (partial RoPE).
+    ggml_tensor * rope(ggml_tensor * t);
     // Writes K/V into each sequence's cache, attends over it, projects: (n_embd, n_q).
     ggml_tensor * attention(int il, const LayerWeights & L, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v);
     // x + attn (n_embd, n_q); at the last layer only over the rows whose logits are wanted (their
     // FFN and the head alone run on): (n_embd, n_out).
     ggml_tensor * residual(int il, ggml_tensor * x, ggml_tensor * attn);
-    ggml_tensor * swiglu(const LayerWeights & L, ggml_tensor * x);    // down(silu(gate x) * up x)
-    ggml_tensor * moe(const LayerWeights & L, ggml_tensor * x);       // routed experts, routing kept
+    ggml_tensor * swiglu(ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down, ggml_tensor * x);  // down(silu(gate x) * up x)
+    ggml_tensor * swiglu(const LayerWeights & L, ggml_tensor * x);    // the layer's dense FFN
+    // Layer il's routed experts (the router as the file says: softmax, or sigmoid with a selection
+    // bias and group-limited top-k), the routing kept; plus the shared experts when it has them.
+    ggml_tensor * moe(int il, const LayerWeights & L, ggml_tensor * x);
     ggml_tensor * head(ggml_tensor * x);                              // logits (n_vocab, n_out)
     void name(ggml_tensor * t, const char * what, int il = -1);       // "attn_out-3", for dumps
 
 private:
+    ggml_tensor * route(const LayerWeights & L, ggml_tensor * x, ggml_tensor ** weights);
     const ModelImpl & model_;
     const BatchShape & shape_;
     const std::vector<KVCache *> & caches_;

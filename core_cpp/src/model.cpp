@@ -179,6 +179,12 @@ void ModelImpl::read_hparams() {
     if (!(hp_.rope_theta > 0 && std::isfinite(hp_.rope_theta))) f.fail("key " + theta_key + " must be a positive number");
     if (!(hp_.rms_eps > 0 && hp_.rms_eps < 1)) f.fail("key " + eps_key + " must be in (0, 1)");
 
+    // An optional key of this dialect, within bounds, or its default.
+    auto opt_int = [&](const char * tmpl, int64_t lo, int64_t hi, int64_t dflt) {
+        return tmpl && f.has(key(tmpl)) ? int_key(tmpl, lo, hi) : dflt;
+    };
+    hp_.expert_weights_scale = 1.0f;
+    hp_.n_expert_groups = hp_.n_group_used = 1;
     if (arch_->moe) {
         // Bounds first, so a hostile header never sizes a tensor: 0 experts, more used than exist.
         hp_.n_expert = int_key(K.expert_count, 1, 4096);
@@ -187,8 +193,40 @@ void ModelImpl::read_hparams() {
         hp_.n_ff_exp = f.has(key(K.expert_ff_length)) ? int_key(K.expert_ff_length, 1, 1 << 20)
                                                       : hp_.n_ff / hp_.n_expert_used;
         if (hp_.n_ff_exp < 1) f.fail("missing key " + key(K.expert_ff_length));
+        hp_.router_sigmoid = opt_int(K.expert_gating_func, 1, 2, arch_->router_bias ? 2 : 1) == 2;
+        if (arch_->router_bias != hp_.router_sigmoid)
+            f.fail("key " + key(K.expert_gating_func) + ": " + arch_->name + " routes by " +
+                   (arch_->router_bias ? "sigmoid (2)" : "softmax (1)"));
+        // Group-limited top-k: groups scored by the sum of their best two, top-k inside the kept ones.
+        hp_.n_expert_groups = opt_int(K.expert_group_count, 1, hp_.n_expert, 1);
+        hp_.n_group_used = opt_int(K.expert_group_used_count, 1, hp_.n_expert_groups, hp_.n_expert_groups);
+        const int64_t group = hp_.n_expert / hp_.n_expert_groups;
+        if (hp_.n_expert % hp_.n_expert_groups != 0)
+            f.fail(std::to_string(hp_.n_expert) + " experts do not split into " + std::to_string(hp_.n_expert_groups) +
+                   " equal groups (" + key(K.expert_group_count) + ")");
+        if (hp_.n_expert_groups > 1 && group < 2)
+            f.fail(key(K.expert_group_count) + " = " + std::to_string(hp_.n_expert_groups) +
+                   ": a group is scored by its best two experts, so it needs at least two");
+        if (hp_.n_expert_used > hp_.n_group_used * group)
+            f.fail(key(K.expert_used_count) + " = " + std::to_string(hp_.n_expert_used) + " exceeds the " +
+                   std::to_string(hp_.n_group_used * group) + " experts of the " + std::to_string(hp_.n_group_used) +
+                   " groups kept (" + key(K.expert_group_used_count) + ")");
+        hp_.expert_weights_norm = K.expert_weights_norm && f.has(key(K.expert_weights_norm)) &&
+                                  *f.get_bool(key(K.expert_weights_norm));
+        if (K.expert_weights_scale && f.has(key(K.expert_weights_scale))) {
+            const double scale = *f.get_float(key(K.expert_weights_scale));
+            if (!(scale > 0 && scale < 1e6)) f.fail("key " + key(K.expert_weights_scale) + " must be in (0, 1e6)");
+            hp_.expert_weights_scale = (float) scale;
+        }
+        hp_.n_expert_shared = opt_int(K.expert_shared_count, 0, 64, 0);
+        // As llama.cpp: the shared experts run as one SwiGLU of their widths together.
+        hp_.n_ff_shexp = opt_int(K.expert_shared_ff_length, 1, 1 << 20, hp_.n_ff_exp) * hp_.n_expert_shared;
+        hp_.n_layer_dense = opt_int(K.leading_dense_block_count, 0, hp_.n_layer, 0);
+        if (hp_.n_layer_dense > 0 && hp_.n_ff < 1) f.fail("missing key " + key(K.feed_forward_length));
     }
     hp_.qk_norm = arch_->qk_norm;
+    hp_.n_rot = opt_int(K.rope_dim, 2, hp_.head_dim, hp_.head_dim);
+    if (hp_.n_rot % 2 != 0) f.fail("key " + key(K.rope_dim) + " must be even");
 
     // llama.cpp's LLaDA converter permutes q/k like Llama, so those files (and ours, which follow
     // them) rotate interleaved pairs; diffuse-cpp's unpermuted LLaDA, LLaDA-MoE and every Dream
@@ -302,9 +340,15 @@ void ModelImpl::bind_weights(bool repack) {
         auto n = [&](const char * what) { return tensor_names::blk(il, what); };
         LayerWeights L{};
         L.attn_norm = get(n("attn_norm.weight"), {n_embd}, false);
-        L.wq = get(n("attn_q.weight"), {n_embd, n_q}, true);
-        L.wk = get(n("attn_k.weight"), {n_embd, n_kv}, true);
-        L.wv = get(n("attn_v.weight"), {n_embd, n_kv}, true);
+        if (arch_->fused_qkv) {
+            L.wqkv = get(n("attn_qkv.weight"), {n_embd, n_q + 2 * n_kv}, true);
+            layer_matmul_params_ += L.wqkv->ne[0] * L.wqkv->ne[1];
+        } else {
+            L.wq = get(n("attn_q.weight"), {n_embd, n_q}, true);
+            L.wk = get(n("attn_k.weight"), {n_embd, n_kv}, true);
+            L.wv = get(n("attn_v.weight"), {n_embd, n_kv}, true);
+            for (ggml_tensor * t : {L.wq, L.wk, L.wv}) layer_matmul_params_ += t->ne[0] * t->ne[1];
+        }
         L.bq = get(n("attn_q.bias"), {n_q}, false, biases);
         L.bk = get(n("attn_k.bias"), {n_kv}, false, biases);
         L.bv = get(n("attn_v.bias"), {n_kv}, false, biases);
@@ -314,15 +358,22 @@ void ModelImpl::bind_weights(bool repack) {
             L.attn_q_norm = get(n("attn_q_norm.weight"), {hp.head_dim}, false);
             L.attn_k_norm = get(n("attn_k_norm.weight"), {hp.head_dim}, false);
         }
-        for (ggml_tensor * t : {L.wq, L.wk, L.wv, L.wo}) layer_matmul_params_ += t->ne[0] * t->ne[1];
-        if (hp.moe()) {
+        layer_matmul_params_ += L.wo->ne[0] * L.wo->ne[1];
+        if (hp.moe() && il >= hp.n_layer_dense) {
             const int64_t E = hp.n_expert, ff = hp.n_ff_exp;
             L.ffn_gate_inp = get(n("ffn_gate_inp.weight"), {n_embd, E}, true);
+            L.exp_probs_b = get(n("exp_probs_b.bias"), {E}, false, arch_->router_bias);
             L.ffn_gate_exps = get(n("ffn_gate_exps.weight"), {n_embd, ff, E}, true);
             L.ffn_up_exps = get(n("ffn_up_exps.weight"), {n_embd, ff, E}, true);
             L.ffn_down_exps = get(n("ffn_down_exps.weight"), {ff, n_embd, E}, true);
             // What one position multiplies: the router and its k experts.
             layer_matmul_params_ += n_embd * E + 3 * hp.n_expert_used * n_embd * ff;
+            if (hp.n_expert_shared > 0) {
+                L.ffn_gate_shexp = get(n("ffn_gate_shexp.weight"), {n_embd, hp.n_ff_shexp}, true);
+                L.ffn_up_shexp = get(n("ffn_up_shexp.weight"), {n_embd, hp.n_ff_shexp}, true);
+                L.ffn_down_shexp = get(n("ffn_down_shexp.weight"), {hp.n_ff_shexp, n_embd}, true);
+                layer_matmul_params_ += 3 * n_embd * hp.n_ff_shexp;
+            }
         } else {
             L.ffn_gate = get(n("ffn_gate.weight"), {n_embd, hp.n_ff}, true);
             L.ffn_up = get(n("ffn_up.weight"), {n_embd, hp.n_ff}, true);
@@ -336,7 +387,8 @@ void ModelImpl::bind_weights(bool repack) {
     // store them in F16, so such vectors get F32 copies.
     std::vector<ggml_tensor **> vectors = {&w_.output_norm};
     for (LayerWeights & L : w_.layers)
-        for (ggml_tensor ** v : {&L.attn_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv, &L.attn_q_norm, &L.attn_k_norm})
+        for (ggml_tensor ** v : {&L.attn_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv, &L.attn_q_norm, &L.attn_k_norm,
+                                 &L.exp_probs_b})
             if (*v) vectors.push_back(v);
     widen_vectors(vectors, data);
 
@@ -346,7 +398,8 @@ void ModelImpl::bind_weights(bool repack) {
     if (repack) {
         std::vector<ggml_tensor *> matrices;
         for (const LayerWeights & L : w_.layers)
-            for (ggml_tensor * t : {L.wq, L.wk, L.wv, L.wo, L.ffn_gate, L.ffn_up, L.ffn_down})
+            for (ggml_tensor * t : {L.wq, L.wk, L.wv, L.wqkv, L.wo, L.ffn_gate, L.ffn_up, L.ffn_down,
+                                    L.ffn_gate_shexp, L.ffn_up_shexp, L.ffn_down_shexp})
                 if (t) matrices.push_back(t);   // the 3-D expert tensors stay mapped
         if (w_.output != w_.tok_embd) matrices.push_back(w_.output);
         for (ggml_tensor * t : matrices)

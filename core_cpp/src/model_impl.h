@@ -23,6 +23,7 @@ struct LayerWeights {
     ggml_tensor * wq;          // (n_embd, n_head * head_dim)
     ggml_tensor * wk;          // (n_embd, n_head_kv * head_dim)
     ggml_tensor * wv;          // (n_embd, n_head_kv * head_dim)
+    ggml_tensor * wqkv;        // (n_embd, (n_head + 2 n_head_kv) * head_dim), fused_qkv archs in place of wq/wk/wv
     ggml_tensor * bq;          // (n_head * head_dim), Dream only
     ggml_tensor * bk;          // (n_head_kv * head_dim), Dream only
     ggml_tensor * bv;          // (n_head_kv * head_dim), Dream only
@@ -30,13 +31,17 @@ struct LayerWeights {
     ggml_tensor * attn_q_norm; // (head_dim), LLaDA-MoE only: shared by every head
     ggml_tensor * attn_k_norm; // (head_dim), LLaDA-MoE only
     ggml_tensor * ffn_norm;    // (n_embd)
-    ggml_tensor * ffn_gate;    // (n_embd, n_ff), dense only
+    ggml_tensor * ffn_gate;    // (n_embd, n_ff), dense layers only
     ggml_tensor * ffn_up;      // (n_embd, n_ff), dense only
     ggml_tensor * ffn_down;    // (n_ff, n_embd), dense only
     ggml_tensor * ffn_gate_inp;  // (n_embd, n_expert), MoE only: the router
     ggml_tensor * ffn_gate_exps; // (n_embd, n_ff_exp, n_expert), MoE only
     ggml_tensor * ffn_up_exps;   // (n_embd, n_ff_exp, n_expert), MoE only
     ggml_tensor * ffn_down_exps; // (n_ff_exp, n_embd, n_expert), MoE only
+    ggml_tensor * exp_probs_b;   // (n_expert), router_bias archs: added to the scores for the choice only
+    ggml_tensor * ffn_gate_shexp;  // (n_embd, n_ff_shexp), shared experts
+    ggml_tensor * ffn_up_shexp;    // (n_embd, n_ff_shexp)
+    ggml_tensor * ffn_down_shexp;  // (n_ff_shexp, n_embd)
 };
 
 struct Weights {

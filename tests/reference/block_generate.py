@@ -13,12 +13,20 @@ masked position with confidence > tau when there are at least the (capped) sched
 scheduled count), entropy_bounded and confidence_threshold (below). Generation stops after a
 finished block when the answer so far holds a stop id.
 
+`llada2_generate`: LLaDA2's `generate` (the HF remote modeling_llada2_moe.py; a copy in
+yks23/Information-Gain-Sampler): SDAR's loop with block 32, 32 steps and low_confidence_dynamic at
+0.95, whose scheduled count the official code already caps at the masks left. It recomputes the
+window 0..b1-1 every step (no prefill or store passes: caching finished blocks is exact, so the tokens
+are the same); a block ends when it has no masks; generation stops after a block whose answer holds
+eos_id, and the answer is cut after its first eos_id.
+
 `fast_dllm_v2_generate`: Fast-dLLM v2's `generate` (its Hugging Face modeling.py, batch 1,
 use_block_cache=False), described on the function.
 
 Our deliberate differences from the official code:
 - Temperature 0 is greedy: x0 = argmax, confidence = softmax probability of x0 at temperature 1
-  (SDAR's sampler has no temperature-0 branch: it divides by the temperature).
+  (SDAR's sampler has no temperature-0 branch: it divides by the temperature; LLaDA2's samples with
+  torch.multinomial at temperature 1 when given 0).
 - The scheduled count is capped at the masks left. Officially top-k then also picks positions
   already decided (confidence -inf) and overwrites them with x0, prompt tokens included (when the
   prompt shares the block, or block_length % steps leaves a count above the masks left).
@@ -170,6 +178,39 @@ def sdar_generate(model, prompt: list[int], mask_id: int, gen_length: int, block
         if any(t in stop_ids for t in x[n:b1]):
             break
     run.tokens = x[n:end]
+    return run
+
+
+def llada2_generate(model, prompt: list[int], mask_id: int, eos_id: int, gen_length: int, block_length: int = 32,
+                    steps: int = 32, threshold: float = 0.95) -> Run:
+    """LLaDA2's generate at temperature 0 (see the module docstring): the answer up to and with its
+    first eos_id, at most gen_length tokens."""
+    steps = min(steps, gen_length)                 # the official minimal_topk = 1 cap
+    n, B = len(prompt), block_length
+    n_blocks = -(-(n + gen_length) // B)
+    x = list(prompt) + [mask_id] * (n_blocks * B - n)
+    run = Run(tokens=[])
+    counts = schedule(B, steps)
+    end = n
+    for b0 in range(n // B * B, n_blocks * B, B):
+        b1 = b0 + B
+        for step in range(steps):
+            masked = np.array([t == mask_id for t in x[b0:b1]])
+            if not masked.any():
+                break
+            logits = model.logits(x, b0, b1).copy()
+            logits[:, mask_id] = -np.inf
+            rows = choose("low_confidence_dynamic", logits, masked, counts[step], threshold, 0.0)
+            x0 = logits.argmax(-1)
+            commits = [(b0 + int(r), int(x0[r])) for r in sorted(rows)]
+            for pos, tok in commits:
+                x[pos] = tok
+            run.passes.append(("denoise", commits))
+        end = b1
+        if eos_id in x[n:b1]:
+            break
+    answer = x[n:min(end, n + gen_length)]
+    run.tokens = answer[:answer.index(eos_id) + 1] if eos_id in answer else answer
     return run
 
 

@@ -1,6 +1,7 @@
-"""Float64 forward pass of LLaDA, LLaDA-MoE, Dream, SDAR and Fast-dLLM v2 in numpy, written from the
-published model code (GSAI-ML modeling_llada.py LLaDALlamaBlock, inclusionAI's modeling_lladamoe.py,
-Dream's Qwen2-based modeling_dream.py, JetAstra/SDAR modeling_sdar.py, Fast-dLLM v2 modeling.py)
+"""Float64 forward pass of LLaDA, LLaDA-MoE, Dream, SDAR, Fast-dLLM v2 and LLaDA2 in numpy, written from
+the published model code (GSAI-ML modeling_llada.py LLaDALlamaBlock, inclusionAI's modeling_lladamoe.py,
+Dream's Qwen2-based modeling_dream.py, JetAstra/SDAR modeling_sdar.py, Fast-dLLM v2 modeling.py,
+inclusionAI's modeling_llada2_moe.py)
 and reading the Hugging Face checkpoint directly, so it shares nothing with the engine or the
 converter.
 
@@ -11,9 +12,12 @@ consecutive query heads (repeat_interleave). Dream adds q/k/v biases. LLaDA-MoE 
 and k per head (one weight for all heads) before RoPE, and its FFN is the sum of the top-k experts
 of a softmax router, weighted by their probabilities as they are (norm_topk_prob is hard-coded
 False in the official code). SDAR is Qwen3: q/k RMS-normalised per head like LLaDA-MoE, no biases,
-its own head_dim. Fast-dLLM v2 is Qwen2.5, Dream's layout.
+its own head_dim. Fast-dLLM v2 is Qwen2.5, Dream's layout. LLaDA2 (BailingMoeV2): one fused
+query_key_value split as [q heads, k heads, v heads], q/k RMS-normalised per head, RoPE over the first
+head_dim * partial_rotary_factor dims only, the first first_k_dense_replace layers dense, the others
+llada2_moe_ffn (a sigmoid router with a selection bias and group-limited top-k, plus shared experts).
 
-SDAR and Fast-dLLM v2 are block diffusion: position p attends to position j iff j // B <= p // B
+SDAR, Fast-dLLM v2 and LLaDA2 are block diffusion: position p attends to position j iff j // B <= p // B
 (blocks of B aligned at absolute position 0; causal across blocks, bidirectional inside). `past`
 holds the keys and values of positions 0..m-1, so that the rows of a block can be computed against
 finished blocks, as the official loops do. Raw logits, no Dream/Fast-dLLM shift.
@@ -49,7 +53,8 @@ DREAM_NAMES = {
 
 SDAR_NAMES = {**{k: v for k, v in DREAM_NAMES.items() if not k.endswith("_bias")},
               "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight"}
-BLOCK_SIZE_KEYS = {"SDARForCausalLM": "block_size", "Fast_dLLM_QwenForCausalLM": "bd_size"}
+BLOCK_SIZE_KEYS = {"SDARForCausalLM": "block_size", "Fast_dLLM_QwenForCausalLM": "bd_size",
+                   "LLaDA2MoeModelLM": "block_size"}
 
 MOE_NAMES = {
     "embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "head": "lm_head.weight",
@@ -59,6 +64,15 @@ MOE_NAMES = {
     "ffn_norm": "post_attention_layernorm.weight", "router": "mlp.gate.weight",
 }
 EXPERT = "mlp.experts.{e}.{which}_proj.weight"
+
+LLADA2_NAMES = {
+    "embed": "model.word_embeddings.weight", "norm": "model.norm.weight", "head": "lm_head.weight",
+    "layer": "model.layers.{i}.", "attn_norm": "input_layernorm.weight", "qkv": "attention.query_key_value.weight",
+    "q_norm": "attention.query_layernorm.weight", "k_norm": "attention.key_layernorm.weight",
+    "o": "attention.dense.weight", "ffn_norm": "post_attention_layernorm.weight", "gate": "mlp.gate_proj.weight",
+    "up": "mlp.up_proj.weight", "down": "mlp.down_proj.weight", "router": "mlp.gate.weight",
+    "bias": "mlp.gate.expert_bias",
+}
 
 
 @lru_cache(maxsize=8)
@@ -135,11 +149,59 @@ def moe_ffn(h: np.ndarray, w: dict, prefix: str, n_expert: int, k: int, routing:
     return out
 
 
+def swiglu(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
+    g = x @ gate.T
+    return (g / (1.0 + np.exp(-g)) * (x @ up.T)) @ down.T
+
+
+def llada2_moe_ffn(h: np.ndarray, w: dict, prefix: str, config: dict, routing: list | None) -> np.ndarray:
+    """LLaDA2MoeSparseMoeBlock: s = sigmoid(router h) (fp32 in the official code); the choice ranks
+    s + expert_bias: n_group groups scored by the sum of their best two, the topk_group best kept,
+    the top-k of their experts; weights = the chosen unbiased s / their sum (top_k > 1) x
+    routed_scaling_factor; plus the shared experts' SwiGLU of h. Appends (chosen (n, k) best first,
+    margin (n,): the smaller of the gaps at the group cut and at the expert cut) to `routing`."""
+    E, k = config["num_experts"], config["num_experts_per_tok"]
+    G, kept = config.get("n_group") or 1, config.get("topk_group") or config.get("n_group") or 1
+    s = 1.0 / (1.0 + np.exp(-(h @ w[prefix + LLADA2_NAMES["router"]].T)))       # (n, E)
+    select = s + w[prefix + LLADA2_NAMES["bias"]]
+    groups = select.reshape(len(h), G, E // G)
+    group_score = np.sort(groups, axis=-1)[..., -2:].sum(-1)                     # (n, G)
+    group_order = np.argsort(-group_score, axis=-1, kind="stable")
+    keep = np.zeros((len(h), G), bool)
+    np.put_along_axis(keep, group_order[:, :kept], True, axis=-1)
+    masked = np.where(np.repeat(keep, E // G, axis=-1), select, -np.inf)
+    order = np.argsort(-masked, axis=-1, kind="stable")
+    chosen = order[:, :k]
+    if routing is not None:
+        ranked = np.take_along_axis(masked, order, axis=-1)
+        ranked_groups = np.take_along_axis(group_score, group_order, axis=-1)
+        margin = np.full(len(h), np.inf)
+        if kept < G:
+            margin = ranked_groups[:, kept - 1] - ranked_groups[:, kept]
+        if k < kept * (E // G):
+            margin = np.minimum(margin, ranked[:, k - 1] - ranked[:, k])
+        routing.append((chosen, margin))
+    weights = np.take_along_axis(s, chosen, axis=-1)
+    if k > 1:
+        weights = weights / (weights.sum(-1, keepdims=True) + 1e-20)
+    weights = weights * config.get("routed_scaling_factor", 1.0)
+    out = np.zeros_like(h)
+    for e in range(E):
+        rows, slot = np.nonzero(chosen == e)
+        if len(rows):
+            out[rows] += weights[rows, slot][:, None] * swiglu(
+                h[rows], *(w[prefix + EXPERT.format(e=e, which=x)] for x in ("gate", "up", "down")))
+    if config.get("num_shared_experts"):
+        out += swiglu(h, *(w[prefix + f"mlp.shared_experts.{x}_proj.weight"] for x in ("gate", "up", "down")))
+    return out
+
+
 def block_size_of(hf_dir) -> int | None:
     """The trained block size of a block-diffusion checkpoint (None: full attention)."""
     config, _ = load(str(hf_dir))
     key = BLOCK_SIZE_KEYS.get(config["architectures"][0])
-    return None if key is None else config.get(key, 32)   # Fast-dLLM v2's code defaults bd_size to 32
+    # Fast-dLLM v2's code defaults bd_size to 32; LLaDA2's config has none, its generate() uses 32.
+    return None if key is None else config.get(key, 32)
 
 
 def block_causal(rows: range, n_keys: int, block_size: int) -> np.ndarray:
@@ -168,7 +230,9 @@ def forward(hf_dir, ids, weights: dict[str, np.ndarray] | None = None, routing: 
     arch = config["architectures"][0]
     llada, moe = arch == "LLaDAModelLM", arch == "LLaDAMoEModelLM"
     sdar, blocky = arch == "SDARForCausalLM", arch in BLOCK_SIZE_KEYS
-    names = LLADA_NAMES if llada else MOE_NAMES if moe else SDAR_NAMES if sdar else DREAM_NAMES
+    llada2 = arch == "LLaDA2MoeModelLM"
+    names = LLADA_NAMES if llada else MOE_NAMES if moe else SDAR_NAMES if sdar else \
+        LLADA2_NAMES if llada2 else DREAM_NAMES
     if llada:
         n_embd, n_head, n_layer = config["d_model"], config["n_heads"], config["n_layers"]
         n_kv = config.get("n_kv_heads") or n_head
@@ -179,6 +243,7 @@ def forward(hf_dir, ids, weights: dict[str, np.ndarray] | None = None, routing: 
         tied = config.get("tie_word_embeddings", False)
     eps, theta = config["rms_norm_eps"], config["rope_theta"]
     hd = config.get("head_dim") or n_embd // n_head
+    n_rot = int(hd * config.get("partial_rotary_factor", 1.0))   # LLaDA2 rotates the first half only
 
     ids = np.asarray(ids)
     start = 0 if past is None else past[0][0].shape[1]
@@ -195,14 +260,18 @@ def forward(hf_dir, ids, weights: dict[str, np.ndarray] | None = None, routing: 
         L = {key: w.get(names["layer"].format(i=i) + names[key]) for key in names if key not in
              ("embed", "norm", "head", "layer")}
         h = rms_norm(x, L["attn_norm"], eps)
-        q, k, v = h @ L["q"].T, h @ L["k"].T, h @ L["v"].T
+        if llada2:   # query_key_value: rows [q heads, k heads, v heads]
+            q, k, v = np.split(h @ L["qkv"].T, [n_head * hd, (n_head + n_kv) * hd], axis=-1)
+        else:
+            q, k, v = h @ L["q"].T, h @ L["k"].T, h @ L["v"].T
         if L.get("q_bias") is not None:
             q, k, v = q + L["q_bias"], k + L["k_bias"], v + L["v_bias"]
         q = q.reshape(n, n_head, hd).transpose(1, 0, 2)                        # (n_head, n, hd)
         k = k.reshape(n, n_kv, hd).transpose(1, 0, 2)
-        if moe or sdar:
+        if moe or sdar or llada2:
             q, k = rms_norm(q, L["q_norm"], eps), rms_norm(k, L["k_norm"], eps)
-        q, k = rope(q, theta, positions), rope(k, theta, positions)
+        q = np.concatenate([rope(q[..., :n_rot], theta, positions), q[..., n_rot:]], axis=-1)
+        k = np.concatenate([rope(k[..., :n_rot], theta, positions), k[..., n_rot:]], axis=-1)
         v = v.reshape(n, n_kv, hd).transpose(1, 0, 2)
         if refill:
             cache.append([k.copy(), v.copy()])
@@ -220,8 +289,10 @@ def forward(hf_dir, ids, weights: dict[str, np.ndarray] | None = None, routing: 
             x = x + moe_ffn(h, w, names["layer"].format(i=i), config["num_experts"], config["num_experts_per_tok"],
                             routing)
             continue
-        g = h @ L["gate"].T
-        x = x + (g / (1.0 + np.exp(-g)) * (h @ L["up"].T)) @ L["down"].T
+        if llada2 and i >= config.get("first_k_dense_replace", 0):
+            x = x + llada2_moe_ffn(h, w, names["layer"].format(i=i), config, routing)
+            continue
+        x = x + swiglu(h, L["gate"], L["up"], L["down"])
     x = rms_norm(x, w[names["norm"]], eps)
     head = w[names["embed"]] if tied else w[names["head"]]
     return x @ head.T

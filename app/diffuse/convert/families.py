@@ -37,6 +37,9 @@ class Family:
     sub_block_size: int = 0              # Fast-dLLM v2 decodes a block in sub-blocks of this size
     # The decoding its authors publish, as generation options (written as diffuse.recipe.<name>).
     recipe: dict[str, object] | None = None
+    # Layers below n_layer_dense (config_keys) take dense_tensors; the others moe_tensors and experts.
+    dense_tensors: dict[str, str] | None = None
+    moe_tensors: dict[str, str] | None = None
 
 
 LLADA = Family(
@@ -197,7 +200,67 @@ FAST_DLLM_V2 = Family(
     recipe={"block_length": 32, "scheduler": "confidence_threshold", "confidence_threshold": 0.9, "temperature": 0.0},
 )
 
-FAMILIES = {f.hf_architecture: f for f in (LLADA, DREAM, LLADA_MOE, SDAR, FAST_DLLM_V2)}
+# inclusionAI LLaDA2.0/2.1 (mini 16B-A1.4B, flash 100B-A6B): BailingMoeV2 blocks trained
+# block-causally (modeling_llada2_moe.py): one fused query_key_value ([q heads, k heads, v heads]),
+# per-head query/key_layernorm, NEOX RoPE over head_dim * partial_rotary_factor dims, the first
+# first_k_dense_replace layers a dense SwiGLU, the others a sigmoid router (F32) whose expert_bias
+# steers the choice only, group-limited top-k (n_group groups by the sum of their best two,
+# topk_group kept), weights normalised (top_k > 1) x routed_scaling_factor, plus shared experts.
+# config.json holds neither block size nor mask id: its generate()'s defaults (block 32, <|mask|>
+# 156895). GGUF names and keys follow llama.cpp's bailingmoe2 under the arch "llada2".
+LLADA2 = Family(
+    arch="llada2",
+    hf_architecture="LLaDA2MoeModelLM",
+    config_keys=dict(n_embd="hidden_size", n_head="num_attention_heads", n_head_kv="num_key_value_heads",
+                     n_layer="num_hidden_layers", n_ff="intermediate_size", n_ctx="max_position_embeddings",
+                     rope_theta="rope_theta", rms_eps="rms_norm_eps", vocab_size="vocab_size",
+                     mask_token_id="mask_token_id", tied="tie_word_embeddings", head_dim="head_dim",
+                     n_expert="num_experts", n_expert_used="num_experts_per_tok", n_ff_exp="moe_intermediate_size",
+                     n_expert_groups="n_group", n_group_used="topk_group", n_expert_shared="num_shared_experts",
+                     n_layer_dense="first_k_dense_replace", rope_factor="partial_rotary_factor",
+                     expert_scale="routed_scaling_factor", block_size="block_size"),
+    defaults=dict(n_head_kv=None, n_ctx=32768, rope_theta=600000.0, rms_eps=1e-6, tied=False, head_dim=None,
+                  mask_token_id=None, n_expert_groups=1, n_group_used=None, n_expert_shared=0, n_layer_dense=0,
+                  rope_factor=1.0, expert_scale=1.0, block_size=32),
+    fixed={"hidden_act": "silu", "rope_scaling": None, "use_qkv_bias": False, "use_bias": False,
+           "use_qk_norm": True, "norm_head": False, "score_function": "sigmoid",
+           "moe_router_enable_expert_bias": True},
+    tensors={
+        "token_embd.weight": "model.word_embeddings.weight",
+        "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+        "blk.{i}.attn_qkv.weight": "model.layers.{i}.attention.query_key_value.weight",
+        "blk.{i}.attn_q_norm.weight": "model.layers.{i}.attention.query_layernorm.weight",
+        "blk.{i}.attn_k_norm.weight": "model.layers.{i}.attention.key_layernorm.weight",
+        "blk.{i}.attn_output.weight": "model.layers.{i}.attention.dense.weight",
+        "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+        "output_norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight",
+    },
+    dense_tensors={
+        "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
+        "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
+        "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+    },
+    moe_tensors={
+        "blk.{i}.ffn_gate_inp.weight": "model.layers.{i}.mlp.gate.weight",
+        "blk.{i}.exp_probs_b.bias": "model.layers.{i}.mlp.gate.expert_bias",
+        "blk.{i}.ffn_gate_shexp.weight": "model.layers.{i}.mlp.shared_experts.gate_proj.weight",
+        "blk.{i}.ffn_up_shexp.weight": "model.layers.{i}.mlp.shared_experts.up_proj.weight",
+        "blk.{i}.ffn_down_shexp.weight": "model.layers.{i}.mlp.shared_experts.down_proj.weight",
+    },
+    experts=LLADA_MOE.experts,
+    f32_matrices=("blk.{i}.ffn_gate_inp.weight",),
+    permute_qk=False,
+    shift_logits=False,
+    mask_token="<|mask|>",
+    eot_token="<|role_end|>",
+    default_mask_id=156895,
+    # generate()'s defaults: block 32, 32 steps, threshold 0.95 (the dynamic rule), greedy.
+    recipe={"block_length": 32, "steps": 32, "scheduler": "low_confidence_dynamic", "confidence_threshold": 0.95,
+            "temperature": 0.0},
+)
+
+FAMILIES = {f.hf_architecture: f for f in (LLADA, DREAM, LLADA_MOE, SDAR, FAST_DLLM_V2, LLADA2)}
 
 MAX_JSON_BYTES = 64 << 20   # real config files are KBs, tokenizer.json tens of MBs at most
 MAX_INT = 2**31 - 1         # the engine holds sizes and ids in 32-bit ints
@@ -207,7 +270,9 @@ RANGES = {field: ("int", 1, MAX_INT) for field in ("n_embd", "n_head", "n_head_k
                                                    "vocab_size")}
 RANGES.update(rope_theta=("float", 0.0, MAX_F32), rms_eps=("float", 0.0, 1.0), mask_token_id=("int", 0, MAX_INT),
               tied=("bool", False, True), n_expert=("int", 1, 4096), n_expert_used=("int", 1, 4096),
-              n_ff_exp=("int", 1, MAX_INT), head_dim=("int", 1, MAX_INT), block_size=("int", 1, MAX_INT))
+              n_ff_exp=("int", 1, MAX_INT), head_dim=("int", 1, MAX_INT), block_size=("int", 1, MAX_INT),
+              n_expert_groups=("int", 1, 4096), n_group_used=("int", 1, 4096), n_expert_shared=("int", 0, 64),
+              n_layer_dense=("int", 0, MAX_INT), rope_factor=("float", 0.0, 1.0), expert_scale=("float", 0.0, 1e6))
 
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 80
@@ -236,6 +301,17 @@ class HParams:
     n_ff_exp: int = 0       # one expert's hidden size
     head_dim: int = 0       # config.json's, else n_embd / n_head
     block_size: int = 0     # block diffusion: the trained block length (0: attention over everything)
+    # LLaDA2's router and layout (the others: one group, no shared experts, no dense layers).
+    n_expert_groups: int = 1
+    n_group_used: int | None = None   # groups kept (None: all)
+    n_expert_shared: int = 0
+    n_layer_dense: int = 0            # the first layers are a dense SwiGLU of n_ff
+    rope_factor: float = 1.0          # RoPE rotates head_dim * rope_factor dims
+    expert_scale: float = 1.0         # routed weights x this
+
+    @property
+    def n_rot(self) -> int:
+        return int(self.head_dim * self.rope_factor)
 
 
 def read_text(path: Path, limit: int = MAX_JSON_BYTES) -> str:
@@ -312,7 +388,28 @@ def read_config(hf_dir: Path) -> tuple[Family, HParams, dict]:
                            f"of the {family.sub_block_size}-token sub-blocks {family.arch} decodes in")
     if hp.n_expert_used > hp.n_expert:
         raise DiffuseError(f"{path}: num_experts_per_tok = {hp.n_expert_used} exceeds num_experts = {hp.n_expert}")
+    if hp.n_expert_groups > 1:
+        _check_groups(path, hp)
+    if hp.n_layer_dense > hp.n_layer:
+        raise DiffuseError(f"{path}: first_k_dense_replace = {hp.n_layer_dense} exceeds the {hp.n_layer} layers")
+    if hp.n_rot < 2 or hp.n_rot % 2:
+        raise DiffuseError(f"{path}: partial_rotary_factor = {hp.rope_factor} gives {hp.n_rot} of {hp.head_dim} "
+                           "dimensions to rotate (RoPE needs an even number, at least 2)")
     return family, hp, config
+
+
+def _check_groups(path: Path, hp: HParams) -> None:
+    """Group-limited top-k: equal groups of at least two (a group scores the sum of its best two),
+    the kept groups holding at least top-k experts."""
+    per, used = hp.n_expert // hp.n_expert_groups, hp.n_group_used or hp.n_expert_groups
+    if hp.n_expert % hp.n_expert_groups or per < 2:
+        raise DiffuseError(f"{path}: num_experts = {hp.n_expert} does not split into n_group = "
+                           f"{hp.n_expert_groups} equal groups of at least 2")
+    if used > hp.n_expert_groups:
+        raise DiffuseError(f"{path}: topk_group = {used} exceeds n_group = {hp.n_expert_groups}")
+    if hp.n_expert_used > used * per:
+        raise DiffuseError(f"{path}: num_experts_per_tok = {hp.n_expert_used} exceeds the {used * per} experts of "
+                           f"the topk_group = {used} groups kept")
 
 
 def _in_range(value, kind: str, low, high) -> bool:
@@ -370,6 +467,11 @@ def expected_shapes(hp: HParams, n_vocab: int) -> dict[str, tuple[int, ...]]:
         "blk.{i}.ffn_gate_exps.weight": (hp.n_ff_exp, e),
         "blk.{i}.ffn_up_exps.weight": (hp.n_ff_exp, e),
         "blk.{i}.ffn_down_exps.weight": (e, hp.n_ff_exp),
+        "blk.{i}.attn_qkv.weight": (q + 2 * kv, e),
+        "blk.{i}.exp_probs_b.bias": (hp.n_expert,),
+        "blk.{i}.ffn_gate_shexp.weight": (hp.n_ff_exp * hp.n_expert_shared, e),
+        "blk.{i}.ffn_up_shexp.weight": (hp.n_ff_exp * hp.n_expert_shared, e),
+        "blk.{i}.ffn_down_shexp.weight": (e, hp.n_ff_exp * hp.n_expert_shared),
     }
 
 

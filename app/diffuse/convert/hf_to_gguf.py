@@ -49,7 +49,7 @@ class _Tensor:
 
 def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None = None,
                cancel: Callable[[], bool] | None = None, recipe: dict | None = None) -> Path | None:
-    """Convert a LLaDA, LLaDA-MoE, Dream, SDAR/TraDo or Fast-dLLM v2 checkpoint folder to a GGUF file.
+    """Convert a LLaDA, LLaDA-MoE, Dream, SDAR/TraDo, Fast-dLLM v2 or LLaDA2 checkpoint folder to a GGUF file.
 
     outtype: f32 | f16 | bf16 | q8_0 for the matrices. recipe: the generation options the model
     suggests (diffuse.recipe), written under diffuse.recipe.*; checked before any work. progress(done, total, tensor_name) once per
@@ -113,13 +113,16 @@ def _plan(family: Family, hp: HParams, ckpt: Checkpoint, hf_dir: Path, outtype: 
     block = _core.type_info(int(matrix_type))["block_size"]
 
     tensors, used = [], set()
-    # (GGUF pattern, HF pattern, experts stacked in the tensor or None)
-    patterns = [(p, hf, None) for p, hf in family.tensors.items()]
-    patterns += [(p, hf, hp.n_expert) for p, hf in (family.experts or {}).items()]
-    for pattern, hf_pattern, n_experts in patterns:
+    # (GGUF pattern, HF pattern, experts stacked in the tensor or None, its layers)
+    every, dense, routed = range(hp.n_layer), range(hp.n_layer_dense), range(hp.n_layer_dense, hp.n_layer)
+    patterns = [(p, hf, None, every) for p, hf in family.tensors.items()]
+    patterns += [(p, hf, None, dense) for p, hf in (family.dense_tensors or {}).items()]
+    patterns += [(p, hf, None, routed) for p, hf in (family.moe_tensors or {}).items()]
+    patterns += [(p, hf, hp.n_expert, routed) for p, hf in (family.experts or {}).items()]
+    for pattern, hf_pattern, n_experts, layers in patterns:
         if pattern == "output.weight" and hp.tied:
             continue   # the engine reuses token_embd
-        for i in range(hp.n_layer) if "{i}" in pattern else [None]:
+        for i in layers if "{i}" in pattern else [None]:
             name = pattern.format(i=i)
             hf_names = [hf_pattern.format(i=i, e=e) for e in range(n_experts or 1)]
             for hf_name in hf_names:
@@ -204,11 +207,20 @@ def _metadata(family: Family, hp: HParams, vocab: Vocab, n_vocab: int, mask_id: 
         put(Keys.LLM.EXPERT_COUNT, hp.n_expert, "u32")
         put(Keys.LLM.EXPERT_USED_COUNT, hp.n_expert_used, "u32")
         put(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, hp.n_ff_exp, "u32")
+    if family.moe_tensors:   # LLaDA2's router and layout, with llama.cpp's bailingmoe2 keys
+        put(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, hp.n_layer_dense, "u32")
+        put(Keys.LLM.EXPERT_SHARED_COUNT, hp.n_expert_shared, "u32")
+        put(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, hp.n_ff_exp, "u32")   # per shared expert
+        put(Keys.LLM.EXPERT_GATING_FUNC, 2, "u32")                           # sigmoid
+        put(Keys.LLM.EXPERT_GROUP_COUNT, hp.n_expert_groups, "u32")
+        put(Keys.LLM.EXPERT_GROUP_USED_COUNT, hp.n_group_used or hp.n_expert_groups, "u32")
+        put(Keys.LLM.EXPERT_WEIGHTS_NORM, hp.n_expert_used > 1, "bool")      # the official code: top_k > 1
+        put(Keys.LLM.EXPERT_WEIGHTS_SCALE, hp.expert_scale, "f32")
     put(Keys.Attention.HEAD_COUNT, hp.n_head, "u32")
     put(Keys.Attention.HEAD_COUNT_KV, hp.n_head_kv, "u32")
     put(Keys.Rope.FREQ_BASE, hp.rope_theta, "f32")
     put(Keys.Attention.LAYERNORM_RMS_EPS, hp.rms_eps, "f32")
-    put(Keys.Rope.DIMENSION_COUNT, hp.head_dim, "u32")
+    put(Keys.Rope.DIMENSION_COUNT, hp.n_rot, "u32")
     put(Keys.LLM.VOCAB_SIZE, n_vocab, "u32")
     put(Keys.Attention.CAUSAL, False, "bool")
     put(Keys.Diffusion.SHIFT_LOGITS, family.shift_logits, "bool")

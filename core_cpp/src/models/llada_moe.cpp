@@ -16,7 +16,7 @@ ggml_tensor * build_llada_moe(GraphBuilder & g) {
         k = g.norm(k, L.attn_k_norm);
         ggml_tensor * attn = g.attention(il, L, g.rope(q), g.rope(k), v);
         x = g.residual(il, x, attn);
-        x = ggml_add(g.ctx, x, g.moe(L, g.norm(x, L.ffn_norm)));   // experts chosen per row
+        x = ggml_add(g.ctx, x, g.moe(il, L, g.norm(x, L.ffn_norm)));   // experts chosen per row
         g.name(x, "l_out", il);
     }
     return g.head(x);
