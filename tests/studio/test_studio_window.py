@@ -232,12 +232,19 @@ def test_entry_point_replays_a_file_and_quits_cleanly(qapp, recorded_run, tmp_pa
     from diffuse.studio.__main__ import main
     monkeypatch.setattr(signal, "signal", lambda *a: None)    # keep pytest's Ctrl+C handler
     recorded_run("no_cache").save(tmp_path / "run.npz")
-    QTimer.singleShot(1500, qapp.quit)
+    threads = []        # the engine's thread, which outlives the window
+
+    def look_then_quit():
+        try:
+            threads.extend(w.engine._thread for w in qapp.topLevelWidgets()
+                           if isinstance(w, MainWindow) and w.run is not None and w.run.n_steps == 16)
+        finally:
+            qapp.quit()
+    QTimer.singleShot(1500, look_then_quit)
     assert main([str(tmp_path / "run.npz")]) == 0
     # Closing the window while quitting posted a second Quit: handled after exec() returned, it
     # would end every later event loop at once (qtbot.wait, waitSignal) for the tests that follow.
     QCoreApplication.removePostedEvents(qapp, QEvent.Type.Quit)
-    window = next(w for w in qapp.topLevelWidgets() if isinstance(w, MainWindow)
-                  and w.run is not None and w.run.n_steps == 16)
-    assert not window.engine._thread.isRunning()               # quitting stopped the engine
-    window.deleteLater()
+    assert len(threads) == 1 and not threads[0].isRunning()    # quitting stopped the engine
+    # the window is deleted before main returns, not left to the interpreter's exit
+    assert not any(isinstance(w, MainWindow) for w in qapp.topLevelWidgets())

@@ -12,7 +12,7 @@ import functools
 import time
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QCoreApplication, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (QApplication, QFileDialog, QLabel, QMainWindow, QMessageBox,
                                QScrollArea, QSplitter, QTabWidget, QVBoxLayout, QWidget)
@@ -29,6 +29,7 @@ from diffuse.studio.cache_view import CacheView
 from diffuse.studio.canvas import CanvasPanel
 from diffuse.studio.chat import ChatPanel, fit_history
 from diffuse.studio.compare import CompareWindow
+from diffuse.studio.conversations import Conversation, Message
 from diffuse.studio.experts_view import ExpertsView
 from diffuse.studio.heatmap import EntropyHeatmap
 from diffuse.studio.model_panel import ModelPanel
@@ -72,7 +73,7 @@ class MainWindow(QMainWindow):
         self.compare_window: CompareWindow | None = None
         self.bench_window: BenchWindow | None = None
         self._saves: list[Job] = []              # recordings and exports being written
-        self._unsaved: dict[str, RunState] = {}  # runs whose recording is being written, by path
+        self._writing: set[Path] = set()         # recordings being written
         self._dirty: set[str] = set()          # groups waiting to be redrawn: canvas, views
         self._closing = False
         self._quitting = False     # the app's event loop is ending: close cannot be retried
@@ -294,11 +295,9 @@ class MainWindow(QMainWindow):
             return
         self.live = None
         self.run_label.setText("")
-        path = None
-        if run.events:   # recorded off the GUI thread: compressing and syncing take a while
-            path = storage.runs_dir() / f"run-{int(run.recording.created * 1000)}.npz"
-            self._start_save(run, path)
-        self.chat.add_answer(run, str(path) if path else None)
+        conversation, answer = self.chat.add_answer(run)
+        if run.events:
+            self._start_save(run, conversation, answer)
         res = run.result
         if res.stop_reason != "cancelled":
             self.timeline.run_ended(run.n_steps, res.total_ms)
@@ -306,18 +305,29 @@ class MainWindow(QMainWindow):
                           f"{res.total_ms / 1000:.2f} s, {res.buffer_tokens_per_s:.1f} tok/s")
         self._mark_dirty()
 
-    def _start_save(self, run: RunState, path: Path) -> None:
+    def _start_save(self, run: RunState, conversation: Conversation, answer: Message) -> None:
+        """Record the run off the GUI thread (compressing and syncing take a while); the answer
+        links to the file once it is written."""
+        try:
+            path = storage.new_run_path(run.prompt, run.recording.created, self._writing)
+        except OSError as e:        # the app's folder cannot be written
+            self._show_status(f"could not record the run: {e}")
+            return
         job = Job(f"recording {path.name}", lambda progress, cancel: run.recording.save(path))
-        self._unsaved[str(path)] = run
-        for signal in (job.finished, job.failed):
-            signal.connect(functools.partial(self._recorded, str(path)))
-        job.failed.connect(self._save_failed)
+        self._writing.add(path)
+        job.finished.connect(functools.partial(self._recorded, path, conversation, answer))
+        job.failed.connect(functools.partial(self._not_recorded, path))
         job.finished.connect(self._save_done)
         self._saves.append(job)
         job.start()
 
-    def _recorded(self, path: str, _outcome=None) -> None:
-        self._unsaved.pop(path, None)
+    def _recorded(self, path: Path, conversation: Conversation, answer: Message, _value=None) -> None:
+        self._writing.discard(path)
+        self.chat.link_recording(conversation, answer, str(path))
+
+    def _not_recorded(self, path: Path, message: str) -> None:
+        self._writing.discard(path)
+        self._save_failed(message)
 
     def _save_done(self, _value=None) -> None:
         self._saves = [j for j in self._saves if j.running]
@@ -446,14 +456,9 @@ class MainWindow(QMainWindow):
         return True
 
     def replay(self, path: str) -> None:
-        """The chat's replay link: open the answer's recording and play it from the start (from
-        memory while the recording is still being written)."""
-        run = self._unsaved.get(str(path))
-        if run is not None and not self.engine.busy:
-            self.show_run(run)
-        elif not self.open_recording(path):
-            return
-        self.timeline.play()
+        """The chat's replay link: open the answer's recording and play it from the start."""
+        if self.open_recording(path):
+            self.timeline.play()
 
     def save_recording(self, path: str | Path) -> None:
         try:
@@ -605,8 +610,12 @@ class MainWindow(QMainWindow):
         def left_ms() -> int:
             return -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
         ended = self.engine.shutdown(left_ms())
+        if ended:   # the run's last steps and its end wait in the queue: taken now, they start its recording
+            QCoreApplication.sendPostedEvents(self.engine)
         for job in self._saves + self.model_panel.jobs():
             ended = job.wait(left_ms()) and ended
+        for job in list(self._saves):   # a written recording gets its chat link before the window goes
+            QCoreApplication.sendPostedEvents(job)
         return ended
 
     def _about_to_quit(self) -> None:

@@ -1,0 +1,194 @@
+"""Closing the window during a run: the real app (its entry point, in its own process) stops the
+run after the current step, writes its recording whole, links the answer to it and exits 0.
+Closing during the recording's write waits for it; a failed write leaves the answer unlinked."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from PySide6.QtCore import QUrl
+
+from diffuse import DiffuseError
+from diffuse.recording import Recording
+from diffuse.studio import storage
+from diffuse.studio.main_window import MainWindow
+
+# Runs as the app: `diffuse-studio DEMO` with a driver that starts a long run, then closes the
+# window the way its title bar's X does (argv[1]: how many times), once a few steps are done.
+DRIVE = r"""
+import sys
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QApplication
+from diffuse.studio import __main__ as studio, storage
+
+app = QApplication(sys.argv[:1])
+closes = int(sys.argv[1])
+
+def window():
+    return next(w for w in app.topLevelWidgets() if type(w).__name__ == "MainWindow")
+
+def start():
+    w = window()
+    if w.engine.model is None:                  # the demo model is loading
+        return QTimer.singleShot(20, start)
+    w.settings_panel.set_options(dict(gen_length=128, steps=128, block_length=128))
+    w.chat.prompt.setPlainText("Tell me about Mr. Darcy.")
+    w.chat.submit()
+    close_mid_run()
+
+def close_mid_run():
+    w = window()
+    if w.engine.run is None or w.engine.run.n_steps < 3:
+        return QTimer.singleShot(5, close_mid_run)
+    print("closing at step", w.engine.run.n_steps, flush=True)
+    for _ in range(closes):
+        w.windowHandle().close()
+
+QTimer.singleShot(0, start)
+sys.exit(studio.main([str(storage.demo_model())]))
+"""
+
+
+def platforms():
+    yield "offscreen"
+    yield pytest.param("xcb", marks=pytest.mark.skipif(shutil.which("Xvfb") is None,
+                                                       reason="Xvfb is not installed"))
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("closes", [1, 2])
+@pytest.mark.parametrize("platform", platforms())
+def test_the_app_closed_mid_run_exits_cleanly_with_the_run_recorded(tmp_path, platform, closes):
+    home = tmp_path / "home"
+    env = dict(os.environ, QT_QPA_PLATFORM=platform, DIFFUSE_STUDIO_HOME=str(home))
+    if platform == "xcb":
+        from test_studio_xvfb import xvfb
+        with xvfb() as display:
+            env["DISPLAY"] = display
+            done = subprocess.run([sys.executable, "-c", DRIVE, str(closes)], env=env,
+                                  capture_output=True, timeout=200)
+    else:
+        done = subprocess.run([sys.executable, "-c", DRIVE, str(closes)], env=env,
+                              capture_output=True, timeout=200)
+    log = (done.stdout + done.stderr).decode(errors="replace")
+    assert done.returncode == 0, log[-3000:]
+    assert "closing at step" in log, log[-3000:]
+    for sign in ("QThread: Destroyed", "Signal source has been deleted", "Traceback"):
+        assert sign not in log, log[-3000:]
+    # one recording, whole (no temporary file left), of the run stopped after the current step
+    files = sorted(p.name for p in (home / "runs").iterdir())
+    assert len(files) == 1 and files[0].endswith("_tell-me-about-mr-darcy.npz"), files
+    rec = Recording.load(home / "runs" / files[0])
+    assert rec.result.stop_reason == "cancelled" and 3 <= len(rec.events) < 128
+    # the answer is saved and links to it
+    (conv,) = (home / "conversations").glob("*.json")
+    answer = json.loads(conv.read_text())["messages"][-1]
+    assert answer["role"] == "assistant" and answer["meta"]["steps"] == len(rec.events)
+    assert answer["meta"]["recording"] == str(home / "runs" / files[0])
+
+
+SMALL = {"gen_length": 48, "steps": 24, "block_length": 16, "threads": 1}
+
+
+def saved_answer(window) -> dict:
+    """The last message of the window's conversation as it is on disk."""
+    path = window.chat.store.path(window.chat.conversation.id)
+    return json.loads(path.read_text())["messages"][-1]
+
+
+def held_saves(monkeypatch) -> threading.Event:
+    """Recordings are written only once the returned event is set."""
+    release, save = threading.Event(), Recording.save
+    monkeypatch.setattr(Recording, "save",
+                        lambda rec, path: release.wait(20) and save(rec, path))
+    return release
+
+
+def finish_a_run(qtbot, window, model, prompt="Tell me about diffusion"):
+    window.set_model(model)
+    window.settings_panel.set_options(SMALL)
+    window.chat.prompt.setPlainText(prompt)
+    with qtbot.waitSignal(window.engine.run_finished, timeout=20000) as done:
+        window.chat.submit()
+    return done.args[0]
+
+
+def test_an_answer_links_its_recording_only_once_written(qtbot, window, fake_model,
+                                                         monkeypatch):
+    release = held_saves(monkeypatch)
+    run = finish_a_run(qtbot, window, fake_model(step_delay=0))
+    # the answer is saved at once, without a link to a file that does not exist yet
+    answer = window.chat.conversation.messages[-1]
+    assert answer.text == run.result.text and saved_answer(window)["text"] == run.result.text
+    assert saved_answer(window)["meta"]["recording"] is None
+    assert "replay" not in window.chat.view.toPlainText()
+    release.set()
+    qtbot.waitUntil(lambda: saved_answer(window)["meta"]["recording"] is not None, timeout=10000)
+    path = saved_answer(window)["meta"]["recording"]
+    assert answer.meta["recording"] == path and Recording.load(path).prompt == run.prompt
+    assert "replay" in window.chat.view.toPlainText()
+
+
+def test_recordings_are_named_by_date_and_prompt_and_never_collide():
+    at = 1796171289.5
+    when = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(at))     # local time
+    first = storage.new_run_path("Tell me about Mr. Darcy's / ..\\ <estate>!", at)
+    assert first.parent == storage.runs_dir()
+    assert first.name == f"{when}_tell-me-about-mr-darcy-s-estate.npz"
+    first.write_bytes(b"taken")
+    second = storage.new_run_path("Tell me about Mr. Darcy's / ..\\ <estate>!", at)
+    third = storage.new_run_path("Tell me about Mr. Darcy's / ..\\ <estate>!", at, {second})
+    assert (second.name, third.name) == (first.stem + "-2.npz", first.stem + "-3.npz")
+    assert storage.new_run_path("  ...  ", at).name == f"{when}_run.npz"
+    long = storage.new_run_path("Ü" * 300, at)
+    assert long.name == f"{when}_{'ü' * storage.RUN_NAME_WORDS}.npz"
+    assert first.read_bytes() == b"taken"                # nothing was overwritten
+
+
+def test_a_recording_that_cannot_be_written_leaves_no_link(qtbot, window, fake_model,
+                                                           monkeypatch):
+    def full(rec, path):
+        raise DiffuseError(f"{path}: the disk is full; nothing was written")
+    monkeypatch.setattr(Recording, "save", full)
+    finish_a_run(qtbot, window, fake_model(step_delay=0))
+    qtbot.waitUntil(lambda: "could not record" in window.statusBar().currentMessage(),
+                    timeout=10000)
+    assert saved_answer(window)["meta"]["recording"] is None
+    assert list(storage.runs_dir().iterdir()) == [] and not window._writing
+
+
+@pytest.mark.timeout(60)
+def test_closing_while_the_recording_is_written_waits_for_it(qtbot, fake_model, monkeypatch):
+    release = held_saves(monkeypatch)
+    w = MainWindow()
+    qtbot.addWidget(w)
+    w.show()
+    finish_a_run(qtbot, w, fake_model(step_delay=0))
+    w.close()
+    w.close()                                           # closed twice
+    assert not w.isVisible() and w._saves               # hidden; closes once it is written
+    release.set()
+    qtbot.waitUntil(lambda: not w._saves, timeout=20000)
+    path = saved_answer(w)["meta"]["recording"]
+    assert path is not None and Recording.load(path).result.steps > 0
+
+
+def test_a_recording_gone_since_is_said_to_be_gone(qtbot, window, fake_model, recorded_run):
+    finish_a_run(qtbot, window, fake_model(step_delay=0))
+    qtbot.waitUntil(lambda: saved_answer(window)["meta"]["recording"] is not None, timeout=10000)
+    path = saved_answer(window)["meta"]["recording"]
+    os.remove(path)
+    from diffuse.studio.chat import ChatPanel
+    again = ChatPanel()                                 # the next start of the app
+    qtbot.addWidget(again)
+    assert "recording gone" in again.view.toPlainText()
+    assert "replay" not in again.view.toPlainText()
+    with qtbot.assertNotEmitted(again.replay_requested):
+        again._link(QUrl(f"replay:{len(again.conversation.messages) - 1}"))
+    assert again.conversation.messages[-1].meta["recording"] == path   # the link is kept
