@@ -3,8 +3,10 @@ chat on the right, a step timeline under the canvas.
 
 Every view shows one run (live or replayed) at one step. Engine signals only mark the views
 dirty; a GUI timer redraws what is visible, so a fast engine never floods the GUI. Each tick
-redraws one of two groups (the canvas, then the plots and chat), which keeps every slice of
-GUI work short: the window answers input and other timers within a few tens of ms.
+redraws one of two groups (the canvas, or the plots, chat and status bar; in turns, so neither
+starves), which keeps every slice of GUI work short: the window answers input and other timers
+within a few tens of ms. A move of the slider redraws the canvas group at once (it only
+schedules the paint), so the slider, the timeline's label and the canvas header always agree.
 """
 from __future__ import annotations
 
@@ -75,6 +77,7 @@ class MainWindow(QMainWindow):
         self._saves: list[Job] = []              # recordings and exports being written
         self._writing: set[Path] = set()         # recordings being written
         self._dirty: set[str] = set()          # groups waiting to be redrawn: canvas, views
+        self._drawn = "views"                  # the group redrawn last
         self._closing = False
         self._quitting = False     # the app's event loop is ending: close cannot be retried
         QApplication.instance().aboutToQuit.connect(self._about_to_quit)
@@ -142,7 +145,7 @@ class MainWindow(QMainWindow):
         self.served: tuple[object, RunState] | None = None   # (serve Job, its run) the views follow
         self.model_panel.refused.connect(self._show_status)
         self.heatmap.step_clicked.connect(self.show_step)
-        self.timeline.slider.valueChanged.connect(self._mark_dirty)
+        self.timeline.slider.valueChanged.connect(self._step_changed)
 
         self.chat.set_model_ready(False)
         self._timer = QTimer(self)
@@ -403,30 +406,48 @@ class MainWindow(QMainWindow):
     def _mark_dirty(self, *_) -> None:
         self._dirty = {"canvas", "views"}
 
+    def _step_changed(self) -> None:
+        self._draw_canvas()
+        self._dirty.add("views")
+
     def refresh(self) -> None:
-        """Redraw one dirty group per timer tick: the canvas first, then the rest."""
+        """Redraw one dirty group per timer tick; with both dirty, the one not redrawn last."""
         if not self._dirty:
             return
-        group = "canvas" if "canvas" in self._dirty else "views"
+        group = min(self._dirty, key=lambda g: g == self._drawn)
         self._dirty.discard(group)
+        self._drawn = group
         run = self.run
         if run is None or not run.events:
             return
         self.timeline.set_count(run.n_steps)
-        step = self.timeline.step()
         if group == "canvas":
-            state = " · live" if not run.done else " · replay" if self.timeline.playing else ""
-            self.timeline.label.setText(run.step_label(run.clamp(step)) + state)
-            self.canvas_panel.show_step(step)
+            self._draw_canvas()
             return
+        step = self.timeline.step()
         current = self.views.currentWidget()
         if current is not None:
             current.show_step(step)
         if run is self.live:
             self.chat.show_progress(run, step)
-            self.run_label.setText(f"denoising · step {run.n_steps}/{run.steps_allowed} · "
-                                   f"{run.step_ms[run.n_steps - 1]:.0f} ms/step")
+            # the engine's step, which a paced display may trail
+            self.run_label.setText(f"denoising · engine at step {run.n_steps}/{run.steps_allowed}"
+                                   f" · {run.step_ms[run.n_steps - 1]:.0f} ms/step")
         self._update_actions()
+
+    def _draw_canvas(self) -> None:
+        """The canvas and the timeline's label at the slider's step."""
+        run = self.run
+        if run is None or not run.events:
+            return
+        step = run.clamp(self.timeline.step())
+        behind = run.n_steps - 1 - step
+        if not run.done:
+            state = " · live" if behind == 0 else f" · {behind} behind"
+        else:
+            state = " · replay" if self.timeline.playing else ""
+        self.timeline.label.setText(run.step_label(step) + state)
+        self.canvas_panel.show_step(step)
 
     def _show_status(self, message: str) -> None:
         self.statusBar().showMessage(message, 10000)
