@@ -18,6 +18,7 @@ from diffuse import DiffuseError
 from diffuse.recording import Recording
 from diffuse.studio import storage
 from diffuse.studio.main_window import MainWindow
+from diffuse.studio.run_state import RunState
 
 # Runs as the app: `diffuse-studio DEMO` with a driver that starts a long run, then closes the
 # window the way its title bar's X does (argv[1]: how many times), once a few steps are done.
@@ -192,3 +193,35 @@ def test_a_recording_gone_since_is_said_to_be_gone(qtbot, window, fake_model, re
     with qtbot.assertNotEmitted(again.replay_requested):
         again._link(QUrl(f"replay:{len(again.conversation.messages) - 1}"))
     assert again.conversation.messages[-1].meta["recording"] == path   # the link is kept
+
+
+def test_a_refused_prompt_leaves_the_previous_run_shown_and_usable(qtbot, window, fake_model,
+                                                                  recorded_run, tmp_path):
+    recorded_run("eos").save(tmp_path / "run.npz")
+    window.set_model(fake_model(step_delay=0))
+    window.open_recording(tmp_path / "run.npz")
+    shown = window.run
+    last = shown.n_steps - 1
+    window.chat.prompt.setPlainText("far too long " * 400)     # past the model's context
+    with qtbot.waitSignal(window.engine.run_failed, timeout=10000) as failed:
+        window.chat.submit()
+    assert "exceeds the model's context" in failed.args[1]
+    assert window.run is shown and window.canvas_panel.canvas.run is shown
+    assert window.heatmap.run is shown
+    assert window.timeline.slider.maximum() == last and window.timeline.step() == last
+    qtbot.waitUntil(lambda: window.timeline.label.text().startswith(shown.step_label(last)))
+    assert window.canvas_panel.status.text().startswith(shown.step_label(last))
+    assert all(a.isEnabled() for a in (window.save_action, window.png_action, window.gif_action))
+    window.save_recording(tmp_path / "again.npz")
+    assert len(Recording.load(tmp_path / "again.npz").events) == shown.n_steps
+
+
+def test_a_run_starting_does_not_show_the_last_run_s_step(qtbot, window, fake_model,
+                                                          recorded_run, tmp_path):
+    recorded_run("eos").save(tmp_path / "run.npz")
+    window.open_recording(tmp_path / "run.npz")
+    assert window.timeline.label.text().startswith("step ")
+    window.show_run(RunState("a new prompt"))           # started; its first step not yet come
+    assert window.timeline.label.text() == "starting…"
+    window.show_run(None)
+    assert window.timeline.label.text() == "no run"

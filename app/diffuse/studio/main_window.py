@@ -72,6 +72,7 @@ class MainWindow(QMainWindow):
         self.engine = engine or Engine(self)
         self.run: RunState | None = None      # what the views show
         self.live: RunState | None = None     # the run this window started, while it goes
+        self._shown_before: RunState | None = None   # what the views showed before it
         self.compare_window: CompareWindow | None = None
         self.bench_window: BenchWindow | None = None
         self._saves: list[Job] = []              # recordings and exports being written
@@ -287,6 +288,7 @@ class MainWindow(QMainWindow):
 
     def _run_started(self, run: RunState) -> None:
         if run is self.live:
+            self._shown_before = self.run
             self.show_run(run)
 
     def _run_stepped(self, run: RunState) -> None:
@@ -296,7 +298,7 @@ class MainWindow(QMainWindow):
     def _run_finished(self, run: RunState) -> None:
         if run is not self.live:
             return
-        self.live = None
+        self.live, self._shown_before = None, None
         self.run_label.setText("")
         conversation, answer = self.chat.add_answer(run)
         if run.events:
@@ -342,6 +344,10 @@ class MainWindow(QMainWindow):
     def _run_failed(self, run: RunState, message: str) -> None:
         if run is self.live:
             self.live = None
+            if run is self.run and not run.events:   # refused before a step: nothing to show
+                self.show_run(self._shown_before)
+                self.timeline.stop()
+            self._shown_before = None
             self.run_label.setText("")
             self.chat.show_error(message)
             self._show_status(f"run failed: {message}")
@@ -390,6 +396,7 @@ class MainWindow(QMainWindow):
         for view in (self.canvas_panel, self.heatmap, self.cache_view, self.throughput, self.experts_view):
             view.set_run(run)
         self.timeline.set_count(run.n_steps if run else 0)
+        self._draw_canvas()
         self._update_actions()
         self._mark_dirty()
 
@@ -439,6 +446,7 @@ class MainWindow(QMainWindow):
         """The canvas and the timeline's label at the slider's step."""
         run = self.run
         if run is None or not run.events:
+            self.timeline.label.setText("no run" if run is None else "starting…")
             return
         step = run.clamp(self.timeline.step())
         behind = run.n_steps - 1 - step
