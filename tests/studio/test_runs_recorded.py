@@ -225,3 +225,23 @@ def test_a_run_starting_does_not_show_the_last_run_s_step(qtbot, window, fake_mo
     assert window.timeline.label.text() == "starting…"
     window.show_run(None)
     assert window.timeline.label.text() == "no run"
+
+
+def test_recorded_runs_are_listed_newest_first_and_open(qtbot, window, recorded_run):
+    menu = window.recent_menu
+    menu.aboutToShow.emit()
+    assert [a.text() for a in menu.actions() if not a.isSeparator()] == [
+        "No runs recorded yet", "All recorded runs…"]
+    paths = []
+    for k, prompt in enumerate(("first question", "second question")):
+        rec = recorded_run("eos")
+        rec.prompt = prompt
+        paths.append(storage.new_run_path(prompt, rec.created))
+        rec.save(paths[-1])
+        os.utime(paths[-1], (1e9 + k, 1e9 + k))          # the second is the newer
+    menu.aboutToShow.emit()
+    listed = [a for a in menu.actions() if a.toolTip().endswith(".npz")]
+    assert [a.text() for a in listed] == [paths[1].stem, paths[0].stem]
+    assert listed[0].text().endswith("_second-question")
+    listed[1].trigger()
+    assert window.run.prompt == "first question" and window.run.done

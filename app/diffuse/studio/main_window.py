@@ -43,6 +43,7 @@ from diffuse.studio.timeline import Timeline
 from diffuse.studio.workers import Engine, Job
 
 REFRESH_MS = 25
+RECENT_RUNS = 15       # recordings listed under File > Recorded runs
 CLOSE_WAIT_S = 0.5     # how long closing may block the GUI for a step or a job to return
 
 
@@ -174,6 +175,9 @@ class MainWindow(QMainWindow):
         file = bar.addMenu("&File")
         self.open_action = self._action(file, "Open run…", self._open_clicked, "Ctrl+O",
                                         "Replay a recorded run (.npz)")
+        self.recent_menu = file.addMenu("Recorded runs")
+        self.recent_menu.setToolTipsVisible(True)
+        self.recent_menu.aboutToShow.connect(self._list_recent_runs)
         self.save_action = self._action(file, "Save run as…", self._save_clicked, "Ctrl+S",
                                         "Record the shown run to a file")
         file.addSeparator()
@@ -223,6 +227,7 @@ class MainWindow(QMainWindow):
         self.generate_action.setEnabled(not busy and self.engine.model is not None)
         self.compare_action.setEnabled(self.engine.model is not None)
         self.open_action.setEnabled(not busy)
+        self.recent_menu.setEnabled(not busy)
 
     # -- model and runs -----------------------------------------------------------------------
 
@@ -547,6 +552,31 @@ class MainWindow(QMainWindow):
         else:
             self.chat.prompt.setFocus()
             self._show_status("Type a prompt in the chat first.")
+
+    def _list_recent_runs(self) -> None:
+        """File > Recorded runs: the newest runs recorded, named by date and prompt, and the
+        folder of them all."""
+        menu = self.recent_menu
+        menu.clear()
+        try:
+            recent = storage.recent_runs(RECENT_RUNS)
+        except OSError as e:          # the app's folder cannot be read
+            recent = []
+            self._show_status(f"could not list the recorded runs: {e}")
+        for path in recent:
+            action = menu.addAction(path.stem)
+            action.setToolTip(str(path))
+            action.triggered.connect(lambda checked=False, p=path: self.open_recording(p))
+        if not recent:
+            menu.addAction("No runs recorded yet").setEnabled(False)
+        menu.addSeparator()
+        menu.addAction("All recorded runs…").triggered.connect(self._browse_runs)
+
+    def _browse_runs(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a recorded run", str(storage.runs_dir()),
+                                              "Diffuse runs (*.npz)")
+        if path:
+            self.open_recording(path)
 
     def _open_clicked(self) -> None:
         path = self._file_dialog(False, "Open a recorded run", "npz", "Diffuse runs")
