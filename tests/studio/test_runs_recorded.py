@@ -1,8 +1,11 @@
-"""Closing the window during a run: the real app (its entry point, in its own process) stops the
-run after the current step, writes its recording whole, links the answer to it and exits 0.
-Closing during the recording's write waits for it; a failed write leaves the answer unlinked."""
+"""Runs are kept: closing the window during a run (the real app, its entry point, in its own
+process) stops the run after the current step, writes its recording whole, links the answer to
+it and exits 0; closing during the recording's write waits for it; an answer links a recording
+only once it is written, and one gone since is said to be gone; recordings are named by date and
+prompt and listed in the File menu; a refused prompt leaves the previous run shown."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -19,9 +22,11 @@ from diffuse.recording import Recording
 from diffuse.studio import storage
 from diffuse.studio.main_window import MainWindow
 from diffuse.studio.run_state import RunState
+from test_studio_xvfb import xvfb
 
-# Runs as the app: `diffuse-studio DEMO` with a driver that starts a long run, then closes the
-# window the way its title bar's X does (argv[1]: how many times), once a few steps are done.
+# Runs as the app: `diffuse-studio DEMO` with a driver that starts a long run and, once a few
+# steps are done, ends the app (argv[1]): "close" as the title bar's X does, "close-twice",
+# or "quit" as Ctrl+C in the terminal does.
 DRIVE = r"""
 import sys
 from PySide6.QtCore import QTimer
@@ -29,7 +34,7 @@ from PySide6.QtWidgets import QApplication
 from diffuse.studio import __main__ as studio, storage
 
 app = QApplication(sys.argv[:1])
-closes = int(sys.argv[1])
+how = sys.argv[1]
 
 def window():
     return next(w for w in app.topLevelWidgets() if type(w).__name__ == "MainWindow")
@@ -48,7 +53,9 @@ def close_mid_run():
     if w.engine.run is None or w.engine.run.n_steps < 3:
         return QTimer.singleShot(5, close_mid_run)
     print("closing at step", w.engine.run.n_steps, flush=True)
-    for _ in range(closes):
+    if how == "quit":
+        app.quit()
+    for _ in range({"close": 1, "close-twice": 2, "quit": 0}[how]):
         w.windowHandle().close()
 
 QTimer.singleShot(0, start)
@@ -63,20 +70,16 @@ def platforms():
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("closes", [1, 2])
+@pytest.mark.parametrize("how", ["close", "close-twice", "quit"])
 @pytest.mark.parametrize("platform", platforms())
-def test_the_app_closed_mid_run_exits_cleanly_with_the_run_recorded(tmp_path, platform, closes):
+def test_the_app_closed_mid_run_exits_cleanly_with_the_run_recorded(tmp_path, platform, how):
     home = tmp_path / "home"
     env = dict(os.environ, QT_QPA_PLATFORM=platform, DIFFUSE_STUDIO_HOME=str(home))
-    if platform == "xcb":
-        from test_studio_xvfb import xvfb
-        with xvfb() as display:
+    with xvfb() if platform == "xcb" else contextlib.nullcontext() as display:
+        if display:
             env["DISPLAY"] = display
-            done = subprocess.run([sys.executable, "-c", DRIVE, str(closes)], env=env,
-                                  capture_output=True, timeout=200)
-    else:
-        done = subprocess.run([sys.executable, "-c", DRIVE, str(closes)], env=env,
-                              capture_output=True, timeout=200)
+        done = subprocess.run([sys.executable, "-c", DRIVE, how], env=env, capture_output=True,
+                              timeout=200)
     log = (done.stdout + done.stderr).decode(errors="replace")
     assert done.returncode == 0, log[-3000:]
     assert "closing at step" in log, log[-3000:]
