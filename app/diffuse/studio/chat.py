@@ -294,8 +294,8 @@ class ChatPanel(QWidget):
         if kind == "copy":
             QGuiApplication.clipboard().setText(msg.text)
             self.hint.setText("Copied to the clipboard")
-        elif kind == "replay" and msg.meta.get("recording") and msg.meta["recording"] not in self._gone:
-            self.replay_requested.emit(msg.meta["recording"])
+        elif kind == "replay" and msg.meta.get("recording") not in self._gone | {None}:
+            self.replay_requested.emit(msg.meta["recording"])   # the window says if it is gone since
 
     # -- run feedback -------------------------------------------------------------------------
 
