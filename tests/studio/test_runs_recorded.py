@@ -164,7 +164,7 @@ def test_a_recording_that_cannot_be_written_leaves_no_link(qtbot, window, fake_m
     qtbot.waitUntil(lambda: "could not record" in window.statusBar().currentMessage(),
                     timeout=10000)
     assert saved_answer(window)["meta"]["recording"] is None
-    assert list(storage.runs_dir().iterdir()) == [] and not window._writing
+    assert list(storage.runs_dir().iterdir()) == [] and not window._writing and not window._saves
 
 
 @pytest.mark.timeout(60)
@@ -248,3 +248,20 @@ def test_recorded_runs_are_listed_newest_first_and_open(qtbot, window, recorded_
     assert listed[0].text().endswith("_second-question")
     listed[1].trigger()
     assert window.run.prompt == "first question" and window.run.done
+
+
+@pytest.mark.timeout(60)
+def test_a_window_deleted_while_its_recording_is_written_is_not_called_back(qtbot, fake_model,
+                                                                            monkeypatch):
+    import shiboken6
+    release = held_saves(monkeypatch)
+    w = MainWindow()
+    w.show()
+    finish_a_run(qtbot, w, fake_model(step_delay=0))
+    (job,) = w._saves
+    w.close()
+    shiboken6.delete(w)                     # gone before the recording is written
+    release.set()
+    qtbot.waitUntil(lambda: not job.running, timeout=20000)
+    qtbot.wait(50)                          # its signals delivered: to nobody, and no error
+    assert len(list(storage.runs_dir().glob("*.npz"))) == 1

@@ -51,7 +51,9 @@ def test_generate_streams_steps_into_every_view(qtbot, window, fake_model):
     # the answer is saved with its recording, which replays the same run
     answer = window.chat.conversation.messages[-1]
     assert answer.role == "assistant" and answer.text == res.text
-    qtbot.waitUntil(lambda: Path(answer.meta["recording"]).exists())    # written in the background
+    # written in the background, then linked
+    qtbot.waitUntil(lambda: answer.meta["recording"] is not None, timeout=10000)
+    assert Path(answer.meta["recording"]).exists()
     rec = Recording.load(answer.meta["recording"])
     assert len(rec.events) == res.steps and rec.prompt == "Tell me about diffusion"
     assert Path(answer.meta["recording"]).parent == storage.runs_dir()

@@ -10,7 +10,6 @@ schedules the paint), so the slider, the timeline's label and the canvas header 
 """
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
 
@@ -77,7 +76,8 @@ class MainWindow(QMainWindow):
         self.compare_window: CompareWindow | None = None
         self.bench_window: BenchWindow | None = None
         self._saves: list[Job] = []              # recordings and exports being written
-        self._writing: set[Path] = set()         # recordings being written
+        # recordings being written: the file, and the answer that links to it once written
+        self._writing: dict[Job, tuple[Path, Conversation, Message]] = {}
         self._dirty: set[str] = set()          # groups waiting to be redrawn: canvas, views
         self._drawn = "views"                  # the group redrawn last
         self._closing = False
@@ -318,25 +318,27 @@ class MainWindow(QMainWindow):
     def _start_save(self, run: RunState, conversation: Conversation, answer: Message) -> None:
         """Record the run off the GUI thread (compressing and syncing take a while); the answer
         links to the file once it is written."""
+        taken = [path for path, _, _ in self._writing.values()]
         try:
-            path = storage.new_run_path(run.prompt, run.recording.created, self._writing)
+            path = storage.new_run_path(run.prompt, run.recording.created, taken)
         except OSError as e:        # the app's folder cannot be written
             self._show_status(f"could not record the run: {e}")
             return
         job = Job(f"recording {path.name}", lambda progress, cancel: run.recording.save(path))
-        self._writing.add(path)
-        job.finished.connect(functools.partial(self._recorded, path, conversation, answer))
-        job.failed.connect(functools.partial(self._not_recorded, path))
-        job.finished.connect(self._save_done)
+        self._writing[job] = (path, conversation, answer)
+        # bound methods, not partials: Qt drops them if the window goes first
+        job.finished.connect(self._recorded)
+        job.failed.connect(self._not_recorded)
         self._saves.append(job)
         job.start()
 
-    def _recorded(self, path: Path, conversation: Conversation, answer: Message, _value=None) -> None:
-        self._writing.discard(path)
+    def _recorded(self, _value=None) -> None:
+        path, conversation, answer = self._writing.pop(self.sender())
+        self._save_done()
         self.chat.link_recording(conversation, answer, str(path))
 
-    def _not_recorded(self, path: Path, message: str) -> None:
-        self._writing.discard(path)
+    def _not_recorded(self, message: str) -> None:
+        self._writing.pop(self.sender())
         self._save_failed(message)
 
     def _save_done(self, _value=None) -> None:
