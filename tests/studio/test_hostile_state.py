@@ -229,13 +229,16 @@ def test_broken_recording_on_the_command_line_starts_the_app(qtbot, qapp, tmp_pa
     from diffuse.studio import __main__ as studio_main
     bad = tmp_path / "RUN.npz"
     bad.write_bytes(b"PK\x03\x04 not really a zip")
-    restored = []
-    monkeypatch.setattr(MainWindow, "restore_session", lambda self: restored.append(self))
-    monkeypatch.setattr(QApplication, "exec", lambda self: 0)       # return instead of running
+    restored = []                                 # (window, its status bar's message)
+    monkeypatch.setattr(MainWindow, "restore_session",
+                        lambda self: restored.append((self, self.statusBar().currentMessage())))
+
+    def exec_then_close(self):                    # the app ran, then its window was closed
+        restored[0][0].close()
+        return 0
+    monkeypatch.setattr(QApplication, "exec", exec_then_close)
     monkeypatch.setattr(studio_main.signal, "signal", lambda *a: None)
     assert studio_main.main([str(bad)]) == 0
     assert len(restored) == 1                     # started as usual, the error reported
-    window = restored[0]
-    assert "RUN.npz" in window.statusBar().currentMessage()
+    assert "RUN.npz" in restored[0][1]
     assert bad.read_bytes() == b"PK\x03\x04 not really a zip"       # the user's file untouched
-    window.close()

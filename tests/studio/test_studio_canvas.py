@@ -94,9 +94,9 @@ def test_tooltip_tells_token_entropy_probability_and_step(run):
     assert repr(run.piece(tid)).strip("'") in text
     assert f"entropy: {run.commit_entropy[i]:.3f} nats" in text
     assert f"top-1 probability: {run.commit_confidence[i]:.3f}" in text
-    assert "decided at step 2" in text
+    assert "decided at step 3" in text                    # the header's count: "step 3/n"
     early = tooltip_html(run, 0, i)
-    assert "still masked" in early and "will be decided at step 2" in early
+    assert "still masked" in early and "will be decided at step 3" in early
 
 
 def test_hover_and_tooltip_on_the_widget(qtbot, run):

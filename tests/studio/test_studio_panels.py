@@ -166,7 +166,7 @@ def finished_run(recorded_run):
     return RunState.from_recording(recorded_run("no_cache"))
 
 
-def test_chat_flow_saves_every_message(qtbot, recorded_run):
+def test_chat_flow_saves_every_message(qtbot, recorded_run, tmp_path):
     chat = ChatPanel()
     qtbot.addWidget(chat)
     chat.set_model_ready(True, "fake.gguf")
@@ -185,14 +185,17 @@ def test_chat_flow_saves_every_message(qtbot, recorded_run):
     chat.show_progress(run, -1)
     assert "Denoising" in chat.view.toPlainText()
     chat.set_busy(False)
-    chat.add_answer(run, "/tmp/run.npz")
+    conversation, answer = chat.add_answer(run)
+    recording = tmp_path / "run.npz"
+    recording.write_bytes(b"a recording")
+    chat.link_recording(conversation, answer, str(recording))
     assert run.result.text in chat.view.toPlainText()
     # a new panel (next start of the app) restores the conversation
     again = ChatPanel()
     qtbot.addWidget(again)
     msgs = again.conversation.messages
     assert [m.role for m in msgs] == ["user", "assistant"]
-    assert msgs[1].meta["steps"] == 16 and msgs[1].meta["recording"] == "/tmp/run.npz"
+    assert msgs[1].meta["steps"] == 16 and msgs[1].meta["recording"] == str(recording)
 
 
 def test_multi_turn_regenerate_copy_clear(qtbot, recorded_run):
@@ -202,12 +205,12 @@ def test_multi_turn_regenerate_copy_clear(qtbot, recorded_run):
     for q in ("one", "two"):
         chat.prompt.setPlainText(q)
         chat.submit()
-        chat.add_answer(finished_run(recorded_run), None)
+        chat.add_answer(finished_run(recorded_run))
     with qtbot.waitSignal(chat.generate_requested) as req:
         chat.regenerate()
     assert req.args[0] == "two"
     assert [m["role"] for m in req.args[1]] == ["user", "assistant", "user"]
-    chat.add_answer(finished_run(recorded_run), "/tmp/r.npz")
+    chat.link_recording(*chat.add_answer(finished_run(recorded_run)), "/tmp/r.npz")
     chat.copy_answer()
     assert QGuiApplication.clipboard().text() == chat.conversation.messages[-1].text
     with qtbot.waitSignal(chat.replay_requested) as replay:

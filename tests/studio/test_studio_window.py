@@ -51,7 +51,9 @@ def test_generate_streams_steps_into_every_view(qtbot, window, fake_model):
     # the answer is saved with its recording, which replays the same run
     answer = window.chat.conversation.messages[-1]
     assert answer.role == "assistant" and answer.text == res.text
-    qtbot.waitUntil(lambda: Path(answer.meta["recording"]).exists())    # written in the background
+    # written in the background, then linked
+    qtbot.waitUntil(lambda: answer.meta["recording"] is not None, timeout=10000)
+    assert Path(answer.meta["recording"]).exists()
     rec = Recording.load(answer.meta["recording"])
     assert len(rec.events) == res.steps and rec.prompt == "Tell me about diffusion"
     assert Path(answer.meta["recording"]).parent == storage.runs_dir()
@@ -233,12 +235,19 @@ def test_entry_point_replays_a_file_and_quits_cleanly(qapp, recorded_run, tmp_pa
     from diffuse.studio.__main__ import main
     monkeypatch.setattr(signal, "signal", lambda *a: None)    # keep pytest's Ctrl+C handler
     recorded_run("no_cache").save(tmp_path / "run.npz")
-    QTimer.singleShot(1500, qapp.quit)
+    threads = []        # the engine's thread, which outlives the window
+
+    def look_then_quit():
+        try:
+            threads.extend(w.engine._thread for w in qapp.topLevelWidgets()
+                           if isinstance(w, MainWindow) and w.run is not None and w.run.n_steps == 16)
+        finally:
+            qapp.quit()
+    QTimer.singleShot(1500, look_then_quit)
     assert main([str(tmp_path / "run.npz")]) == 0
     # Closing the window while quitting posted a second Quit: handled after exec() returned, it
     # would end every later event loop at once (qtbot.wait, waitSignal) for the tests that follow.
     QCoreApplication.removePostedEvents(qapp, QEvent.Type.Quit)
-    window = next(w for w in qapp.topLevelWidgets() if isinstance(w, MainWindow)
-                  and w.run is not None and w.run.n_steps == 16)
-    assert not window.engine._thread.isRunning()               # quitting stopped the engine
-    window.deleteLater()
+    assert len(threads) == 1 and not threads[0].isRunning()    # quitting stopped the engine
+    # the window is deleted before main returns, not left to the interpreter's exit
+    assert not any(isinstance(w, MainWindow) for w in qapp.topLevelWidgets())

@@ -16,6 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("file", nargs="?", help="a .gguf model to load or a recorded run (.npz)")
     args = parser.parse_args(argv)
 
+    import shiboken6
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
@@ -42,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
             window.restore_session()
     else:
         window.model_panel.load(args.file)
-    return app.exec()
+    code = app.exec()
+    # Delete the window now, while Python is whole: left to the app's teardown at exit, its
+    # plots' Python overrides run during interpreter shutdown, which crashes it now and then.
+    shiboken6.delete(window)
+    return code
 
 
 if __name__ == "__main__":

@@ -311,13 +311,13 @@ def tooltip_html(run: RunState, step: int, i: int) -> str:
                  else "entropy: not evaluated yet")
     lines.append(f"top-1 probability: {conf:.3f}" if np.isfinite(conf)
                  else "top-1 probability: not evaluated yet")
-    if decided >= 0 and decided <= event.step:
-        lines.append(f"decided at step {decided}")
+    if decided >= 0 and decided <= event.step:      # counted from 1, like the header's "step k/n"
+        lines.append(f"decided at step {decided + 1}")
         if run.by_threshold[i]:
             lines.append(f"{TAU_MARK} committed by the threshold ({run.rule.condition()}), "
                          f"past what the rule commits anyway")
     elif decided >= 0:
-        lines.append(f"will be decided at step {decided}")
+        lines.append(f"will be decided at step {decided + 1}")
     else:
         lines.append("not decided")
     return "<br>".join(lines)

@@ -1,7 +1,9 @@
 """Chat panel: the conversation, the prompt box and the run buttons.
 
 While a run goes, the answer being denoised is shown as it stands (committed text, masks as ░);
-when it ends the decoded answer replaces it and is saved with a link to the run's recording. The
+when it ends the decoded answer replaces it and is saved, and once the run's recording is written
+the answer links to it (a link is never saved before its file exists; one whose file has gone
+since is said to be gone when the conversation is opened). The
 conversation goes into the prompt with its oldest turns left out as far as the model's context
 requires (the chat says so); a message whose run failed stays on screen, marked, and is not sent
 again. Clear and Delete ask first.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import html
 import time
+from pathlib import Path
 from typing import Callable
 
 from PySide6.QtCore import QUrl, Signal
@@ -48,11 +51,11 @@ def left_out_note(n: int) -> str:
             f"prompt to fit the model's context.")
 
 
-def answer_meta(run: RunState, recording: str | None) -> dict:
-    """What an answer remembers of its run."""
+def answer_meta(run: RunState) -> dict:
+    """What an answer remembers of its run (its recording is added once written)."""
     res = run.result
     meta = {"options": run.options, "model": run.recording.model.get("name", ""),
-            "recording": recording, "time": time.time()}
+            "recording": None, "time": time.time()}
     if run.left_out:
         meta["left_out"] = run.left_out
     if res is not None:
@@ -76,6 +79,7 @@ class ChatPanel(QWidget):
         self._progress_of: tuple | None = None  # (run, step) the pending answer shows
         self._asking: Message | None = None    # the user's message of the run going
         self._error: str | None = None         # a failure no message of the chat asked for
+        self._gone: set[str] = set()           # recordings linked from this conversation, missing
         self.confirm_box: QMessageBox | None = None
         self.busy = False
         self.model_ready = False
@@ -147,8 +151,16 @@ class ChatPanel(QWidget):
                 self.conversation = self.store.load(convs[0][0])
             except DiffuseError:
                 self.conversation = Conversation()
+        self._check_recordings()
         self._refresh_picker()
         self.render()
+
+    def _check_recordings(self) -> None:
+        """Note which of the opened conversation's recordings no longer exist (deleted, or
+        linked before the file was written), to say so rather than offer a dead link."""
+        linked = {m.meta["recording"] for m in self.conversation.messages
+                  if m.meta.get("recording")}
+        self._gone = {path for path in linked if not Path(path).is_file()}
 
     def _refresh_picker(self) -> None:
         self.picker.blockSignals(True)
@@ -171,6 +183,7 @@ class ChatPanel(QWidget):
             self.conversation = self.store.load(cid)
         except DiffuseError as e:
             QMessageBox.warning(self, "Diffuse Studio", str(e))
+        self._check_recordings()
         self._error = None
         self._refresh_picker()
         self.render()
@@ -179,7 +192,7 @@ class ChatPanel(QWidget):
         if self.busy:
             return
         self.conversation = Conversation()
-        self._error = None
+        self._error, self._gone = None, set()
         self._refresh_picker()
         self.render()
         self.prompt.setFocus()
@@ -286,8 +299,8 @@ class ChatPanel(QWidget):
         if kind == "copy":
             QGuiApplication.clipboard().setText(msg.text)
             self.hint.setText("Copied to the clipboard")
-        elif kind == "replay" and msg.meta.get("recording"):
-            self.replay_requested.emit(msg.meta["recording"])
+        elif kind == "replay" and msg.meta.get("recording") not in self._gone | {None}:
+            self.replay_requested.emit(msg.meta["recording"])   # the window says if it is gone since
 
     # -- run feedback -------------------------------------------------------------------------
 
@@ -308,13 +321,33 @@ class ChatPanel(QWidget):
             self._pending, self._pending_left_out = run.text_at(run.clamp(step)), run.left_out
             self.render()
 
-    def add_answer(self, run: RunState, recording: str | None) -> None:
+    def add_answer(self, run: RunState) -> tuple[Conversation, Message]:
+        """Save the run's answer; returns where it is, for `link_recording`."""
         self._pending, self._asking = None, None
         res = run.result
-        self.conversation.messages.append(Message("assistant", res.text if res else "",
-                                                  answer_meta(run, recording)))
+        answer = Message("assistant", res.text if res else "", answer_meta(run))
+        self.conversation.messages.append(answer)
         self._save()
         self.render()
+        return self.conversation, answer
+
+    def link_recording(self, conversation: Conversation, answer: Message, path: str) -> None:
+        """The answer's recording is written: link it, in the conversation on disk too, unless
+        the answer was cleared or its conversation deleted meanwhile."""
+        if not any(m is answer for m in conversation.messages):
+            return
+        if conversation is not self.conversation and not self.store.path(conversation.id).is_file():
+            return
+        answer.meta["recording"] = path
+        if conversation is self.conversation:
+            self._save()
+            self.render()
+            return
+        try:
+            self.store.save(conversation)
+        except DiffuseError as e:
+            self._error = f"the conversation could not be saved: {e}"
+            self.render()
 
     def show_error(self, message: str) -> None:
         """The run asked for failed: its message is marked, kept on screen, never sent again."""
@@ -353,7 +386,7 @@ class ChatPanel(QWidget):
                     parts.append(self._notice(left_out_note(m.meta["left_out"])))
                 body = _text_html(m.text) if m.text.strip() else self._no_text(m)
                 parts.append(self._bubble(m.meta.get("model") or "Answer", "#f2a541", "#1a1d25",
-                                          body, self._answer_note(i, m)))
+                                          body, self._answer_note(i, m, self._gone)))
         if self._pending_left_out and self._pending is not None:
             parts.append(self._notice(left_out_note(self._pending_left_out)))
         if self._pending is not None:
@@ -391,7 +424,7 @@ class ChatPanel(QWidget):
                 f"{note}<br>{body}</td></tr></table>")
 
     @staticmethod
-    def _answer_note(i: int, m: Message) -> str:
+    def _answer_note(i: int, m: Message, gone: set[str]) -> str:
         meta = m.meta
         bits = []
         if "steps" in meta:
@@ -404,6 +437,8 @@ class ChatPanel(QWidget):
         if sched:
             bits.append(sched)
         links = f" &nbsp;<a href='copy:{i}' style='color:#8a90a2'>copy</a>"
-        if meta.get("recording"):
+        if meta.get("recording") in gone:
+            links += " &nbsp;<span style='color:#8a90a2'>recording gone</span>"
+        elif meta.get("recording"):
             links += f" &nbsp;<a href='replay:{i}' style='color:#5ad1c8'>▶ replay</a>"
         return f"<span style='color:#8a90a2'> · {' · '.join(bits)}</span>{links}" if bits else links

@@ -3,8 +3,10 @@ chat on the right, a step timeline under the canvas.
 
 Every view shows one run (live or replayed) at one step. Engine signals only mark the views
 dirty; a GUI timer redraws what is visible, so a fast engine never floods the GUI. Each tick
-redraws one of two groups (the canvas, then the plots and chat), which keeps every slice of
-GUI work short: the window answers input and other timers within a few tens of ms.
+redraws one of two groups (the canvas, or the plots, chat and status bar; in turns, so neither
+starves), which keeps every slice of GUI work short: the window answers input and other timers
+within a few tens of ms. A move of the slider redraws the canvas group at once (it only
+schedules the paint), so the slider, the timeline's label and the canvas header always agree.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import PySide6
-from PySide6.QtCore import Qt, QTimer, Signal, qVersion
+from PySide6.QtCore import QCoreApplication, Qt, QTimer, Signal, qVersion
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (QApplication, QFileDialog, QLabel, QMainWindow, QMessageBox,
                                QScrollArea, QSplitter, QTabWidget, QVBoxLayout, QWidget)
@@ -32,6 +34,7 @@ from diffuse.studio.cache_view import CacheView
 from diffuse.studio.canvas import CanvasPanel
 from diffuse.studio.chat import ChatPanel, fit_history
 from diffuse.studio.compare import CompareWindow
+from diffuse.studio.conversations import Conversation, Message
 from diffuse.studio.experts_view import ExpertsView
 from diffuse.studio.heatmap import EntropyHeatmap
 from diffuse.studio.model_panel import ModelPanel
@@ -44,6 +47,7 @@ from diffuse.studio.timeline import Timeline
 from diffuse.studio.workers import Engine, Job, cpu_busy
 
 REFRESH_MS = 25
+RECENT_RUNS = 15       # recordings listed under File > Recorded runs
 CLOSE_WAIT_S = 0.5     # how long closing may block the GUI for a step or a job to return
 
 
@@ -74,11 +78,14 @@ class MainWindow(QMainWindow):
         self.engine = engine or Engine(self)
         self.run: RunState | None = None      # what the views show
         self.live: RunState | None = None     # the run this window started, while it goes
+        self._shown_before: RunState | None = None   # what the views showed before it
         self.compare_window: CompareWindow | None = None
         self.bench_window: BenchWindow | None = None
         self._saves: list[Job] = []              # recordings and exports being written
-        self._unsaved: dict[str, RunState] = {}  # runs whose recording is being written, by path
+        # recordings being written: the file, and the answer that links to it once written
+        self._writing: dict[Job, tuple[Path, Conversation, Message]] = {}
         self._dirty: set[str] = set()          # groups waiting to be redrawn: canvas, views
+        self._drawn = "views"                  # the group redrawn last
         self._closing = False
         self._quitting = False     # the app's event loop is ending: close cannot be retried
         QApplication.instance().aboutToQuit.connect(self._about_to_quit)
@@ -147,7 +154,7 @@ class MainWindow(QMainWindow):
         self._served_cpu: list = []      # psutil.cpu_times(percpu=True) as the followed request began
         self.model_panel.refused.connect(self._show_status)
         self.heatmap.step_clicked.connect(self.show_step)
-        self.timeline.slider.valueChanged.connect(self._mark_dirty)
+        self.timeline.slider.valueChanged.connect(self._step_changed)
 
         self.chat.set_model_ready(False)
         self._timer = QTimer(self)
@@ -175,6 +182,9 @@ class MainWindow(QMainWindow):
         file = bar.addMenu("&File")
         self.open_action = self._action(file, "Open run…", self._open_clicked, "Ctrl+O",
                                         "Replay a recorded run (.npz)")
+        self.recent_menu = file.addMenu("Recorded runs")
+        self.recent_menu.setToolTipsVisible(True)
+        self.recent_menu.aboutToShow.connect(self._list_recent_runs)
         self.save_action = self._action(file, "Save run as…", self._save_clicked, "Ctrl+S",
                                         "Record the shown run to a file")
         file.addSeparator()
@@ -243,6 +253,7 @@ class MainWindow(QMainWindow):
         self.generate_action.setEnabled(not busy and self.engine.model is not None)
         self.compare_action.setEnabled(self.engine.model is not None)
         self.open_action.setEnabled(not busy)
+        self.recent_menu.setEnabled(not busy)
 
     # -- model and runs -----------------------------------------------------------------------
 
@@ -308,6 +319,7 @@ class MainWindow(QMainWindow):
 
     def _run_started(self, run: RunState) -> None:
         if run is self.live:
+            self._shown_before = self.run
             self.show_run(run)
 
     def _run_stepped(self, run: RunState) -> None:
@@ -317,13 +329,11 @@ class MainWindow(QMainWindow):
     def _run_finished(self, run: RunState) -> None:
         if run is not self.live:
             return
-        self.live = None
+        self.live, self._shown_before = None, None
         self.run_label.setText("")
-        path = None
-        if run.events:   # recorded off the GUI thread: compressing and syncing take a while
-            path = storage.runs_dir() / f"run-{int(run.recording.created * 1000)}.npz"
-            self._start_save(run, path)
-        self.chat.add_answer(run, str(path) if path else None)
+        conversation, answer = self.chat.add_answer(run)
+        if run.events:
+            self._start_save(run, conversation, answer)
         res = run.result
         if res.stop_reason != "cancelled":
             self.timeline.run_ended(run.n_steps, res.total_ms)
@@ -331,18 +341,31 @@ class MainWindow(QMainWindow):
                           f"{res.total_ms / 1000:.2f} s, {res.buffer_tokens_per_s:.1f} tok/s")
         self._mark_dirty()
 
-    def _start_save(self, run: RunState, path: Path) -> None:
+    def _start_save(self, run: RunState, conversation: Conversation, answer: Message) -> None:
+        """Record the run off the GUI thread (compressing and syncing take a while); the answer
+        links to the file once it is written."""
+        taken = [path for path, _, _ in self._writing.values()]
+        try:
+            path = storage.new_run_path(run.prompt, run.recording.created, taken)
+        except OSError as e:        # the app's folder cannot be written
+            self._show_status(f"could not record the run: {e}")
+            return
         job = Job(f"recording {path.name}", lambda progress, cancel: run.recording.save(path))
-        self._unsaved[str(path)] = run
-        for signal in (job.finished, job.failed):
-            signal.connect(functools.partial(self._recorded, str(path)))
-        job.failed.connect(self._save_failed)
-        job.finished.connect(self._save_done)
+        self._writing[job] = (path, conversation, answer)
+        # bound methods, not partials: Qt drops them if the window goes first
+        job.finished.connect(self._recorded)
+        job.failed.connect(self._not_recorded)
         self._saves.append(job)
         job.start()
 
-    def _recorded(self, path: str, _outcome=None) -> None:
-        self._unsaved.pop(path, None)
+    def _recorded(self, _value=None) -> None:
+        path, conversation, answer = self._writing.pop(self.sender())
+        self._save_done()
+        self.chat.link_recording(conversation, answer, str(path))
+
+    def _not_recorded(self, message: str) -> None:
+        self._writing.pop(self.sender())
+        self._save_failed(message)
 
     def _save_done(self, _value=None) -> None:
         self._saves = [j for j in self._saves if j.running]
@@ -354,6 +377,10 @@ class MainWindow(QMainWindow):
     def _run_failed(self, run: RunState, message: str) -> None:
         if run is self.live:
             self.live = None
+            if run is self.run and not run.events:   # refused before a step: nothing to show
+                self.show_run(self._shown_before)
+                self.timeline.stop()
+            self._shown_before = None
             self.run_label.setText("")
             self.chat.show_error(message)
             self._show_status(f"run failed: {message}")
@@ -404,6 +431,7 @@ class MainWindow(QMainWindow):
         for view in (self.canvas_panel, self.heatmap, self.cache_view, self.throughput, self.experts_view):
             view.set_run(run)
         self.timeline.set_count(run.n_steps if run else 0)
+        self._draw_canvas()
         self._update_actions()
         self._mark_dirty()
 
@@ -420,30 +448,49 @@ class MainWindow(QMainWindow):
     def _mark_dirty(self, *_) -> None:
         self._dirty = {"canvas", "views"}
 
+    def _step_changed(self) -> None:
+        self._draw_canvas()
+        self._dirty.add("views")
+
     def refresh(self) -> None:
-        """Redraw one dirty group per timer tick: the canvas first, then the rest."""
+        """Redraw one dirty group per timer tick; with both dirty, the one not redrawn last."""
         if not self._dirty:
             return
-        group = "canvas" if "canvas" in self._dirty else "views"
+        group = min(self._dirty, key=lambda g: g == self._drawn)
         self._dirty.discard(group)
+        self._drawn = group
         run = self.run
         if run is None or not run.events:
             return
         self.timeline.set_count(run.n_steps)
-        step = self.timeline.step()
         if group == "canvas":
-            state = " · live" if not run.done else " · replay" if self.timeline.playing else ""
-            self.timeline.label.setText(run.step_label(run.clamp(step)) + state)
-            self.canvas_panel.show_step(step)
+            self._draw_canvas()
             return
+        step = self.timeline.step()
         current = self.views.currentWidget()
         if current is not None:
             current.show_step(step)
         if run is self.live:
             self.chat.show_progress(run, step)
-            self.run_label.setText(f"denoising · step {run.n_steps}/{run.steps_allowed} · "
-                                   f"{run.step_ms[run.n_steps - 1]:.0f} ms/step")
+            # the engine's step, which a paced display may trail
+            self.run_label.setText(f"denoising · engine at step {run.n_steps}/{run.steps_allowed}"
+                                   f" · {run.step_ms[run.n_steps - 1]:.0f} ms/step")
         self._update_actions()
+
+    def _draw_canvas(self) -> None:
+        """The canvas and the timeline's label at the slider's step."""
+        run = self.run
+        if run is None or not run.events:
+            self.timeline.label.setText("no run" if run is None else "starting…")
+            return
+        step = run.clamp(self.timeline.step())
+        behind = run.n_steps - 1 - step
+        if not run.done:
+            state = " · live" if behind == 0 else f" · {behind} behind"
+        else:
+            state = " · replay" if self.timeline.playing else ""
+        self.timeline.label.setText(run.step_label(step) + state)
+        self.canvas_panel.show_step(step)
 
     def _show_status(self, message: str) -> None:
         self.statusBar().showMessage(message, 10000)
@@ -473,14 +520,9 @@ class MainWindow(QMainWindow):
         return True
 
     def replay(self, path: str) -> None:
-        """The chat's replay link: open the answer's recording and play it from the start (from
-        memory while the recording is still being written)."""
-        run = self._unsaved.get(str(path))
-        if run is not None and not self.engine.busy:
-            self.show_run(run)
-        elif not self.open_recording(path):
-            return
-        self.timeline.play()
+        """The chat's replay link: open the answer's recording and play it from the start."""
+        if self.open_recording(path):
+            self.timeline.play()
 
     def save_recording(self, path: str | Path) -> None:
         try:
@@ -536,6 +578,31 @@ class MainWindow(QMainWindow):
         if path:
             storage.remember_dialog_dir(place, path)
         return path
+
+    def _list_recent_runs(self) -> None:
+        """File > Recorded runs: the newest runs recorded, named by date and prompt, and the
+        folder of them all."""
+        menu = self.recent_menu
+        menu.clear()
+        try:
+            recent = storage.recent_runs(RECENT_RUNS)
+        except OSError as e:          # the app's folder cannot be read
+            recent = []
+            self._show_status(f"could not list the recorded runs: {e}")
+        for path in recent:
+            action = menu.addAction(path.stem)
+            action.setToolTip(str(path))
+            action.triggered.connect(lambda checked=False, p=path: self.open_recording(p))
+        if not recent:
+            menu.addAction("No runs recorded yet").setEnabled(False)
+        menu.addSeparator()
+        menu.addAction("All recorded runs…").triggered.connect(self._browse_runs)
+
+    def _browse_runs(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a recorded run", str(storage.runs_dir()),
+                                              "Diffuse runs (*.npz)")
+        if path:
+            self.open_recording(path)
 
     def _open_clicked(self) -> None:
         path = self._file_dialog(False, "Open a recorded run", "npz", "Diffuse runs")
@@ -630,8 +697,12 @@ class MainWindow(QMainWindow):
         def left_ms() -> int:
             return -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
         ended = self.engine.shutdown(left_ms())
+        if ended:   # the run's last steps and its end wait in the queue: taken now, they start its recording
+            QCoreApplication.sendPostedEvents(self.engine)
         for job in self._saves + self.model_panel.jobs():
             ended = job.wait(left_ms()) and ended
+        for job in list(self._saves):   # a written recording gets its chat link before the window goes
+            QCoreApplication.sendPostedEvents(job)
         return ended
 
     def _about_to_quit(self) -> None:

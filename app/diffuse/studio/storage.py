@@ -11,6 +11,8 @@ noted once for the window to show (`take_problems`).
 from __future__ import annotations
 
 import os
+import re
+import time
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSettings, QStandardPaths
@@ -103,6 +105,34 @@ def runs_dir() -> Path:
     d = home_dir() / "runs"
     d.mkdir(exist_ok=True)
     return d
+
+
+RUN_NAME_WORDS = 40        # characters of the prompt in a recording's file name
+
+
+def new_run_path(prompt: str, created: float, taken=()) -> Path:
+    """A free file name in runs_dir() for a run recorded at `created` (epoch seconds): its local
+    date and time and the prompt's first words, e.g. 2026-12-02_00-28-09_tell-me-about-darcy.npz.
+    Only letters, digits and - are kept from the prompt; a name that exists or is in `taken`
+    (recordings still being written) gets -2, -3, ..., so no recording is ever overwritten."""
+    words = "-".join(re.findall(r"[^\W_]+", prompt.lower()))[:RUN_NAME_WORDS].strip("-") or "run"
+    stem = f"{time.strftime('%Y-%m-%d_%H-%M-%S', time.localtime(created))}_{words}"
+    folder, taken = runs_dir(), {Path(t) for t in taken}
+    path, k = folder / f"{stem}.npz", 2
+    while path.exists() or path in taken:
+        path, k = folder / f"{stem}-{k}.npz", k + 1
+    return path
+
+
+def recent_runs(n: int) -> list[Path]:
+    """The `n` newest recordings in runs_dir(), newest first."""
+    found = []
+    for path in runs_dir().glob("*.npz"):
+        try:
+            found.append((path.stat().st_mtime, path))
+        except OSError:          # removed while listed
+            continue
+    return [path for _, path in sorted(found, reverse=True)[:n]]
 
 
 def models_dir() -> Path:

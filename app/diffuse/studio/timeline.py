@@ -46,6 +46,8 @@ class Timeline(QWidget):
         self.label = QLabel("no run")
         self.label.setObjectName("Muted")
         self.label.setMinimumWidth(90)
+        self.label.setToolTip("The step every view shows; during a run, \"live\" when it is the "
+                              "engine's newest step, else how many steps the engine is ahead")
         self.pace = QSpinBox()
         self.pace.setRange(0, 1000)
         self.pace.setSingleStep(10)
@@ -70,8 +72,11 @@ class Timeline(QWidget):
         layout.addWidget(self.pace)
         layout.addWidget(self.speed)
         self.follow = True
+        self._paced = True               # newest steps are shown paced (until stopped)
         self._replay_pending = False     # replay once the display has caught up
-        self.slider.sliderMoved.connect(self._user_moved)
+        # Every move of the user's (a drag, a click on the groove, Home, PageUp, the wheel), not
+        # only drags: a view left following the newest step would play itself back to it.
+        self.slider.actionTriggered.connect(self._user_moved)
         self._clock = QTimer(self)       # one step per tick: paced following, or a replay
         self._clock.timeout.connect(self._tick)
 
@@ -81,15 +86,18 @@ class Timeline(QWidget):
         return self._clock.isActive()
 
     def reset(self) -> None:
-        """A new run is shown: no playback, follow its newest step."""
+        """A new run is shown: no playback, follow its newest step, paced."""
         self._replay_pending = False
         self.play_button.setChecked(False)
         self._clock.stop()
         self.follow = True
+        self._paced = True
 
     def stop(self) -> None:
-        """End any playback and show the newest step."""
+        """End any playback and show the newest step, now and when more come (a cancelled run
+        still ends its current step)."""
         self.reset()
+        self._paced = False
         self.slider.setValue(self.slider.maximum())
 
     def set_count(self, n_steps: int) -> None:
@@ -97,7 +105,7 @@ class Timeline(QWidget):
         self.slider.setRange(0, max(n_steps - 1, 0))
         if not self.follow or self.play_button.isChecked():
             return
-        if self.pace.value() == 0:
+        if self.pace.value() == 0 or not self._paced:
             self.slider.setValue(self.slider.maximum())
         elif self.slider.value() < self.slider.maximum() and not self._clock.isActive():
             self._clock.start(self.pace.value())
@@ -128,8 +136,9 @@ class Timeline(QWidget):
         self.slider.setValue(self.slider.value() + 1)
         self.follow = self.slider.value() >= self.slider.maximum()
 
-    def _user_moved(self, value: int) -> None:
-        self.follow = value >= self.slider.maximum()
+    def _user_moved(self, _action: int) -> None:
+        # the slider's position is where the action takes it; its value follows after this
+        self.follow = self.slider.sliderPosition() >= self.slider.maximum()
 
     def _play_toggled(self, on: bool) -> None:
         self.play_button.setText("❚❚" if on else "▶")
