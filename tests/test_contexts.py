@@ -140,7 +140,7 @@ def test_option_range_edges(o):
     if o["kind"] == "choice":
         for c in o["choices"]:
             assert resolve_options("llada", **{name: c})[name] == c
-        with pytest.raises(DiffuseError, match="unknown scheduler"):
+        with pytest.raises(DiffuseError, match=f"unknown {name} .nope."):
             resolve_options("llada", **{name: "nope"})
         return
     if o["kind"] == "bool":

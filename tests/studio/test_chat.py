@@ -186,7 +186,7 @@ def test_an_empty_prompt_and_an_answer_without_text_say_so(qtbot, window, fake_m
     rec = recorded_run("eos")
     rec.result = dataclasses.replace(rec.result, text="")       # end-of-text everywhere
     run = RunState.from_recording(rec)
-    window.chat.add_answer(run, None)
+    window.chat.add_answer(run)
     assert "no text: the model ended the answer at once" in window.chat.view.toPlainText()
     ask(qtbot, window, "Tell me about Mr. Darcy.")        # the hint is the model's again
     assert window.chat.hint.text() == "Model: diffuse-demo-3m.gguf"
