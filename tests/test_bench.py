@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -214,3 +215,29 @@ def test_sampling_bench_times_each_config(tiny_gguf, capsys):
     with pytest.raises(SystemExit):
         sampling.main(["--threads", "0"])
     assert "must be positive" in capsys.readouterr().err
+
+
+def test_fast_decoding_table(tmp_path, capsys):
+    """diffuse bench fast on the demo model: every method beside the baseline, held-out
+    continuations from a text file, and the speed table at one length."""
+    from diffuse.bench import fast
+    demo = Path(__file__).parents[1] / "models" / "diffuse-demo-3m.gguf"
+    text = tmp_path / "held.txt"
+    text.write_text("\n\n".join(f"It is a truth universally acknowledged, number {i}, that a single man in "
+                                f"possession of a good fortune must be in want of a wife." for i in range(2000)))
+    rc = main(["bench", "fast", str(demo), "--data", str(text), "--lengths", "64", "--threads", "1",
+               "--json", str(tmp_path / "f.json"), "--markdown", str(tmp_path / "f.md")])
+    assert rc == 0
+    result = json.loads((tmp_path / "f.json").read_text())
+    assert [r["method"] for r in result["quality"]] == list(fast.METHODS)
+    base = result["quality"][0]
+    assert base["agreement"] == 1.0 and base["options"] == {}
+    for r in result["quality"]:
+        assert r["nfe"] > 0 and 0.0 <= r["agreement"] <= 1.0 and 0.0 <= r["heldout_acc"] <= 1.0
+    threshold = next(r for r in result["quality"] if r["method"] == "threshold 0.9")
+    assert threshold["nfe"] <= base["nfe"]
+    speed = {r["method"]: r for r in result["speed"]}
+    assert speed["DualCache"]["rows_per_step"] < speed["PrefixCache"]["rows_per_step"]
+    assert speed["suffix window 8"]["rows_per_step"] < speed["baseline"]["rows_per_step"]
+    assert "agrees with baseline" in capsys.readouterr().out and "CPU ms/step" in (tmp_path / "f.md").read_text()
+    assert main(["bench", "fast", str(demo), "--data", str(tmp_path / "none")]) == 1

@@ -165,7 +165,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "held-out continuations reproduced; then ms per step at each --lengths "
                                    "(blocks of 32). See docs/benchmarks.md.")
     fa.add_argument("model", help="GGUF model file (a full-attention model: LLaDA, Dream, LLaDA-MoE)")
-    fa.add_argument("--data", type=Path, help="the demo model's training text: score held-out continuations")
+    fa.add_argument("--data", type=Path, help="the demo model's training text (a .txt file or a folder of them, "
+                                             "python -m diffuse.train.corpus): score held-out continuations")
     fa.add_argument("--lengths", type=int_list, default=[], help="answer lengths of the speed table (e.g. 256,1024)")
     fa.add_argument("--no-quality", dest="quality", action="store_false", help="only the speed table")
     add_threads_option(fa)
@@ -384,7 +385,9 @@ def _block(args) -> int:
 def _fast(args) -> int:
     from diffuse.bench import fast
     from diffuse.bench.tables import text_table
-    _check_files(args, args.model, *([args.data] if args.data else []))
+    _check_files(args, args.model)
+    if args.data is not None and not args.data.exists():
+        raise DiffuseError(f"--data {args.data}: no such file or folder")
     result = fast.run(str(args.model), args.threads, args.lengths, str(args.data) if args.data else None,
                       quality_run=args.quality, log=lambda line: print(line, file=sys.stderr))
     if result["quality"]:
