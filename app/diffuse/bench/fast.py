@@ -71,9 +71,10 @@ def heldout_accuracy(model, windows: np.ndarray, options: dict, gen: int) -> flo
     return hits / total
 
 
-def quality(model, prompts: list[str], windows: np.ndarray | None, log=print) -> list[dict]:
+def quality(model, prompts: list[str], windows: np.ndarray | None, temperature: float | None = None,
+            log=print) -> list[dict]:
     eos = set(model.tokenizer.eos_token_ids)
-    base_opts = {**BASELINE, "seed": 0}
+    base_opts = {**BASELINE, "seed": 0, "temperature": temperature}
     baseline = [model.generate(p, **base_opts) for p in prompts]
     rows = []
     for name, change in METHODS.items():
@@ -122,7 +123,7 @@ def speed(model, lengths: list[int], prompt: str, log=print) -> list[dict]:
 
 
 def run(path: str, threads: int | None, lengths: list[int], data: str | None = None, n_windows: int = 24,
-        quality_run: bool = True, log=print) -> dict:
+        quality_run: bool = True, temperature: float | None = None, log=print) -> dict:
     model = diffuse.load(path, threads=threads)
     windows = None
     if data is not None and quality_run:
@@ -132,12 +133,14 @@ def run(path: str, threads: int | None, lengths: list[int], data: str | None = N
         tok = model.tokenizer
         windows = heldout_windows(tok.encode, tok.token_to_id(EOS), held, 96, n_windows)
     return {"model": path, "threads": model.threads,
-            "quality": quality(model, PROMPTS, windows, log) if quality_run else [],
+            "temperature": diffuse.generation.resolve_options(model.arch, model.recipe,
+                                                              temperature=temperature)["temperature"],
+            "quality": quality(model, PROMPTS, windows, temperature, log) if quality_run else [],
             "speed": speed(model, lengths, PROMPTS[0], log) if lengths else []}
 
 
 def markdown(result: dict) -> str:
-    out = f"`{result['model']}`, {result['threads']} threads.\n\n"
+    out = f"`{result['model']}`, {result['threads']} threads, temperature {result['temperature']:g}.\n\n"
     if result["quality"]:
         out += md_table(result["quality"], QUALITY_COLUMNS) + "\n"
     if result["speed"]:

@@ -169,6 +169,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                              "python -m diffuse.train.corpus): score held-out continuations")
     fa.add_argument("--lengths", type=int_list, default=[], help="answer lengths of the speed table (e.g. 256,1024)")
     fa.add_argument("--no-quality", dest="quality", action="store_false", help="only the speed table")
+    fa.add_argument("--temperature", type=float, help="of the quality runs (default: the model's)")
     add_threads_option(fa)
     fa.add_argument("--json", type=Path, metavar="PATH", help="write the measurements as JSON")
     fa.add_argument("--markdown", type=Path, metavar="PATH", help="write the tables as markdown")
@@ -389,7 +390,8 @@ def _fast(args) -> int:
     if args.data is not None and not args.data.exists():
         raise DiffuseError(f"--data {args.data}: no such file or folder")
     result = fast.run(str(args.model), args.threads, args.lengths, str(args.data) if args.data else None,
-                      quality_run=args.quality, log=lambda line: print(line, file=sys.stderr))
+                      quality_run=args.quality, temperature=args.temperature,
+                      log=lambda line: print(line, file=sys.stderr))
     if result["quality"]:
         print(text_table(result["quality"], fast.QUALITY_COLUMNS))
     if result["speed"]:
