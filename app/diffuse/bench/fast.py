@@ -50,6 +50,7 @@ QUALITY_COLUMNS = [("method", "method", "{}"), ("nfe", "NFE", "{:.1f}"), ("ms_pe
 SPEED_STEPS = 12
 SPEED_COLUMNS = [("method", "method", "{}"), ("gen_length", "gen_length", "{}"),
                  ("ms_per_step", "ms/step (wall)", "{:.1f}"), ("cpu_ms_per_step", "CPU ms/step", "{:.1f}"),
+                 ("cpu_ms_median", "median CPU ms/step", "{:.1f}"),
                  ("rows_per_step", "rows/step", "{:.0f}")]
 
 
@@ -83,7 +84,7 @@ def speed(model, lengths: list[int], prompt: str, log=print) -> list[dict]:
     """ms per step over a run's first SPEED_STEPS steps (step 0 and, for the block caches, each
     block's first step are full passes; the others recompute what the method keeps). Besides the
     wall time, the process's CPU time per step: with one thread it is the step's own work, which a
-    shared machine's other processes do not inflate."""
+    shared machine's other processes do not inflate; its median is a step that is no full pass."""
     rows = []
     for gen in lengths:
         for name, change in METHODS.items():
@@ -101,6 +102,7 @@ def speed(model, lengths: list[int], prompt: str, log=print) -> list[dict]:
             rows.append({"method": name, "gen_length": gen, "options": change,
                          "ms_per_step": float(np.mean([e.total_ms for e in events])),
                          "cpu_ms_per_step": 1000.0 * float(np.mean(np.diff(cpu))),
+                         "cpu_ms_median": 1000.0 * float(np.median(np.diff(cpu))),
                          "rows_per_step": float(np.mean([len(e.active) for e in events]))})
             log(f"{gen} {name}: {rows[-1]['ms_per_step']:.1f} ms/step wall, "
                 f"{rows[-1]['cpu_ms_per_step']:.1f} CPU, {rows[-1]['rows_per_step']:.0f} rows")
