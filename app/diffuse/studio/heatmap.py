@@ -199,7 +199,10 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         extra = np.nan_to_num(run.n_extra[:n])
         self.floor_bars.setOpts(x0=np.zeros(n), y=steps, width=total - extra)
         self.tau_bars.setOpts(x0=total - extra, y=steps, width=extra)
-        self.counts.setXRange(0, max(total.max(), 1.0), padding=0.05)
+        hi = max(float(total.max()), 1.0)
+        self.counts.setXRange(0, hi, padding=0.05)
+        whole = max(1, int(np.ceil(hi / 3)))            # commits are counts: whole ticks, three at most
+        self.counts.getAxis("bottom").setTickSpacing(whole, whole)
 
     def _clicked(self, ev) -> None:
         if self.run is None or not self.run.events:
