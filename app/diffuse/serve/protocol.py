@@ -318,6 +318,7 @@ def step_event(index: int, ev) -> dict:
     entropy = [None if math.isnan(x) else round(x, 4) for x in ev.entropy[p:].tolist()]
     return {"index": index, "step": ev.step, "block": ev.block, "n_blocks": ev.n_blocks,
             "steps_allowed": ev.steps_allowed, "tokens": ev.gen_tokens.tolist(), "mask": ev.gen_mask.tolist(),
-            "unmasked": [int(i) - p for i in ev.unmasked], "entropy": entropy, "active": len(ev.active),
+            "unmasked": [int(i) - p for i in ev.unmasked], "edited": [int(i) - p for i in ev.edited],
+            "entropy": entropy, "active": len(ev.active),
             "cached": len(ev.cached), "forward_ms": round(ev.forward_ms, 3), "sample_ms": round(ev.sample_ms, 3),
             "total_ms": round(ev.total_ms, 3)}
