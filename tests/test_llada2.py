@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from fixtures.tiny_models import LLADA2_EXPERTS, LLADA2_GROUPS, LLADA2_GROUPS_USED, LLADA2_USED
 from gguf import GGMLQuantizationType as T
-from reference.block_generate import llada2_generate
+from reference.block_generate import llada2_generate, llada21_generate
 from gguf.quants import dequantize
 from reference.forward import forward as reference_forward
 from reference.forward import load as reference_load
@@ -206,6 +206,61 @@ def test_greedy_generation_matches_the_official_loop(llada2, n_prompt, block_len
     n = len(want.tokens)
     assert got.tokens[:n].tolist() == want.tokens
     assert got.steps == len(want.passes)
+
+
+# ---- LLaDA2.1's token-to-token editing: the port of its generate ----
+
+# Edits in the parity runs (the port's count; n_prompt 11 / 32), measured: the speed mode's
+# thresholds 629 / 2016 (every differing token is edited, so post steps run to the budget), 0.02
+# 114 / 76, 0.03 8 / 4 (blocks end at a post step that edits nothing). The tiny model's x0 is
+# rarely above a few percent likely, so higher editing thresholds edit nothing here.
+@pytest.mark.parametrize("n_prompt", [11, 32])
+@pytest.mark.parametrize("block_length,threshold,editing_threshold,max_post_steps",
+                         [(32, 0.5, 0.0, 16), (8, 0.3, 0.02, 4), (8, 0.3, 0.03, 4)])
+def test_editing_matches_the_official_loop(llada2, n_prompt, block_length, threshold, editing_threshold,
+                                           max_post_steps):
+    """Token for token, commit for commit and edit for edit the port of LLaDA2.1's generate
+    (greedy, our stated differences), the engine with its exact cache on (steps = block_length:
+    the official floor of one commit per pass)."""
+    prompt = (PROMPT * 3)[:n_prompt]
+    eos = llada2.tokenizer.eos_token_ids[0]
+    want = llada21_generate(EngineLogits(llada2, block_length), prompt, llada2.mask_token_id, eos, 48,
+                            block_length, threshold, editing_threshold, max_post_steps)
+    assert sum(len(e) for e in want.edits) > 0
+    events = []
+    got = llada2.generate(prompt, gen_length=48, steps=block_length, block_length=block_length, chat=False,
+                          scheduler="low_confidence_dynamic", confidence_threshold=threshold,
+                          editing_threshold=editing_threshold, max_post_steps=max_post_steps, temperature=0,
+                          on_step=events.append)
+    assert got.tokens[:len(want.tokens)].tolist() == want.tokens
+    assert got.steps == len(want.passes) == len(events)
+    assert [e.unmasked.tolist() for e in events] == [[pos for pos, _ in c] for _, c in want.passes]
+    assert [e.edited.tolist() for e in events] == [[pos for pos, _ in e] for e in want.edits]
+    for before, e, edits in zip(events, events[1:], want.edits[1:]):   # edits change committed tokens only
+        assert all(not before.mask[pos] and e.tokens[pos] == tok != before.tokens[pos] for pos, tok in edits)
+
+
+def test_editing_off_is_the_2_0_loop(llada2):
+    """editing_threshold 1 (the default) edits nothing and runs no post step, whatever max_post_steps."""
+    opts = dict(gen_length=48, steps=8, block_length=8, chat=False, scheduler="low_confidence_dynamic",
+                confidence_threshold=0.3, temperature=0)
+    a = llada2.generate(PROMPT, **opts)
+    b = llada2.generate(PROMPT, **opts, editing_threshold=1.0, max_post_steps=16)
+    assert a.tokens.tolist() == b.tokens.tolist() and a.steps == b.steps
+
+
+@pytest.mark.parametrize("arch", ["llada", "fast-dllm-v2"])
+def test_editing_is_refused_where_the_cache_or_shift_forbid_it(arch, tiny_gguf):
+    model = diffuse.load(tiny_gguf(arch, "f32"), threads=1)
+    with pytest.raises(DiffuseError, match="editing_threshold applies to block-diffusion models without shifted"):
+        model.generate(PROMPT, gen_length=32, chat=False, editing_threshold=0.5)
+
+
+@pytest.mark.parametrize("value,match", [(-0.1, "editing_threshold = -0.1 is out of range"),
+                                         (1.5, "editing_threshold = 1.5 is out of range")])
+def test_bad_editing_values_are_refused(llada2, value, match):
+    with pytest.raises(DiffuseError, match=match):
+        llada2.generate(PROMPT, gen_length=32, chat=False, editing_threshold=value)
 
 
 def test_the_recipe_is_the_default(llada2):
