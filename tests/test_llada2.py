@@ -25,6 +25,7 @@ import diffuse
 from diffuse import DiffuseError, gguf_file
 from diffuse.convert import convert_hf
 from diffuse.convert.families import LLADA2
+from diffuse.generation import PRESETS
 from diffuse.quantize import quantize_file, tensor_type
 
 PROMPT = [5, 17, 42, 8, 99, 3, 61, 250, 13, 7, 77]
@@ -73,6 +74,28 @@ def test_conversion_writes_bailingmoe2_names_and_the_recipe(tiny_gguf):
     assert t["blk.2.ffn_down_shexp.weight"].shape == (256, 256)
     assert t["blk.1.ffn_gate_inp.weight"].type == t["blk.1.exp_probs_b.bias"].type == T.F32
     assert t["blk.1.ffn_up_exps.weight"].type == T.F16
+
+
+# The generate() signatures of the remote code each checkpoint ships (modeling_llada2_moe.py), as read.
+GENERATE_2_0 = ("def generate(self, inputs=None, temperature=0.0, block_length=32, steps=32, gen_length=2048,\n"
+                "             top_p=None, top_k=None, eos_early_stop=False, minimal_topk=1, threshold=0.95,\n"
+                "             eos_id=156892, mask_id=156895):\n")
+GENERATE_2_1 = GENERATE_2_0.replace("threshold=0.95,", "threshold=0.95, editing_threshold=0.9, max_post_steps=16,")
+
+
+@pytest.mark.parametrize("code,editing", [(GENERATE_2_1, True), (GENERATE_2_0, False), (None, False)])
+def test_a_2_1_checkpoint_gets_editing_in_its_recipe(code, editing, tiny_hf_llada2, tmp_path):
+    """LLaDA2.1's config.json is 2.0's; its remote code's generate() takes editing_threshold. The
+    recipe is then the card's quality mode (the preset); otherwise, or without the file, 2.0's."""
+    folder = tmp_path / "hf"
+    shutil.copytree(tiny_hf_llada2, folder)
+    if code is not None:
+        (folder / "modeling_llada2_moe.py").write_text(code)
+    kv = gguf_file.read(convert_hf(folder, tmp_path / "out.gguf", "f16")).kv
+    recipe = {k.removeprefix("diffuse.recipe."): v for k, v in kv.items() if k.startswith("diffuse.recipe.")}
+    want = PRESETS["llada2.1-quality"] if editing else {"confidence_threshold": 0.95}
+    assert {k: recipe.get(k) for k in want} == pytest.approx(want)
+    assert ("editing_threshold" in recipe) == editing
 
 
 def test_hparams(llada2):
@@ -261,6 +284,24 @@ def test_editing_is_refused_where_the_cache_or_shift_forbid_it(arch, tiny_gguf):
 def test_bad_editing_values_are_refused(llada2, value, match):
     with pytest.raises(DiffuseError, match=match):
         llada2.generate(PROMPT, gen_length=32, chat=False, editing_threshold=value)
+
+
+@pytest.mark.parametrize("name", ["llada2.1-speed", "llada2.1-quality"])
+def test_presets_from_the_cli_and_the_server(name, llada2, tiny_gguf, capsys):
+    """--preset and a request's "preset": the mode's options over the model's defaults, the flags
+    and fields given over the mode."""
+    from diffuse.cli import main
+    from diffuse.serve import protocol
+    code = main(["generate", "-m", str(tiny_gguf("llada2", "f32")), "-p", "Hello", "--no-chat", "--gen-length", "32",
+                 "--threads", "1", "--json", "--preset", name, "--max-post-steps", "3"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["options"] == {**out["options"], **PRESETS[name], "max_post_steps": 3}
+    body = json.dumps({"prompt": "Hello", "max_tokens": 32, "preset": name, "confidence_threshold": 0.6}).encode()
+    r = protocol.parse(body, "completion", llada2, 8)
+    assert r.options == {**r.options, **PRESETS[name], "confidence_threshold": pytest.approx(0.6)}
+    with pytest.raises(protocol.BadRequest, match="unknown preset 'fast'") as e:
+        protocol.parse(json.dumps({"prompt": "Hello", "preset": "fast"}).encode(), "completion", llada2, 8)
+    assert e.value.param == "preset"
 
 
 def test_the_recipe_is_the_default(llada2):
