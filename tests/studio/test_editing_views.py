@@ -106,3 +106,23 @@ def test_an_older_recording_loads_without_edits(qtbot, recorded_run):
     qtbot.addWidget(view)
     view.set_run(run)
     assert not view.edit_bars.opts["width"].any() and "edits" not in view.counts.titleLabel.text
+
+
+@pytest.mark.parametrize("name", ["llada2.1-speed", "llada2.1-quality"])
+def test_the_settings_panel_offers_llada21s_modes(qtbot, tiny_gguf, name):
+    from diffuse.generation import PRESET_TITLES, PRESETS
+    from diffuse.studio.settings_panel import SettingsPanel
+    m = diffuse.load(tiny_gguf("llada2", "f32"), threads=1)
+    panel = SettingsPanel()
+    qtbot.addWidget(panel)
+    panel.show_defaults(m.arch, m.n_ctx_train, m.recipe)
+    panel.apply_preset(panel.preset.findData(PRESET_TITLES[name]))
+    opts = panel.options()
+    assert {k: opts[k] for k in PRESETS[name]} == pytest.approx(PRESETS[name])
+    assert panel.fields["max_post_steps"].isEnabled()
+    given = {k: v for k, v in opts.items() if k not in ("threads", "chat") and v is not None}
+    r = m.generate([5, 17, 42], chat=False, **{**given, "gen_length": 32})
+    assert r.steps > 0
+    panel.set_options({"editing_threshold": 1.0})
+    panel._changed()
+    assert not panel.fields["max_post_steps"].isEnabled()
