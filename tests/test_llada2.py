@@ -304,6 +304,31 @@ def test_presets_from_the_cli_and_the_server(name, llada2, tiny_gguf, capsys):
     assert e.value.param == "preset"
 
 
+def test_a_stream_sends_only_text_editing_cannot_change(tiny_gguf):
+    """With editing a committed token may change until its block is finished: the server streams
+    a block's text once it is, so the deltas add up to the final answer (the S mode edits most)."""
+    import openai
+    from diffuse.serve import Server
+    model = diffuse.load(tiny_gguf("llada2", "f32"), threads=1)
+    server = Server(model, port=0, max_batch=2)
+    server.start()
+    try:
+        client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=60)
+        body = dict(model="m", prompt="Hello there", max_tokens=64)
+        whole = client.completions.create(**body, extra_body={"preset": "llada2.1-speed"}).choices[0].text
+        events, parts = [], []
+        for chunk in client.completions.create(**body, stream=True,
+                                               extra_body={"preset": "llada2.1-speed", "diffusion_events": True}):
+            if chunk.choices:
+                parts.append(chunk.choices[0].text)
+            else:
+                events.append(chunk.model_extra["diffusion"])
+        assert sum(len(e["edited"]) for e in events) > 0
+        assert "".join(parts) == whole
+    finally:
+        server.stop()
+
+
 def test_the_recipe_is_the_default(llada2):
     a = llada2.generate(PROMPT, gen_length=32, chat=False)
     b = llada2.generate(PROMPT, gen_length=32, chat=False, steps=32, block_length=32,
