@@ -150,7 +150,8 @@ class LiveView:
             lines = [clip(compact_status(ev), width)]
         else:
             status = (f"step {ev.step + 1}/{ev.steps_allowed}  block {ev.block + 1}/{ev.n_blocks}  "
-                      f"+{len(ev.unmasked)}  masked {int(ev.gen_mask.sum())}  "
+                      f"+{len(ev.unmasked)}  {f'edited {len(ev.edited)}  ' if len(ev.edited) else ''}"
+                      f"masked {int(ev.gen_mask.sum())}  "
                       f"active {len(ev.active)}/{len(ev.tokens)}  {ev.total_ms:.0f} ms")
             body = self.wrapped(ev, width)
             hidden = max(0, len(body) - (rows - 1))
