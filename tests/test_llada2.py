@@ -263,6 +263,18 @@ def test_editing_matches_the_official_loop(llada2, n_prompt, block_length, thres
         assert all(not before.mask[pos] and e.tokens[pos] == tok != before.tokens[pos] for pos, tok in edits)
 
 
+def test_editing_in_a_batch_is_each_prompts_own(llada2):
+    """A batch mixing an editing sequence with one that does not: each gets its own tokens and steps."""
+    opts = dict(gen_length=48, steps=8, block_length=8, chat=False, scheduler="low_confidence_dynamic",
+                confidence_threshold=0.3, temperature=0)
+    editing = dict(editing_threshold=0.02, max_post_steps=4)
+    prompts = [PROMPT, (PROMPT * 3)[:32]]
+    alone = [llada2.generate(prompts[0], **opts, **editing), llada2.generate(prompts[1], **opts)]
+    batch = llada2.generate_batch(prompts, **opts, per_prompt=[editing, {}])
+    assert [r.tokens.tolist() for r in batch] == [r.tokens.tolist() for r in alone]
+    assert [r.steps for r in batch] == [r.steps for r in alone]
+
+
 def test_editing_off_is_the_2_0_loop(llada2):
     """editing_threshold 1 (the default) edits nothing and runs no post step, whatever max_post_steps."""
     opts = dict(gen_length=48, steps=8, block_length=8, chat=False, scheduler="low_confidence_dynamic",
