@@ -85,7 +85,7 @@ GENERATE_2_1 = GENERATE_2_0.replace("threshold=0.95,", "threshold=0.95, editing_
 
 @pytest.mark.parametrize("code,editing", [(GENERATE_2_1, True), (GENERATE_2_0, False), (None, False)])
 def test_a_2_1_checkpoint_gets_editing_in_its_recipe(code, editing, tiny_hf_llada2, tmp_path):
-    """LLaDA2.1's config.json is 2.0's; its remote code's generate() takes editing_threshold. The
+    """No key of LLaDA2.1's config.json tells it from 2.0; its remote code's generate() takes editing_threshold. The
     recipe is then the card's quality mode (the preset); otherwise, or without the file, 2.0's."""
     folder = tmp_path / "hf"
     shutil.copytree(tiny_hf_llada2, folder)

@@ -349,8 +349,8 @@ def read_json_object(path: Path) -> dict:
 
 
 def authors_recipe(family: Family, hf_dir: Path, config: dict) -> dict:
-    """The decoding the authors publish for this checkpoint. LLaDA2.1's config.json is LLaDA2.0's
-    (same class and keys); what tells them apart is the remote code the checkpoint ships (config's
+    """The decoding the authors publish for this checkpoint. No key of LLaDA2.1's config.json tells it
+    from LLaDA2.0 (same class, model_type and architecture keys); what tells them apart is the remote code the checkpoint ships (config's
     auto_map): 2.1's generate() takes editing_threshold, 2.0's does not. Without that file a
     checkpoint gets the family's recipe."""
     recipe = dict(family.recipe or {})
