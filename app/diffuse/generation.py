@@ -22,9 +22,10 @@ BLOCK_FAMILIES = ("sdar", "fast-dllm-v2")
 
 
 # Named decoding modes a model's authors publish, as options over the model's defaults: the CLI's
-# --preset, a server request's "preset", the Studio's presets menu. LLaDA2.1's card defines a speed
-# mode (S: a low mask-to-token threshold, every differing token edited) and a quality mode (Q);
-# its generate commits at least one mask per pass (block 32, 32 steps: ours with a count of 1).
+# --preset, a server request's "preset", the Studio's presets menu. LLaDA2.1's card names a speed
+# mode (S: a low mask-to-token threshold, every differing token edited) and a quality mode (Q); the
+# values are those of SGLang's JointThreshold defaults (S) and of the diffusers LLaDA2 pipeline's
+# for 2.1 (Q). Its generate commits at least one mask per pass (block 32, 32 steps: ours, count 1).
 _LLADA21 = {"block_length": 32, "steps": 32, "scheduler": "low_confidence_dynamic", "max_post_steps": 16,
             "temperature": 0.0}
 PRESETS: dict[str, dict] = {
