@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from fixtures.tiny_models import LLADA2_EXPERTS, LLADA2_GROUPS, LLADA2_GROUPS_USED, LLADA2_USED
 from gguf import GGMLQuantizationType as T
-from reference.block_generate import llada2_generate
+from reference.block_generate import llada2_generate, llada21_generate
 from gguf.quants import dequantize
 from reference.forward import forward as reference_forward
 from reference.forward import load as reference_load
@@ -25,6 +25,7 @@ import diffuse
 from diffuse import DiffuseError, gguf_file
 from diffuse.convert import convert_hf
 from diffuse.convert.families import LLADA2
+from diffuse.generation import PRESETS
 from diffuse.quantize import quantize_file, tensor_type
 
 PROMPT = [5, 17, 42, 8, 99, 3, 61, 250, 13, 7, 77]
@@ -73,6 +74,28 @@ def test_conversion_writes_bailingmoe2_names_and_the_recipe(tiny_gguf):
     assert t["blk.2.ffn_down_shexp.weight"].shape == (256, 256)
     assert t["blk.1.ffn_gate_inp.weight"].type == t["blk.1.exp_probs_b.bias"].type == T.F32
     assert t["blk.1.ffn_up_exps.weight"].type == T.F16
+
+
+# The generate() signatures of the remote code each checkpoint ships (modeling_llada2_moe.py), as read.
+GENERATE_2_0 = ("def generate(self, inputs=None, temperature=0.0, block_length=32, steps=32, gen_length=2048,\n"
+                "             top_p=None, top_k=None, eos_early_stop=False, minimal_topk=1, threshold=0.95,\n"
+                "             eos_id=156892, mask_id=156895):\n")
+GENERATE_2_1 = GENERATE_2_0.replace("threshold=0.95,", "threshold=0.95, editing_threshold=0.9, max_post_steps=16,")
+
+
+@pytest.mark.parametrize("code,editing", [(GENERATE_2_1, True), (GENERATE_2_0, False), (None, False)])
+def test_a_2_1_checkpoint_gets_editing_in_its_recipe(code, editing, tiny_hf_llada2, tmp_path):
+    """No key of LLaDA2.1's config.json tells it from 2.0; its remote code's generate() takes editing_threshold. The
+    recipe is then the card's quality mode (the preset); otherwise, or without the file, 2.0's."""
+    folder = tmp_path / "hf"
+    shutil.copytree(tiny_hf_llada2, folder)
+    if code is not None:
+        (folder / "modeling_llada2_moe.py").write_text(code)
+    kv = gguf_file.read(convert_hf(folder, tmp_path / "out.gguf", "f16")).kv
+    recipe = {k.removeprefix("diffuse.recipe."): v for k, v in kv.items() if k.startswith("diffuse.recipe.")}
+    want = PRESETS["llada2.1-quality"] if editing else {"confidence_threshold": 0.95}
+    assert {k: recipe.get(k) for k in want} == pytest.approx(want)
+    assert ("editing_threshold" in recipe) == editing
 
 
 def test_hparams(llada2):
@@ -206,6 +229,116 @@ def test_greedy_generation_matches_the_official_loop(llada2, n_prompt, block_len
     n = len(want.tokens)
     assert got.tokens[:n].tolist() == want.tokens
     assert got.steps == len(want.passes)
+
+
+# ---- LLaDA2.1's token-to-token editing: the port of its generate ----
+
+# Edits in the parity runs (the port's count; n_prompt 11 / 32), measured: the speed mode's
+# thresholds 629 / 2016 (every differing token is edited, so post steps run to the budget), 0.02
+# 114 / 76, 0.03 8 / 4 (blocks end at a post step that edits nothing). The tiny model's x0 is
+# rarely above a few percent likely, so higher editing thresholds edit nothing here.
+@pytest.mark.parametrize("n_prompt", [11, 32])
+@pytest.mark.parametrize("block_length,threshold,editing_threshold,max_post_steps",
+                         [(32, 0.5, 0.0, 16), (8, 0.3, 0.02, 4), (8, 0.3, 0.03, 4)])
+def test_editing_matches_the_official_loop(llada2, n_prompt, block_length, threshold, editing_threshold,
+                                           max_post_steps):
+    """Token for token, commit for commit and edit for edit the port of LLaDA2.1's generate
+    (greedy, our stated differences), the engine with its exact cache on (steps = block_length:
+    the official floor of one commit per pass)."""
+    prompt = (PROMPT * 3)[:n_prompt]
+    eos = llada2.tokenizer.eos_token_ids[0]
+    want = llada21_generate(EngineLogits(llada2, block_length), prompt, llada2.mask_token_id, eos, 48,
+                            block_length, threshold, editing_threshold, max_post_steps)
+    assert sum(len(e) for e in want.edits) > 0
+    events = []
+    got = llada2.generate(prompt, gen_length=48, steps=block_length, block_length=block_length, chat=False,
+                          scheduler="low_confidence_dynamic", confidence_threshold=threshold,
+                          editing_threshold=editing_threshold, max_post_steps=max_post_steps, temperature=0,
+                          on_step=events.append)
+    assert got.tokens[:len(want.tokens)].tolist() == want.tokens
+    assert got.steps == len(want.passes) == len(events)
+    assert [e.unmasked.tolist() for e in events] == [[pos for pos, _ in c] for _, c in want.passes]
+    assert [e.edited.tolist() for e in events] == [[pos for pos, _ in e] for e in want.edits]
+    for before, e, edits in zip(events, events[1:], want.edits[1:]):   # edits change committed tokens only
+        assert all(not before.mask[pos] and e.tokens[pos] == tok != before.tokens[pos] for pos, tok in edits)
+
+
+def test_editing_in_a_batch_is_each_prompts_own(llada2):
+    """A batch mixing an editing sequence with one that does not: each gets its own tokens and steps."""
+    opts = dict(gen_length=48, steps=8, block_length=8, chat=False, scheduler="low_confidence_dynamic",
+                confidence_threshold=0.3, temperature=0)
+    editing = dict(editing_threshold=0.02, max_post_steps=4)
+    prompts = [PROMPT, (PROMPT * 3)[:32]]
+    alone = [llada2.generate(prompts[0], **opts, **editing), llada2.generate(prompts[1], **opts)]
+    batch = llada2.generate_batch(prompts, **opts, per_prompt=[editing, {}])
+    assert [r.tokens.tolist() for r in batch] == [r.tokens.tolist() for r in alone]
+    assert [r.steps for r in batch] == [r.steps for r in alone]
+
+
+def test_editing_off_is_the_2_0_loop(llada2):
+    """editing_threshold 1 (the default) edits nothing and runs no post step, whatever max_post_steps."""
+    opts = dict(gen_length=48, steps=8, block_length=8, chat=False, scheduler="low_confidence_dynamic",
+                confidence_threshold=0.3, temperature=0)
+    a = llada2.generate(PROMPT, **opts)
+    b = llada2.generate(PROMPT, **opts, editing_threshold=1.0, max_post_steps=16)
+    assert a.tokens.tolist() == b.tokens.tolist() and a.steps == b.steps
+
+
+@pytest.mark.parametrize("arch", ["llada", "fast-dllm-v2"])
+def test_editing_is_refused_where_the_cache_or_shift_forbid_it(arch, tiny_gguf):
+    model = diffuse.load(tiny_gguf(arch, "f32"), threads=1)
+    with pytest.raises(DiffuseError, match="editing_threshold applies to block-diffusion models without shifted"):
+        model.generate(PROMPT, gen_length=32, chat=False, editing_threshold=0.5)
+
+
+@pytest.mark.parametrize("value,match", [(-0.1, "editing_threshold = -0.1 is out of range"),
+                                         (1.5, "editing_threshold = 1.5 is out of range")])
+def test_bad_editing_values_are_refused(llada2, value, match):
+    with pytest.raises(DiffuseError, match=match):
+        llada2.generate(PROMPT, gen_length=32, chat=False, editing_threshold=value)
+
+
+@pytest.mark.parametrize("name", ["llada2.1-speed", "llada2.1-quality"])
+def test_presets_from_the_cli_and_the_server(name, llada2, tiny_gguf, capsys):
+    """--preset and a request's "preset": the mode's options over the model's defaults, the flags
+    and fields given over the mode."""
+    from diffuse.cli import main
+    from diffuse.serve import protocol
+    code = main(["generate", "-m", str(tiny_gguf("llada2", "f32")), "-p", "Hello", "--no-chat", "--gen-length", "32",
+                 "--threads", "1", "--json", "--preset", name, "--max-post-steps", "3"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["options"] == {**out["options"], **PRESETS[name], "max_post_steps": 3}
+    body = json.dumps({"prompt": "Hello", "max_tokens": 32, "preset": name, "confidence_threshold": 0.6}).encode()
+    r = protocol.parse(body, "completion", llada2, 8)
+    assert r.options == {**r.options, **PRESETS[name], "confidence_threshold": pytest.approx(0.6)}
+    with pytest.raises(protocol.BadRequest, match="unknown preset 'fast'") as e:
+        protocol.parse(json.dumps({"prompt": "Hello", "preset": "fast"}).encode(), "completion", llada2, 8)
+    assert e.value.param == "preset"
+
+
+def test_a_stream_sends_only_text_editing_cannot_change(tiny_gguf):
+    """With editing a committed token may change until its block is finished: the server streams
+    a block's text once it is, so the deltas add up to the final answer (the S mode edits most)."""
+    import openai
+    from diffuse.serve import Server
+    model = diffuse.load(tiny_gguf("llada2", "f32"), threads=1)
+    server = Server(model, port=0, max_batch=2)
+    server.start()
+    try:
+        client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=60)
+        body = dict(model="m", prompt="Hello there", max_tokens=64)
+        whole = client.completions.create(**body, extra_body={"preset": "llada2.1-speed"}).choices[0].text
+        events, parts = [], []
+        for chunk in client.completions.create(**body, stream=True,
+                                               extra_body={"preset": "llada2.1-speed", "diffusion_events": True}):
+            if chunk.choices:
+                parts.append(chunk.choices[0].text)
+            else:
+                events.append(chunk.model_extra["diffusion"])
+        assert sum(len(e["edited"]) for e in events) > 0
+        assert "".join(parts) == whole
+    finally:
+        server.stop()
 
 
 def test_the_recipe_is_the_default(llada2):

@@ -39,6 +39,9 @@ class StepEvent:
     # active position used at this step, best first; -1 in the last layer for rows whose logits
     # the step did not need (only those run its FFN). None for dense models.
     experts: np.ndarray | None = None
+    # editing_threshold < 1 (LLaDA2.1's token-to-token editing): int32 (e,), committed positions
+    # whose token this step replaced; the previous event's tokens hold what they were
+    edited: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
 
     @property
     def gen_tokens(self) -> np.ndarray:

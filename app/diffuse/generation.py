@@ -21,6 +21,27 @@ OPTION_NAMES: tuple[str, ...] = tuple(o["name"] for o in OPTIONS)
 BLOCK_FAMILIES = ("sdar", "fast-dllm-v2")
 
 
+# Named decoding modes a model's authors publish, as options over the model's defaults: the CLI's
+# --preset, a server request's "preset", the Studio's presets menu. LLaDA2.1's card names a speed
+# mode (S: a low mask-to-token threshold, every differing token edited) and a quality mode (Q); the
+# values are those of SGLang's JointThreshold defaults (S) and of the diffusers LLaDA2 pipeline's
+# for 2.1 (Q). Its generate commits at least one mask per pass (block 32, 32 steps: ours, count 1).
+_LLADA21 = {"block_length": 32, "steps": 32, "scheduler": "low_confidence_dynamic", "max_post_steps": 16,
+            "temperature": 0.0}
+PRESETS: dict[str, dict] = {
+    "llada2.1-speed": {**_LLADA21, "confidence_threshold": 0.5, "editing_threshold": 0.0},
+    "llada2.1-quality": {**_LLADA21, "confidence_threshold": 0.7, "editing_threshold": 0.5},
+}
+PRESET_TITLES = {"llada2.1-speed": "LLaDA2.1: speed mode (S)", "llada2.1-quality": "LLaDA2.1: quality mode (Q)"}
+
+
+def preset(name: str) -> dict:
+    """The options of a named preset (PRESETS); DiffuseError naming the known ones."""
+    if name not in PRESETS:
+        raise DiffuseError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
+    return dict(PRESETS[name])
+
+
 def option(name: str) -> dict:
     """The table entry of one option."""
     return next(o for o in OPTIONS if o["name"] == name)

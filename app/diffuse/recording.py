@@ -15,8 +15,10 @@ N = prompt + generated positions:
     tokens               int32 (S, N)
     mask                 bool  (S, N)
     entropy, confidence  float32 (S, N), NaN where not evaluated
-    <ragged>_values      int32 (sum of lengths,) for unmasked, active, cached ...
-    <ragged>_offsets     int64 (S + 1,) ... event k owns values[offsets[k]:offsets[k + 1]]
+    <ragged>_values      int32 (sum of lengths,) for unmasked, active, cached, edited ...
+    <ragged>_offsets     int64 (S + 1,) ... event k owns values[offsets[k]:offsets[k + 1]];
+                         edited is absent in recordings made before events carried it (loaded
+                         as no edits)
     experts_values       int16, MoE runs only: every event's experts (n_layer, n_active, k), flat
     experts_offsets      int64 (S + 1,), experts_dims int32 (S, 2): (n_layer, k), (0, 0) = none
     result_<array>       the result's arrays (tokens, prompt_tokens, step_ms, ...)
@@ -50,7 +52,8 @@ _SCALARS = ("step", "block", "n_blocks", "steps_allowed", "prompt_length", "bloc
 _DENSE = ("tokens", "mask", "entropy", "confidence")
 _DENSE_DTYPES = {"tokens": np.int32, "mask": np.bool_, "entropy": np.float32,
                  "confidence": np.float32}
-_RAGGED = ("unmasked", "active", "cached")
+_RAGGED = ("unmasked", "active", "cached", "edited")
+_OPTIONAL_RAGGED = ("edited",)           # absent in recordings made before it was kept: none
 _RESULT_ARRAYS = ("tokens", "prompt_tokens", "step_ms", "forward_ms", "sample_ms", "decided_step")
 _OPTIONAL_SCALARS = {"scheduled": -1}     # name -> its value in recordings made before it was kept
 _EXPERTS = {"experts_values": (np.int16, 1), "experts_offsets": (np.int64, 1), "experts_dims": (np.int32, 2)}
@@ -257,6 +260,9 @@ def _events_from(data: dict[str, np.ndarray]) -> list[StepEvent]:
         for name in _DENSE:
             kw[name] = data[name][k]
         for name in _RAGGED:
+            if f"{name}_offsets" not in data:      # an optional one, from an older recording
+                kw[name] = np.zeros(0, np.int32)
+                continue
             off = data[f"{name}_offsets"]
             kw[name] = data[f"{name}_values"][off[k]:off[k + 1]]
         if "experts_dims" in data and data["experts_dims"][k, 0] > 0:
@@ -338,6 +344,7 @@ def _check(data: dict[str, np.ndarray]) -> dict:
             raise ValueError(f"piece {k[:20]!r}: expected a token id and its text")
     missing = [n for n in _SCHEMA if n not in data and n not in _EXPERTS
                and n.removeprefix("step_") not in _OPTIONAL_SCALARS
+               and n.rsplit("_", 1)[0] not in _OPTIONAL_RAGGED
                and not (n.startswith("result_") and meta.get("result") is None)]
     if missing:
         raise ValueError(f"missing members {', '.join(missing)}")
@@ -365,6 +372,8 @@ def _check(data: dict[str, np.ndarray]) -> dict:
     if (data["tokens"] < 0).any():
         raise ValueError("negative token ids")
     for name in _RAGGED:
+        if name in _OPTIONAL_RAGGED and f"{name}_offsets" not in data and f"{name}_values" not in data:
+            continue
         off = _shape(data, f"{name}_offsets", (s + 1,))
         values = data[f"{name}_values"]
         if off[0] != 0 or (np.diff(off) < 0).any() or off[-1] != values.shape[0]:

@@ -43,6 +43,7 @@ static py::dict event_dict(const diffuse::StepEvent & e, const diffuse::HParams 
     d["confidence"] = to_numpy(*e.confidence);
     d["active"] = to_numpy(*e.active);
     d["cached"] = to_numpy(*e.cached);
+    d["edited"] = to_numpy(*e.edited);
     d["forward_ms"] = e.forward_ms;
     d["sample_ms"] = e.sample_ms;
     d["total_ms"] = e.total_ms;

@@ -146,6 +146,10 @@ struct GenerateParams {
     int       suffix_window  = -1;    // full attention: positions after the block a step sees (DPad);
                                       // -1: all, 0: none
     EosStop   eos_stop       = EosStop::AllEos;
+    float     editing_threshold = 1.0f;  // LLaDA2.1 token-to-token editing: a committed answer position of
+                                      // the current block takes x0 when x0 differs and is more than this
+                                      // likely; 1: off (block diffusion without shifted logits only)
+    int       max_post_steps = 0;     // editing: passes over a block after its last mask, while they edit
     int       keep_active    = 2;     // a position stays active this many steps after it changed
                                       // (2: fidelity 0.84 vs 0.83 at 1 on the demo model)
     int       refresh_every  = 0;     // full recompute every N steps (0: only at step 0; 1: exact)
@@ -183,6 +187,9 @@ struct StepEvent {
     // n_expert_used) row-major, best first; -1 in the last layer for rows whose logits were not
     // needed (only those go through its FFN). Empty otherwise.
     const std::vector<int32_t> * experts;
+    // editing_threshold < 1: committed positions whose token this step replaced (the previous
+    // event's tokens hold what they were). Empty otherwise.
+    const std::vector<int32_t> * edited;
 };
 
 // Return false to cancel (that sequence only, in a batch); an exception thrown here ends the whole

@@ -18,6 +18,12 @@
 // last row, so that block's recompute is a step of its own (a "carry" step) that commits it; the
 // block's other masks may be decoded in sub-blocks, every pass still over the whole block. The
 // answer ends as soon as its decided prefix holds end-of-text: nothing after it can change it.
+//
+// Token-to-token editing (LLaDA2.1, editing_threshold < 1): each step of a block also replaces
+// committed answer tokens of that block (select_edits), and once the block has no masks up to
+// max_post_steps more passes edit it, until one edits nothing. Edits stay inside the current block,
+// whose rows every step recomputes, so a finished block's K/V still come from its final tokens;
+// with editing only finished blocks count as a decided prefix.
 #include "diffuse.h"
 
 #include "context.h"
@@ -81,6 +87,8 @@ Geometry validate(const ModelImpl & model, const std::vector<int32_t> & prompt, 
     if (prompt.empty()) throw Error("the prompt is empty");
     model.check_tokens(prompt.data(), prompt.size());
     check_options(p);
+    if (p.editing_threshold < 1 && (!hp.block_diffusion() || hp.shift_logits))
+        throw Error("editing_threshold applies to block-diffusion models without shifted logits (LLaDA2.1, SDAR) only");
     if (p.carry_first && !hp.shift_logits)
         throw Error("carry_first applies to models with shifted logits (Dream, Fast-dLLM v2) only");
     const int64_t n_prompt = (int64_t) prompt.size();
@@ -129,6 +137,7 @@ struct Sequence {
     const SchedulerInfo & sched;
     const bool block_causal;           // block diffusion: exact cache, blocks aligned at 0
     const bool carries;                // block diffusion with shifted logits: carry steps (above)
+    const bool editing;                // token-to-token editing (above)
     int n_prompt, n_total, block, origin, n_blocks;
     int sub, n_subs, steps_per_sub;    // sub-blocks of a block (one of the whole block when none)
 
@@ -146,15 +155,20 @@ struct Sequence {
     int block_steps = 0;               // steps run in the current block
     int n_seen = 0;                    // full attention: rows [0, n_seen) have been computed once
     bool carrying = false;             // this step commits the block's first position (carry step)
+    bool post = false;                 // editing: this step is a pass after the block's last mask
+    int post_steps = 0;                // editing: such passes run in the current block
+    bool post_edited = false;          // editing: whether the last of them edited
     bool done = false;
     GenerateOutput out;
 
-    // This step: masked positions of the block, the rows whose logits they take, rows to recompute.
-    std::vector<int32_t> cand, sources, active;
+    // This step: masked positions of the block, editing: the block's committed answer positions,
+    // the rows whose logits they take (cand's, then editable's), rows to recompute.
+    std::vector<int32_t> cand, editable, sources, active;
 
     Sequence(int index_, const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p_)
         : index(index_), p(p_), sched(scheduler_info(p_.scheduler)), block_causal(model.hparams().block_diffusion()),
-          carries(model.hparams().shift_logits && (block_causal || p_.carry_first)) {
+          carries(model.hparams().shift_logits && (block_causal || p_.carry_first)),
+          editing(p_.editing_threshold < 1) {
         const Geometry g = validate(model, prompt, p);
         block = g.block;
         sub = g.sub;
@@ -182,7 +196,8 @@ struct Sequence {
             x_uncond = x;
             std::fill(x_uncond.begin(), x_uncond.begin() + n_prompt, mask_id);
         }
-        out.steps_allowed = ((sched.until_done ? block : steps_per_sub * n_subs) + (carries ? 1 : 0)) * n_blocks;
+        out.steps_allowed = ((sched.until_done ? block : steps_per_sub * n_subs) + (carries ? 1 : 0) +
+                             (editing ? p.max_post_steps : 0)) * n_blocks;
         out.stop_reason = "done";
     }
 
@@ -223,10 +238,11 @@ struct Sequence {
     }
 
     // eos_stop prefix: whether the answer's decided prefix holds end-of-text (Fast-dLLM v2's stop;
-    // nothing after it can change the text).
+    // nothing after it can change the text). Editing may still change the current block.
     bool prefix_holds_eos() const {
         if (p.eos_ids.empty()) return false;
-        for (int pos = n_prompt; pos < n_total && !mask[pos]; ++pos)
+        const int end = editing ? block_start() : n_total;
+        for (int pos = n_prompt; pos < end && !mask[pos]; ++pos)
             if (is_eos(x[pos])) return true;
         return false;
     }
@@ -245,8 +261,11 @@ struct Sequence {
     // Moves to the next step that has work (finishing sub-blocks and blocks on the way); false
     // when the run is over.
     bool next_step(bool shift_logits) {
-        if (p.eos_stop == EosStop::Prefix && !done && prefix_holds_eos()) end_with_eos(n_prompt);
         while (!done && b < n_blocks) {
+            if (p.eos_stop == EosStop::Prefix && prefix_holds_eos()) {
+                end_with_eos(n_prompt);
+                break;
+            }
             const int bs = block_start(), be = block_end();
             cand.clear();
             carrying = carries && mask[bs];
@@ -257,28 +276,40 @@ struct Sequence {
                     if (mask[pos]) cand.push_back(pos);
                 if (!cand.empty()) break;
             }
-            if (!cand.empty()) {
+            // Editing: the official loop's passes after the last mask, while the one before edited.
+            post = editing && cand.empty() && !carrying && post_steps < p.max_post_steps &&
+                   (post_steps == 0 || post_edited);
+            if (!cand.empty() || post) {
                 // Shifted logits: position p is predicted by the output row of p - 1.
                 sources = cand;
                 if (shift_logits)
                     for (int32_t & s : sources) s = std::max(0, s - 1);
+                editable.clear();
+                for (int pos = std::max(bs, n_prompt); editing && pos < be; ++pos)
+                    if (!mask[pos]) editable.push_back(pos);
+                sources.insert(sources.end(), editable.begin(), editable.end());   // no shift with editing
                 plan_active();
                 return true;
             }
             if (be < n_total && block_ends_answer()) end_with_eos(be);
             ++b;
-            u = i = block_steps = 0;
+            u = i = block_steps = post_steps = 0;
         }
         done = true;
         return false;
     }
 
-    // After a step's commits.
-    void advance() {
+    // After a step's commits and `n_edited` edits.
+    void advance(size_t n_edited) {
         ++step;
         ++block_steps;
         n_seen = std::max(n_seen, window_end());
-        if (!carrying) ++i;
+        if (post) {
+            ++post_steps;
+            post_edited = n_edited > 0;
+        } else if (!carrying) {
+            ++i;
+        }
     }
 
     // Positions to recompute this step; the source row of every needed logit is always among them.
@@ -290,7 +321,7 @@ struct Sequence {
             // finished); with shifted logits also the block holding the first source row. A carry
             // step needs no row of the current block.
             int from = p.cache ? std::min(n_final, bs) : 0;
-            from = std::min(from, sources.front() / block * block);
+            from = std::min(from, *std::min_element(sources.begin(), sources.end()) / block * block);
             for (int pos = from; pos < (carrying ? bs : be); ++pos) active.push_back(pos);
             return;
         }
@@ -390,7 +421,7 @@ int generate_stream(const Model & base, const BatchFeed & feed, const StepCallba
     const float nan = std::numeric_limits<float>::quiet_NaN();
     std::vector<float> logits, entropy, confidence;
     std::vector<RowStats> stats;
-    std::vector<int32_t> unmasked, cached, experts;
+    std::vector<int32_t> unmasked, edited, cached, experts, keys, current;
     std::vector<SequenceRows> batch;
     std::vector<Sequence *> work;
     std::vector<size_t> batch_index;   // per work item: its (conditional) rows' index in batch
@@ -459,13 +490,14 @@ int generate_stream(const Model & base, const BatchFeed & feed, const StepCallba
             Sequence & q = *work[w];
             const Clock::time_point t1 = Clock::now();
             const int n_cand = (int) q.cand.size();
+            const int n_rows = (int) q.sources.size();   // n_cand, then the editable positions'
             float * lg = row;
-            row += (size_t) n_cand * V;
+            row += (size_t) n_rows * V;
             if (q.uncond_cache) {
                 const float * un = row;
-                row += (size_t) n_cand * V;
+                row += (size_t) n_rows * V;
                 const float w = q.p.cfg_scale + 1.0f;
-                for (size_t j = 0; j < (size_t) n_cand * V; ++j) lg[j] = un[j] + w * (lg[j] - un[j]);
+                for (size_t j = 0; j < (size_t) n_rows * V; ++j) lg[j] = un[j] + w * (lg[j] - un[j]);
             }
             SampleConfig sc;
             sc.temperature = q.p.temperature;
@@ -475,23 +507,44 @@ int generate_stream(const Model & base, const BatchFeed & feed, const StepCallba
             sc.seed = q.p.seed;
             sc.step = (uint64_t) q.step;
             sc.mask_token_id = hp.mask_token_id;
-            sample_rows(lg, n_cand, V, q.cand, sc, n_threads, stats);
+            keys = q.cand;   // the positions the rows predict
+            keys.insert(keys.end(), q.editable.begin(), q.editable.end());
+            sample_rows(lg, n_rows, V, keys, sc, n_threads, stats);
             for (const RowStats & s : stats)
                 if (!std::isfinite(s.entropy))
                     throw Error(model.path() + ": the forward pass produced NaN/Inf logits (corrupt weights?)");
 
-            const int n_scheduled = q.scheduled(n_cand);
-            SelectInput in{stats, n_scheduled, q.p.threshold, q.p.confidence_threshold, q.p.entropy_budget,
-                           q.p.factor, q.p.alg_temp, dream_transfer_prob(q.i, q.steps_per_sub, q.p.eps),
-                           rng_key(q.p.seed ^ 0x5ced5ced5cedULL, (uint64_t) q.step, 1)};
-            const std::vector<int> chosen = q.carrying ? std::vector<int>{0} : q.sched.select(in);
-
             entropy.assign(q.n_total, nan);
             confidence.assign(q.n_total, nan);
             for (int j = 0; j < n_cand; ++j) {
-                entropy[q.cand[j]] = stats[j].entropy;
-                confidence[q.cand[j]] = stats[j].top1;
+                entropy[keys[j]] = stats[j].entropy;
+                confidence[keys[j]] = stats[j].top1;
             }
+            // Editing: the block's committed answer tokens to replace (rows n_cand on); the
+            // positions edited are evaluated and changed, so their values are reported too.
+            edited.clear();
+            if (q.editing) {
+                current.clear();
+                for (int32_t pos : q.editable) current.push_back(q.x[pos]);
+                for (int j : select_edits(stats.data() + n_cand, current, q.p.editing_threshold)) {
+                    const int32_t pos = q.editable[j];
+                    const RowStats & s = stats[n_cand + j];
+                    q.x[pos] = s.x0;
+                    q.last_change[pos] = q.step;
+                    entropy[pos] = s.entropy;
+                    confidence[pos] = s.top1;
+                    edited.push_back(pos);
+                }
+                stats.resize(n_cand);   // the commit rule sees the masked positions only
+            }
+
+            const int n_scheduled = q.post ? 0 : q.scheduled(n_cand);
+            SelectInput in{stats, n_scheduled, q.p.threshold, q.p.confidence_threshold, q.p.entropy_budget,
+                           q.p.factor, q.p.alg_temp, dream_transfer_prob(q.i, q.steps_per_sub, q.p.eps),
+                           rng_key(q.p.seed ^ 0x5ced5ced5cedULL, (uint64_t) q.step, 1)};
+            const std::vector<int> chosen = q.carrying ? std::vector<int>{0}
+                                            : q.post   ? std::vector<int>{}
+                                                       : q.sched.select(in);
             unmasked.clear();
             for (int j : chosen) {
                 const int32_t pos = q.cand[j];
@@ -523,13 +576,13 @@ int generate_stream(const Model & base, const BatchFeed & feed, const StepCallba
             if (on_step) {
                 StepEvent ev{q.index, q.step, q.b, q.n_blocks, q.out.steps_allowed, q.n_prompt,
                              q.block_start(), q.block_end(), n_scheduled, &q.x, &q.mask, &unmasked, &entropy, &confidence,
-                             &q.active, &cached, forward_ms, sample_ms, total_ms, &experts};
+                             &q.active, &cached, forward_ms, sample_ms, total_ms, &experts, &edited};
                 if (!on_step(ev)) {
                     q.out.stop_reason = "cancelled";
                     q.done = true;
                 }
             }
-            q.advance();
+            q.advance(edited.size());
         }
     }
 

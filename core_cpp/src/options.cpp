@@ -97,6 +97,13 @@ const std::vector<OptionInfo> & generate_options() {
          "when end-of-text ends the run early: none; all_eos = a finished block that is all end-of-text; holds_eos = a "
          "finished block holding one (dInfer); prefix = as soon as everything before an end-of-text is decided",
          ENUM_FIELD(eos_stop, EosStopChoice)},
+        {"editing_threshold", OptionKind::Float, 0, 1, false, false,
+         "block-diffusion models (LLaDA2.1's token-to-token editing): each step also replaces a committed answer "
+         "token of the current block by x0 when x0 differs and is more than this likely; 1 = off",
+         NUM_FIELD(editing_threshold, float)},
+        {"max_post_steps", OptionKind::Int, 0, BIG, false, false,
+         "with editing on: passes over a block after its last mask is committed, ending at the first that edits "
+         "nothing; 0 = none", NUM_FIELD(max_post_steps, int)},
         {"temperature", OptionKind::Float, 0, 100, false, false, "sampling temperature; 0 = greedy",
          NUM_FIELD(temperature, float)},
         {"top_k", OptionKind::Int, 0, 1 << 24, false, false, "keep the k most likely tokens; 0 = off",

@@ -170,6 +170,13 @@ std::vector<std::string> scheduler_names() {
     return out;
 }
 
+std::vector<int> select_edits(const RowStats * stats, const std::vector<int32_t> & tokens, float tau) {
+    std::vector<int> out;
+    for (size_t j = 0; j < tokens.size(); ++j)
+        if (stats[j].x0 != tokens[j] && confidence(stats[j]) > tau) out.push_back((int) j);
+    return out;
+}
+
 std::vector<int> llada_transfer_counts(int n_mask, int steps) {
     std::vector<int> counts(steps, n_mask / steps);
     for (int i = 0; i < n_mask % steps; ++i) ++counts[i];

@@ -41,6 +41,11 @@ const SchedulerInfo & scheduler_info(Scheduler s);
 const SchedulerInfo & scheduler_by_name(const std::string & name);   // throws diffuse::Error
 std::vector<std::string> scheduler_names();
 
+// LLaDA2.1's token-to-token editing: of a block's committed answer positions (tokens[j] the token
+// at the j-th, stats[j] its row), those whose x0 differs from it and whose confidence (the block
+// rules': the probability of x0) is above tau. Returns indices j, ascending.
+std::vector<int> select_edits(const RowStats * stats, const std::vector<int32_t> & tokens, float tau);
+
 // LLaDA: n_mask positions over `steps` steps, evenly, remainder to the first steps.
 std::vector<int> llada_transfer_counts(int n_mask, int steps);
 

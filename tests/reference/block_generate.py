@@ -20,6 +20,19 @@ window 0..b1-1 every step (no prefill or store passes: caching finished blocks i
 are the same); a block ends when it has no masks; generation stops after a block whose answer holds
 eos_id, and the answer is cut after its first eos_id.
 
+`llada21_generate`: LLaDA2.1's `generate` (the HF remote modeling_llada2_moe.py of
+inclusionAI/LLaDA2.1-mini; read in copies of it, the same loop as SGLang's JointThreshold in
+python/sglang/srt/dllm/algorithm/joint_threshold.py). LLaDA2's loop, every pass recomputing the
+window 0..b1-1, with token-to-token editing; `steps` is computed there but never read. A pass over
+block [b0, b1): x0 and its probability for every row; mask to token: every masked position above
+`threshold` when there are at least num_to_transfer (1) of them, else the num_to_transfer most
+confident; token to token: every position of the block that was neither masked at the pass's
+start nor prompt, whose x0 differs from its token and is more than `editing_threshold` likely.
+Both apply at once. Once the block has no masks, each pass counts as a post step: the block ends
+before a pass that would be post step max_post_steps + 1, or after a post step that edits
+nothing. eos_early_stop: generation stops after a block when the answer so far has no masks and
+holds eos_id; the answer is cut after its first eos_id.
+
 `fast_dllm_v2_generate`: Fast-dLLM v2's `generate` (its Hugging Face modeling.py, batch 1,
 use_block_cache=False), described on the function.
 
@@ -45,6 +58,10 @@ Our deliberate differences from the official code:
 - Fast-dLLM v2: a prompt of exactly one block is prefilled like a longer one (the official code
   prefills only when len(prompt) > block_size, so a one-block prompt is never seen by the model and
   the answer starts at position 0).
+- LLaDA2.1: mask to token is the dynamic rule with a floor of 1 (num_to_transfer), which is ours
+  with a scheduled count of 1 (steps = block_length). With editing off (editing_threshold 1: no
+  probability is above it) the official loop still runs one post step per block that cannot
+  change a token; we skip it. The 2.1 official answer is cut after its first eos_id too.
 - Ties between equal confidences go to the lower position (torch.topk leaves the order open).
 - The mask token is never x0 (its logit is dropped before the softmax): committing it would leave
   the position masked (the official code would count it as decided).
@@ -67,6 +84,7 @@ RULES = ("low_confidence_static", "low_confidence_dynamic", "entropy_bounded", "
 class Run:
     tokens: list[int]                                   # the answer (positions from len(prompt) on)
     passes: list[tuple[str, list[tuple[int, int]]]] = field(default_factory=list)
+    edits: list[list[tuple[int, int]]] = field(default_factory=list)   # LLaDA2.1: per pass, (position, token)
 
     @property
     def forwards(self) -> int:
@@ -208,6 +226,46 @@ def llada2_generate(model, prompt: list[int], mask_id: int, eos_id: int, gen_len
             run.passes.append(("denoise", commits))
         end = b1
         if eos_id in x[n:b1]:
+            break
+    answer = x[n:min(end, n + gen_length)]
+    run.tokens = answer[:answer.index(eos_id) + 1] if eos_id in answer else answer
+    return run
+
+
+def llada21_generate(model, prompt: list[int], mask_id: int, eos_id: int, gen_length: int, block_length: int = 32,
+                     threshold: float = 0.95, editing_threshold: float = 0.9, max_post_steps: int = 16) -> Run:
+    """LLaDA2.1's generate at temperature 0, eos_early_stop on (see the module docstring).
+    `passes` holds each pass's mask-to-token commits, `edits` its token-to-token edits."""
+    n, B = len(prompt), block_length
+    n_blocks = -(-(n + gen_length) // B)
+    x = list(prompt) + [mask_id] * (n_blocks * B - n)
+    run = Run(tokens=[])
+    end = n
+    for b0 in range(n // B * B, n_blocks * B, B):
+        b1 = b0 + B
+        post_steps = 0
+        while True:
+            masked = np.array([t == mask_id for t in x[b0:b1]])
+            if not masked.any():
+                post_steps += 1
+                if post_steps > max_post_steps or editing_threshold >= 1:
+                    break
+            logits = model.logits(x, b0, b1).copy()
+            logits[:, mask_id] = -np.inf
+            x0 = logits.argmax(-1)
+            p = _probs(logits)[np.arange(B), x0]
+            rows = choose("low_confidence_dynamic", logits, masked, 1, threshold, 0.0) if masked.any() else []
+            commits = [(b0 + int(r), int(x0[r])) for r in sorted(rows)]
+            editable = [r for r in range(B) if not masked[r] and b0 + r >= n]
+            edits = [(b0 + r, int(x0[r])) for r in editable if x0[r] != x[b0 + r] and p[r] > editing_threshold]
+            for pos, tok in commits + edits:
+                x[pos] = tok
+            run.passes.append(("denoise", commits))
+            run.edits.append(edits)
+            if not masked.any() and not edits:
+                break
+        end = b1
+        if mask_id not in x[n:b1] and eos_id in x[n:b1]:
             break
     answer = x[n:min(end, n + gen_length)]
     run.tokens = answer[:answer.index(eos_id) + 1] if eos_id in answer else answer

@@ -39,8 +39,9 @@ def test_options_are_remembered(qtbot):
               "threshold": 0.8, "cache": False, "keep_active": 2, "refresh_every": 16,
               "temperature": 0.7, "top_k": 40, "top_p": 0.9, "alg_temp": 0.5, "cfg_scale": 1.5,
               "eps": 0.0001, "seed": 42, "threads": 1, "chat": False,
-              "confidence_threshold": 0.85, "entropy_budget": 0.5, "sub_block_length": 4, "factor": 2.0,
-              "carry_first": True, "cache_policy": "dual", "suffix_window": 8, "eos_stop": "holds_eos"}
+              "confidence_threshold": 0.85, "entropy_budget": 0.5, "sub_block_length": 4, "factor": 0.5,
+              "carry_first": True, "cache_policy": "prefix", "suffix_window": 8, "eos_stop": "holds_eos",
+              "editing_threshold": 0.5, "max_post_steps": 4}
     panel.set_options(wanted)
     panel.save()
     again = SettingsPanel()

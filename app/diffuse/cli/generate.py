@@ -17,7 +17,8 @@ import numpy as np
 from diffuse import DiffuseError, load, physical_cores
 from diffuse.cli import check_input, check_output
 from diffuse.events import GenerateResult, StepEvent
-from diffuse.generation import OPTIONS, default_options, resolve_options, schedule_check, whole_blocks
+from diffuse.generation import (OPTIONS, PRESETS, default_options, preset, resolve_options, schedule_check,
+                                 whole_blocks)
 from diffuse.gguf_file import FAMILIES
 from diffuse.recording import Recording
 
@@ -62,6 +63,11 @@ def add_generation_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = (
     default (its file's recipe, else the family's)."""
     g = p.add_argument_group("generation (defaults: the model file's recipe, see diffuse recipe MODEL, "
                              "else the family's)")
+    modes = "; ".join(f"{name}: " + ", ".join(f"{k} {_shown(v)}" for k, v in opts.items())
+                      for name, opts in PRESETS.items())
+    g.add_argument("--preset", choices=list(PRESETS),
+                   help=f"a published decoding mode over the model's defaults; the flags below override it "
+                        f"({modes})".replace("%", "%%"))
     for o in OPTIONS:
         if o["name"] in skip:
             continue
@@ -84,8 +90,11 @@ def add_threads_option(p: argparse.ArgumentParser) -> None:
 
 
 def generation_options(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict:
-    """The options as given on the command line; None leaves one to the model's default."""
-    return {o["name"]: getattr(args, o["name"]) for o in OPTIONS if o["name"] not in skip}
+    """The options as given on the command line (--preset's under the flags given); None leaves
+    one to the model's default."""
+    base = preset(args.preset) if args.preset else {}
+    return {o["name"]: v if (v := getattr(args, o["name"])) is not None else base.get(o["name"])
+            for o in OPTIONS if o["name"] not in skip}
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -141,7 +150,8 @@ class LiveView:
             lines = [clip(compact_status(ev), width)]
         else:
             status = (f"step {ev.step + 1}/{ev.steps_allowed}  block {ev.block + 1}/{ev.n_blocks}  "
-                      f"+{len(ev.unmasked)}  masked {int(ev.gen_mask.sum())}  "
+                      f"+{len(ev.unmasked)}  {f'edited {len(ev.edited)}  ' if len(ev.edited) else ''}"
+                      f"masked {int(ev.gen_mask.sum())}  "
                       f"active {len(ev.active)}/{len(ev.tokens)}  {ev.total_ms:.0f} ms")
             body = self.wrapped(ev, width)
             hidden = max(0, len(body) - (rows - 1))

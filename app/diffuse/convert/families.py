@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from diffuse._core import DiffuseError
+from diffuse.generation import PRESETS
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class Family:
     sub_block_size: int = 0              # Fast-dLLM v2 decodes a block in sub-blocks of this size
     # The decoding its authors publish, as generation options (written as diffuse.recipe.<name>).
     recipe: dict[str, object] | None = None
+    # ... when the checkpoint's own modeling code edits tokens (LLaDA2.1; see authors_recipe).
+    editing_recipe: dict[str, object] | None = None
     # Layers below n_layer_dense (config_keys) take dense_tensors; the others moe_tensors and experts.
     dense_tensors: dict[str, str] | None = None
     moe_tensors: dict[str, str] | None = None
@@ -258,6 +261,8 @@ LLADA2 = Family(
     # generate()'s defaults: block 32, 32 steps, threshold 0.95 (the dynamic rule), greedy.
     recipe={"block_length": 32, "steps": 32, "scheduler": "low_confidence_dynamic", "confidence_threshold": 0.95,
             "temperature": 0.0},
+    # LLaDA2.1: its card's quality mode (threshold 0.7, editing_threshold 0.5, max_post_steps 16).
+    editing_recipe=PRESETS["llada2.1-quality"],
 )
 
 FAMILIES = {f.hf_architecture: f for f in (LLADA, DREAM, LLADA_MOE, SDAR, FAST_DLLM_V2, LLADA2)}
@@ -341,6 +346,23 @@ def read_json_object(path: Path) -> dict:
     if not isinstance(data, dict):
         raise DiffuseError(f"{path}: not a JSON object")
     return data
+
+
+def authors_recipe(family: Family, hf_dir: Path, config: dict) -> dict:
+    """The decoding the authors publish for this checkpoint. No key of LLaDA2.1's config.json tells it
+    from LLaDA2.0 (same class, model_type and architecture keys); what tells them apart is the remote code the checkpoint ships (config's
+    auto_map): 2.1's generate() takes editing_threshold, 2.0's does not. Without that file a
+    checkpoint gets the family's recipe."""
+    recipe = dict(family.recipe or {})
+    if family.editing_recipe is None:
+        return recipe
+    auto_map = config.get("auto_map")
+    target = auto_map.get("AutoModelForCausalLM") if isinstance(auto_map, dict) else None
+    module = target.rsplit(".", 1)[0] if isinstance(target, str) and "." in target else ""
+    path = hf_dir / f"{module}.py"
+    if module.isidentifier() and path.is_file() and "editing_threshold" in read_text(path):
+        recipe |= family.editing_recipe
+    return recipe
 
 
 def read_config(hf_dir: Path) -> tuple[Family, HParams, dict]:

@@ -16,7 +16,7 @@ from gguf.quants import quantize as gguf_quantize
 
 from diffuse import _core, gguf_file, recipe as recipes
 from diffuse._core import DiffuseError
-from diffuse.convert.families import Family, HParams, expected_shapes, qk_row_order, read_config
+from diffuse.convert.families import Family, HParams, authors_recipe, expected_shapes, qk_row_order, read_config
 from diffuse.convert.safetensors_reader import Checkpoint
 from diffuse.convert.vocab import Vocab, read_vocab
 
@@ -61,8 +61,9 @@ def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None
     hf_dir, out_path = Path(hf_dir), Path(out_path)
     gguf_file.refuse_overwrite(out_path, [hf_dir, *_files_under(hf_dir)])
     family, hp, config = read_config(hf_dir)
-    # The authors' decoding (the family's table), overridden by the user's --recipe.
-    recipe = recipes.check({**(family.recipe or {}), **(recipe or {})}, gguf_file.ARCH_FAMILIES[family.arch], hp.n_ctx)
+    # The authors' decoding (the family's table; LLaDA2.1's editing), overridden by the user's --recipe.
+    recipe = recipes.check({**authors_recipe(family, hf_dir, config), **(recipe or {})},
+                           gguf_file.ARCH_FAMILIES[family.arch], hp.n_ctx)
     ckpt = Checkpoint(hf_dir)
     tensors, n_vocab = _plan(family, hp, ckpt, hf_dir, outtype)
     vocab = read_vocab(hf_dir, family, config, n_vocab)

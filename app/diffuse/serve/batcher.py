@@ -31,8 +31,9 @@ logger = logging.getLogger("diffuse.serve")
 class AnswerText:
     """The final part of one answer as the steps decide it.
 
-    A committed token never changes, so the decided prefix of the buffer (up to the first masked
-    position, end-of-text or max_tokens) is final. Text that could still turn out to be the start
+    A committed token never changes (with editing, LLaDA2.1's, once its block is finished), so the
+    decided prefix of the buffer (up to the first masked position, end-of-text or max_tokens) is
+    final. Text that could still turn out to be the start
     of a stop string (the longest end of the text that begins one), or half of a multi-byte
     character, is held back until the next tokens settle.
     """
@@ -139,7 +140,10 @@ class Job:
         if self.request.diffusion_events:
             self._put("step", index, protocol.step_event(index, ev))
         answer = self.answers[index]
-        if new := answer.update(ev.gen_tokens, ev.gen_mask):
+        settled = ~ev.gen_mask
+        if self.request.options["editing_threshold"] < 1:     # editing may still change the current block
+            settled[max(ev.block_start - ev.prompt_length, 0):] = False
+        if new := answer.update(ev.gen_tokens, ~settled):
             self._put("text", index, new)
         return answer.finish_reason is None
 

@@ -2,7 +2,8 @@
 
 OpenAI's parameters map to the engine's options (`max_tokens` -> the answer's length, `temperature`,
 `top_p`, `seed`); every other engine option (diffuse.generation.OPTIONS, except `gen_length`) is
-accepted as an extra body field under its own name and checked by the engine's own validation.
+accepted as an extra body field under its own name and checked by the engine's own validation;
+`preset` names a published decoding mode (diffuse.generation.PRESETS) under the fields given.
 """
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from diffuse import DiffuseError
-from diffuse.generation import OPTION_NAMES, default_options, resolve_options
+from diffuse.generation import OPTION_NAMES, default_options, preset, resolve_options
 
 # Engine options a body may carry by name; the answer's length comes from max_tokens.
 ENGINE_FIELDS = tuple(name for name in OPTION_NAMES if name != "gen_length")
-COMMON_FIELDS = ("model", "max_tokens", "stop", "n", "stream", "stream_options", "user", "diffusion_events")
+COMMON_FIELDS = ("model", "max_tokens", "stop", "n", "stream", "stream_options", "user", "diffusion_events",
+                 "preset")
 FIELDS = {
     "chat": frozenset(COMMON_FIELDS + ENGINE_FIELDS + ("messages", "max_completion_tokens")),
     "completion": frozenset(COMMON_FIELDS + ENGINE_FIELDS + ("prompt",)),
@@ -113,6 +115,13 @@ def parse(raw: bytes, kind: str, model, max_batch: int) -> Request:
     prompts = _chat_prompt(body, model) if kind == "chat" else _completion_prompts(body, model, n, max_batch)
 
     given = {name: body[name] for name in ENGINE_FIELDS if name in body}
+    if "preset" in body:
+        if not isinstance(body["preset"], str):
+            raise BadRequest("preset must be a string", param="preset")
+        try:
+            given = {k: v for k, v in preset(body["preset"]).items() if k in ENGINE_FIELDS} | given
+        except DiffuseError as e:
+            raise BadRequest(str(e), param="preset") from None
     for name, value in given.items():      # one at a time, so the error names its parameter
         try:
             resolve_options(model.arch, **{name: value})
@@ -318,6 +327,7 @@ def step_event(index: int, ev) -> dict:
     entropy = [None if math.isnan(x) else round(x, 4) for x in ev.entropy[p:].tolist()]
     return {"index": index, "step": ev.step, "block": ev.block, "n_blocks": ev.n_blocks,
             "steps_allowed": ev.steps_allowed, "tokens": ev.gen_tokens.tolist(), "mask": ev.gen_mask.tolist(),
-            "unmasked": [int(i) - p for i in ev.unmasked], "entropy": entropy, "active": len(ev.active),
+            "unmasked": [int(i) - p for i in ev.unmasked], "edited": [int(i) - p for i in ev.edited],
+            "entropy": entropy, "active": len(ev.active),
             "cached": len(ev.cached), "forward_ms": round(ev.forward_ms, 3), "sample_ms": round(ev.sample_ms, 3),
             "total_ms": round(ev.total_ms, 3)}

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (QButtonGroup, QHBoxLayout, QLabel, QScrollArea, Q
                                QToolButton, QToolTip, QVBoxLayout, QWidget)
 
 from diffuse.studio import storage, theme
-from diffuse.studio.run_state import FIT_PERCENTILES, TAU_MARK, RunState
+from diffuse.studio.run_state import EDIT_MARK, FIT_PERCENTILES, TAU_MARK, RunState
 
 MODES = ("entropy", "confidence")
 FLASH_MS = 450       # cells committed at the shown step flash, fading over this time
@@ -188,7 +188,8 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
     """Draw the canvas of `run` at `step` with `layout`'s geometry (background not included);
     with `clip`, only the rows that reach into it; colours over `scale` (default: absolute);
     `flash` (0..1) lights the cells committed at `step`. Cells a threshold committed past the
-    rule's floor (RunState.by_threshold) carry a corner mark."""
+    rule's floor (RunState.by_threshold) carry a corner mark; cells whose token editing replaced
+    carry one in theme.EDITED, and a ring of it at the step of the edit."""
     if not run.events:
         return
     event = run.events[step]
@@ -199,6 +200,8 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
     colors = (scale or color_scale(run, mode)).colors(run.cell_values(step, mode))
     by_tau = (run.by_threshold & (run.decided_step >= 0) & (run.decided_step <= event.step)).tolist()
     fresh = set((np.asarray(event.unmasked) - pl).tolist())
+    edited = run.edits_until(step)
+    edited_now = set((np.asarray(event.edited) - pl).tolist())
     block_lo, block_hi = event.block_start - pl, event.block_end - pl
     block_len = max(1, block_hi - block_lo)
     blocks = event.n_blocks > 1      # one block (Dream's default): no block marks at all
@@ -208,6 +211,7 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
     mask_pix = _masked_cell(layout.cell_w, layout.cell_h)
     text_w = layout.cell_w - 6
     ring, diff_pen = QPen(theme.HIGHLIGHT, 2.2), QPen(theme.DIFF, 2.0, Qt.PenStyle.DashLine)
+    edit_ring = QPen(theme.EDITED, 2.6)
     glow = QColor(theme.HIGHLIGHT)
     glow.setAlphaF(0.55 * flash)
     p.setRenderHint(QPainter.RenderHint.Antialiasing, True)
@@ -243,8 +247,10 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
             p.drawText(r, Qt.AlignmentFlag.AlignCenter, text)
             if by_tau[i]:
                 paint_tau_mark(p, r)
-        if i in fresh:
-            p.setPen(ring)
+            if i in edited:
+                paint_edit_mark(p, r)
+        if i in fresh or i in edited_now:
+            p.setPen(edit_ring if i in edited_now else ring)
             p.setBrush(glow if flash > 0 else Qt.BrushStyle.NoBrush)
             p.drawRoundedRect(r.adjusted(-1.5, -1.5, 1.5, 1.5), RADIUS + 1, RADIUS + 1)
         if diff is not None and i < diff.shape[0] and diff[i]:
@@ -270,6 +276,15 @@ def paint_tau_mark(p: QPainter, r: QRectF, size: float = 7.0) -> None:
                         QPointF(r.right(), r.top() + size)])
     p.setPen(QPen(theme.BG, 1.0))
     p.setBrush(theme.HIGHLIGHT)
+    p.drawPolygon(corner)
+
+
+def paint_edit_mark(p: QPainter, r: QRectF, size: float = 8.0) -> None:
+    """The mark of a token editing replaced: a violet corner at the bottom left, outlined."""
+    corner = QPolygonF([QPointF(r.left(), r.bottom() - size), QPointF(r.left(), r.bottom()),
+                        QPointF(r.left() + size, r.bottom())])
+    p.setPen(QPen(theme.BG, 1.0))
+    p.setBrush(theme.EDITED)
     p.drawPolygon(corner)
 
 
@@ -320,6 +335,9 @@ def tooltip_html(run: RunState, step: int, i: int) -> str:
         lines.append(f"will be decided at step {decided + 1}")
     else:
         lines.append("not decided")
+    for k, old in run.edits_until(step).get(i, []):      # counted from 1, like the header's "step k/n"
+        lines.append(f"<span style='color:{theme.EDITED.name()}'>{EDIT_MARK}</span> edited at step "
+                     f"{run.events[k].step + 1} (was {html.escape(repr(run.piece(old)))})")
     return "<br>".join(lines)
 
 

@@ -23,7 +23,7 @@ from diffuse.recording import write_atomic
 from diffuse.studio import theme
 from diffuse.studio.canvas import (CellLayout, ColorScale, color_scale, paint_cells, paint_legend,
                                    scale_name)
-from diffuse.studio.run_state import TAU_MARK, RunState, options_text
+from diffuse.studio.run_state import EDIT_MARK, TAU_MARK, RunState, options_text
 
 try:
     from PIL import Image
@@ -61,6 +61,8 @@ def header_lines(run: RunState) -> list[str]:
     if run.rule is not None:       # the canvas's mark of tau's commits
         lines.append(f"{TAU_MARK} white corner: committed by τ ({run.rule.condition()}), past "
                      f"what the rule commits anyway")
+    if run.edits:                  # the canvas's mark of editing's replacements
+        lines.append(f"{EDIT_MARK} violet corner: a token editing replaced ({len(run.edits)} edits)")
     return lines
 
 

@@ -9,7 +9,8 @@ step they were committed, those a threshold added past the rule's floor in white
 most certain and the median still-masked position after the step, and the rule's tau; a budget
 rule (entropy_bounded) also plots each step's sum of committed entropies less the largest
 against its budget. Right: the commits of each step, split into the rule's floor (the schedule's
-count, or its one position) and tau's extras. Items are made once per run and fed with setData.
+count, or its one position) and tau's extras, then the tokens editing replaced (LLaDA2.1), which
+the image also marks where they happened. Items are made once per run and fed with setData.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from PySide6.QtCore import Qt, Signal
 
 from diffuse.studio import theme
 from diffuse.studio.canvas import color_scale, scale_name
-from diffuse.studio.run_state import TAU_MARK, RunState
+from diffuse.studio.run_state import EDIT_MARK, TAU_MARK, RunState
 
 SIDE_WIDTH, COUNTS_WIDTH = 220, 110
 
@@ -49,6 +50,9 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         self.step_line = pg.InfiniteLine(angle=0, pen=pg.mkPen(theme.ACCENT, width=1.5))
         self.plot.addItem(self.step_line)
         self.block_lines: list[pg.InfiniteLine] = []
+        self.edit_marks = pg.ScatterPlotItem(size=7, pen=pg.mkPen(theme.EDITED, width=1.5),
+                                             brush=None, symbol="x")    # (position, step) of each edit
+        self.plot.addItem(self.edit_marks)
 
         self.side = self._step_plot(col=1, width=SIDE_WIDTH)
         self.committed = pg.ScatterPlotItem(size=5, pen=None, brush=pg.mkBrush(theme.MUTED))
@@ -71,8 +75,11 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
                                           brush=pg.mkBrush(theme.MUTED), pen=None)
         self.tau_bars = pg.BarGraphItem(x0=[], y=[], width=[], height=0.8,
                                         brush=pg.mkBrush(theme.HIGHLIGHT), pen=None)
+        self.edit_bars = pg.BarGraphItem(x0=[], y=[], width=[], height=0.8,
+                                         brush=pg.mkBrush(theme.EDITED), pen=None)
         self.counts.addItem(self.floor_bars)
         self.counts.addItem(self.tau_bars)
+        self.counts.addItem(self.edit_bars)
         for col, stretch in enumerate((4, 2, 1)):      # a narrow view narrows the image least
             self.ci.layout.setColumnStretchFactor(col, stretch)
         self.empty = theme.EmptyState(self.plot, also=(self.bar, self.side, self.counts))
@@ -114,6 +121,8 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         else:
             counts = [("schedule" if rule.floor == "schedule" else "min 1", theme.MUTED),
                       ("τ", theme.HIGHLIGHT)]
+        if run is not None and run.edits:
+            counts.append((f"edits {EDIT_MARK}", theme.EDITED))
         self.counts.setTitle(theme.legend_html(counts), size="8pt")
 
     def set_run(self, run: RunState | None) -> None:
@@ -123,7 +132,7 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
             self.plot.removeItem(line)
         self.block_lines = []
         rule = run.rule if run is not None and run.events else None
-        self._titles(run if rule is not None else None)
+        self._titles(run if run is not None and run.events else None)
         self.tau_line.setVisible(rule is not None)
         self.bar_tau.setVisible(rule is not None and rule.quantity == "entropy" and not rule.budget)
         if rule is not None:
@@ -135,10 +144,10 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
             self.image.clear()
             for curve in (self.min_curve, self.median_curve, self.budget_curve):
                 curve.setData([], [])
-            for item in (self.committed, self.by_tau):
+            for item in (self.committed, self.by_tau, self.edit_marks):
                 item.setData([], [])
-            self.floor_bars.setOpts(x0=[], y=[], width=[])
-            self.tau_bars.setOpts(x0=[], y=[], width=[])
+            for bars in (self.floor_bars, self.tau_bars, self.edit_bars):
+                bars.setOpts(x0=[], y=[], width=[])
             self.step_line.setVisible(False)
             self.empty.show(True)
             return
@@ -199,10 +208,16 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         extra = np.nan_to_num(run.n_extra[:n])
         self.floor_bars.setOpts(x0=np.zeros(n), y=steps, width=total - extra)
         self.tau_bars.setOpts(x0=total - extra, y=steps, width=extra)
-        hi = max(float(total.max()), 1.0)
+        edited = run.n_edited[:n]
+        self.edit_bars.setOpts(x0=total, y=steps, width=edited)
+        hi = max(float((total + edited).max()), 1.0)
         self.counts.setXRange(0, hi, padding=0.05)
         whole = max(1, int(np.ceil(hi / 3)))            # commits are counts: whole ticks, three at most
         self.counts.getAxis("bottom").setTickSpacing(whole, whole)
+        if len(run.edits) != len(self.edit_marks.data):      # new edits (a run only adds them)
+            self._titles(run)
+            k, g = (np.array([e[i] for e in run.edits], float) for i in (0, 1))
+            self.edit_marks.setData(g + 0.5, k + 0.5)
 
     def _clicked(self, ev) -> None:
         if self.run is None or not self.run.events:

@@ -18,6 +18,7 @@ from diffuse.studio.rules import ThresholdRule, threshold_extras, threshold_rule
 
 MASK_GLYPH = "░"
 TAU_MARK = "◥"      # the corner mark of a threshold's commit on the canvas, as legends name it
+EDIT_MARK = "◣"     # the corner mark of a token replaced by editing (LLaDA2.1), as legends name it
 FIT_PERCENTILES = (5, 95)     # a fitted colour scale spends most colours on these percentiles
 
 
@@ -92,7 +93,7 @@ class RunState:
         """How many positions the step committed; under a threshold rule, how many the rule
         commits anyway (the schedule's count, or its one position) and how many tau added."""
         n, rule = len(self.events[step].unmasked), self.rule
-        said = f"{n} decided"
+        said = f"{n} decided" + (f", {self.n_edited[step]:.0f} edited {EDIT_MARK}" if self.n_edited[step] else "")
         if rule is None:
             return said
         if np.isnan(self.n_extra[step]):      # a recording without the schedule's count
@@ -138,6 +139,9 @@ class RunState:
         # is (the schedule's count, or its one position) and those tau added; NaN: not known
         self.rule = threshold_rule(self.options, self.recording.model.get("arch"))
         self.n_committed = np.zeros(s)
+        self.n_edited = np.zeros(s)             # tokens replaced by editing at each step
+        # Editing: (step index, generated position, the token it replaced), in step order
+        self.edits: list[tuple[int, int, int]] = []
         self.n_floor = np.full(s, np.nan)
         self.n_extra = np.full(s, np.nan)
         self.n_passed = np.full(s, np.nan)      # commits whose own value passes tau
@@ -152,7 +156,7 @@ class RunState:
         for name in ("entropy", "confidence", "latest_entropy", "latest_confidence", "cache",
                      "active_fraction", "step_ms", "forward_ms", "sample_ms", "masked_min",
                      "masked_median", "masked_max_confidence", "masked_median_confidence",
-                     "n_committed", "n_floor", "n_extra", "n_passed", "budget_used"):
+                     "n_committed", "n_edited", "n_floor", "n_extra", "n_passed", "budget_used"):
             a = getattr(self, name)
             pad = np.full_like(a, np.nan if a.dtype.kind == "f" else 0)
             setattr(self, name, np.concatenate([a, pad]))
@@ -192,6 +196,11 @@ class RunState:
             self.masked_max_confidence[k], self.masked_median_confidence[k] = still.max(), np.median(still)
         if self.rule is not None:
             self._split_commits(k, event, idx)
+        edited = np.asarray(event.edited, np.int64) - p
+        if edited.size and k:      # what they were: the previous step's tokens (step 0 has none to edit)
+            before = self.events[-2].gen_tokens[edited]
+            self.edits += [(k, int(g), int(t)) for g, t in zip(edited, before)]
+            self.n_edited[k] = edited.size
         self.n_steps += 1
         self._fitted = {}
 
@@ -217,6 +226,15 @@ class RunState:
     def clamp(self, step: int) -> int:
         """A valid step index; -1 (or anything past the end) means the latest."""
         return self.n_steps - 1 if step < 0 or step >= self.n_steps else step
+
+    def edits_until(self, step: int) -> dict[int, list[tuple[int, int]]]:
+        """Generated position -> [(step index, the token it replaced)] of the edits up to `step`."""
+        out: dict[int, list[tuple[int, int]]] = {}
+        for k, g, old in self.edits:
+            if k > step:
+                break
+            out.setdefault(g, []).append((k, old))
+        return out
 
     def cell_values(self, step: int, mode: str) -> np.ndarray:
         """float32 (G,): per position, the value its cell shows at `step` (mode: entropy|confidence).

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (QAbstractSpinBox, QCheckBox, QComboBox, QDoubleSp
                                QGroupBox, QLabel, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from diffuse import DiffuseError, physical_cores
+from diffuse.generation import PRESET_TITLES, PRESETS as GENERATION_PRESETS
 from diffuse.generation import (OPTION_NAMES, OPTIONS, default_options, option, resolve_options,
                                  schedule_check)
 from diffuse.gguf_file import FAMILIES
@@ -60,6 +61,8 @@ PRESETS = {
     "The paper: entropy exit + inter-step cache": {"scheduler": "entropy_exit", "cache": True,
                                                    "cache_policy": "active"},
 }
+# The decoding modes models publish (diffuse.generation.PRESETS, the CLI's --preset), by title.
+MODEL_PRESETS = {PRESET_TITLES[name]: opts for name, opts in GENERATION_PRESETS.items()}
 
 
 def options_summary(opts: dict) -> str:
@@ -89,6 +92,8 @@ PLACES = {
     "entropy_budget": Place(SCHEDULE, "Entropy budget", 0.05, suffix=" nats"),
     "carry_first": Place(SCHEDULE, "A block's first position first"),
     "eos_stop": Place(SCHEDULE, "End-of-text stop"),
+    "editing_threshold": Place(SCHEDULE, "Editing tau", 0.05),
+    "max_post_steps": Place(SCHEDULE, "Post steps"),
     "eps": Place(SCHEDULE, "Eps", 0.001, decimals=5),
     "cache": Place(CACHE, "Reuse settled positions' K/V"),
     "keep_active": Place(CACHE, "Keep active"),
@@ -239,7 +244,7 @@ class SettingsPanel(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         self.preset = theme.ElidedComboBox()
         self.preset.addItem("Method presets…", None)
-        for name, opts in PRESETS.items():
+        for name, opts in (PRESETS | MODEL_PRESETS).items():
             self.preset.addItem(name, name)
             self.preset.setItemData(self.preset.count() - 1, options_summary(opts), Qt.ItemDataRole.ToolTipRole)
         self.preset.setToolTip("set the fields to a published decoding method over the model's defaults")
@@ -307,7 +312,7 @@ class SettingsPanel(QWidget):
         if name is None:
             return
         self.reset()
-        self.set_options(PRESETS[name])
+        self.set_options((PRESETS | MODEL_PRESETS)[name])
         self._changed()
 
     def reset(self) -> None:
@@ -398,6 +403,7 @@ class SettingsPanel(QWidget):
         f["entropy_budget"].setEnabled(scheduler in (None, "entropy_bounded"))
         for key in ("keep_active", "refresh_every", "cache_policy"):
             f[key].setEnabled(f["cache"].isChecked())
+        f["max_post_steps"].setEnabled(_value(f["editing_threshold"]) != 1)    # 1: editing off
 
     def _update_schedule_line(self) -> None:
         rounded, refused = schedule_check(self.options(), self.arch or FAMILIES[0], self.n_ctx, self.recipe)

@@ -30,6 +30,7 @@ MUTED = QColor("#8a90a2")
 ACCENT = QColor("#5ad1c8")        # teal: the current block, live progress
 HIGHLIGHT = QColor("#ffffff")     # ring around positions unmasked this step
 DIFF = QColor("#ff5c7a")          # compare mode: positions where two runs differ
+EDITED = QColor("#c084fc")        # violet: a committed token editing replaced (LLaDA2.1)
 MASKED = QColor("#232733")
 MASK_HATCH = QColor("#363b4a")
 ACTIVE = QColor("#f2a541")        # cache view: recomputed this step
