@@ -235,10 +235,10 @@ def test_fast_decoding_table(tmp_path, capsys):
     for r in result["quality"]:
         assert r["nfe"] > 0 and 0.0 <= r["agreement"] <= 1.0
     assert set(result["heldout_masked_accuracy"]) == {"0.25", "0.5", "0.75"}
-    threshold = next(r for r in result["quality"] if r["method"] == "threshold 0.9")
+    threshold = next(r for r in result["quality"] if r["method"] == "fast-dllm-threshold")
     assert threshold["nfe"] <= base["nfe"]
     speed = {r["method"]: r for r in result["speed"]}
-    assert speed["DualCache"]["rows_per_step"] < speed["PrefixCache"]["rows_per_step"]
-    assert speed["suffix window 8"]["rows_per_step"] < speed["baseline"]["rows_per_step"]
+    assert speed["fast-dllm-dual-cache"]["rows_per_step"] < speed["fast-dllm-prefix-cache"]["rows_per_step"]
+    assert speed["dpad-window-8"]["rows_per_step"] < speed["baseline"]["rows_per_step"]
     assert "agrees with baseline" in capsys.readouterr().out and "CPU ms/step" in (tmp_path / "f.md").read_text()
     assert main(["bench", "fast", str(demo), "--data", str(tmp_path / "none")]) == 1

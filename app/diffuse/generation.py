@@ -21,18 +21,38 @@ OPTION_NAMES: tuple[str, ...] = tuple(o["name"] for o in OPTIONS)
 BLOCK_FAMILIES = ("sdar", "fast-dllm-v2")
 
 
-# Named decoding modes a model's authors publish, as options over the model's defaults: the CLI's
-# --preset, a server request's "preset", the Studio's presets menu. LLaDA2.1's card names a speed
+# Named decoding modes, as options over the model's defaults: the CLI's --preset, a server request's
+# "preset", the Studio's presets menu, `diffuse bench fast`. The published fast-decoding methods
+# (Fast-dLLM's rules and caches, DPad's suffix window, dInfer's end-of-text stop, the paper's
+# entropy exit), and the modes a model's authors publish. LLaDA2.1's card names a speed
 # mode (S: a low mask-to-token threshold, every differing token edited) and a quality mode (Q); the
 # values are those of SGLang's JointThreshold defaults (S) and of the diffusers LLaDA2 pipeline's
 # for 2.1 (Q). Its generate commits at least one mask per pass (block 32, 32 steps: ours, count 1).
 _LLADA21 = {"block_length": 32, "steps": 32, "scheduler": "low_confidence_dynamic", "max_post_steps": 16,
             "temperature": 0.0}
-PRESETS: dict[str, dict] = {
-    "llada2.1-speed": {**_LLADA21, "confidence_threshold": 0.5, "editing_threshold": 0.0},
-    "llada2.1-quality": {**_LLADA21, "confidence_threshold": 0.7, "editing_threshold": 0.5},
+_THRESHOLD = {"scheduler": "confidence_threshold", "confidence_threshold": 0.9}
+_DUAL = {"cache": True, "cache_policy": "dual"}
+# name: (title, options)
+_PRESETS: dict[str, tuple[str, dict]] = {
+    "fast-dllm-threshold": ("Fast-dLLM: confidence threshold", _THRESHOLD),
+    "fast-dllm-factor": ("Fast-dLLM: factor rule", {"scheduler": "confidence_factor", "factor": 1.0}),
+    "fast-dllm-dual-cache": ("Fast-dLLM: DualCache", _DUAL),
+    "fast-dllm-prefix-cache": ("Fast-dLLM: PrefixCache", {"cache": True, "cache_policy": "prefix"}),
+    "fast-dllm-threshold-dual-cache": ("Fast-dLLM: threshold + DualCache", {**_THRESHOLD, **_DUAL}),
+    "dpad-window-8": ("DPad: suffix window of 8", {"suffix_window": 8}),
+    "dinfer-eos-stop": ("dInfer: stop at a block holding end-of-text", {"eos_stop": "holds_eos"}),
+    "paper-entropy-exit": ("The paper: entropy exit + inter-step cache",
+                           {"scheduler": "entropy_exit", "cache": True, "cache_policy": "active"}),
+    "llada2.1-speed": ("LLaDA2.1: speed mode (S)",
+                       {**_LLADA21, "confidence_threshold": 0.5, "editing_threshold": 0.0}),
+    "llada2.1-quality": ("LLaDA2.1: quality mode (Q)",
+                         {**_LLADA21, "confidence_threshold": 0.7, "editing_threshold": 0.5}),
 }
-PRESET_TITLES = {"llada2.1-speed": "LLaDA2.1: speed mode (S)", "llada2.1-quality": "LLaDA2.1: quality mode (Q)"}
+PRESETS: dict[str, dict] = {name: opts for name, (_, opts) in _PRESETS.items()}
+PRESET_TITLES: dict[str, str] = {name: title for name, (title, _) in _PRESETS.items()}
+# The fast-decoding methods of the full-attention models (issue 21), in `diffuse bench fast`'s order.
+FAST_METHODS = ("fast-dllm-threshold", "fast-dllm-factor", "fast-dllm-dual-cache", "fast-dllm-prefix-cache",
+                "fast-dllm-threshold-dual-cache", "dpad-window-8", "dinfer-eos-stop")
 
 
 def preset(name: str) -> dict:

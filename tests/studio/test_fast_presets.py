@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from diffuse.generation import resolve_options
+from diffuse.generation import FAST_METHODS, PRESET_TITLES, resolve_options
 from diffuse.studio import compare
 from diffuse.studio.settings_panel import PRESETS, SettingsPanel
 
 
-@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("name", [PRESET_TITLES[m] for m in (*FAST_METHODS, "paper-entropy-exit")])
 def test_a_preset_sets_its_method_over_the_models_defaults(qtbot, demo_model, name):
     panel = SettingsPanel()
     qtbot.addWidget(panel)

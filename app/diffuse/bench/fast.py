@@ -21,18 +21,10 @@ import numpy as np
 
 import diffuse
 from diffuse.bench.tables import md_table
+from diffuse.generation import FAST_METHODS, PRESETS
 
-METHODS: dict[str, dict] = {
-    "baseline": {},
-    "threshold 0.9": {"scheduler": "confidence_threshold", "confidence_threshold": 0.9},
-    "factor 1": {"scheduler": "confidence_factor", "factor": 1.0},
-    "DualCache": {"cache": True, "cache_policy": "dual"},
-    "PrefixCache": {"cache": True, "cache_policy": "prefix"},
-    "threshold 0.9 + DualCache": {"scheduler": "confidence_threshold", "confidence_threshold": 0.9,
-                                  "cache": True, "cache_policy": "dual"},
-    "suffix window 8": {"suffix_window": 8},
-    "early EOS (holds_eos)": {"eos_stop": "holds_eos"},
-}
+# The methods, by their preset names (diffuse.generation.PRESETS), after the baseline.
+METHODS: dict[str, dict] = {"baseline": {}, **{name: PRESETS[name] for name in FAST_METHODS}}
 # The baseline's own early stop is the paper's (a block all end-of-text); early EOS is compared to it.
 BASELINE = {"eos_stop": "all_eos"}
 

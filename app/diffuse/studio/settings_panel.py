@@ -47,22 +47,9 @@ SCHEDULER_HELP = {
                                 "1 - factor/(n+1) likely"),
 }
 
-# The published fast-decoding methods, as settings over the model's defaults (a preset first
-# resets every field to auto).
-PRESETS = {
-    "Fast-dLLM: confidence threshold": {"scheduler": "confidence_threshold", "confidence_threshold": 0.9},
-    "Fast-dLLM: factor rule": {"scheduler": "confidence_factor", "factor": 1.0},
-    "Fast-dLLM: DualCache": {"cache": True, "cache_policy": "dual"},
-    "Fast-dLLM: PrefixCache": {"cache": True, "cache_policy": "prefix"},
-    "Fast-dLLM: threshold + DualCache": {"scheduler": "confidence_threshold", "confidence_threshold": 0.9,
-                                         "cache": True, "cache_policy": "dual"},
-    "DPad: suffix window of 8": {"suffix_window": 8},
-    "dInfer: stop at a block holding end-of-text": {"eos_stop": "holds_eos"},
-    "The paper: entropy exit + inter-step cache": {"scheduler": "entropy_exit", "cache": True,
-                                                   "cache_policy": "active"},
-}
-# The decoding modes models publish (diffuse.generation.PRESETS, the CLI's --preset), by title.
-MODEL_PRESETS = {PRESET_TITLES[name]: opts for name, opts in GENERATION_PRESETS.items()}
+# The named decoding modes (diffuse.generation.PRESETS, the CLI's --preset), by title; a preset
+# first resets every field to auto.
+PRESETS = {PRESET_TITLES[name]: opts for name, opts in GENERATION_PRESETS.items()}
 
 
 def options_summary(opts: dict) -> str:
@@ -244,7 +231,7 @@ class SettingsPanel(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         self.preset = theme.ElidedComboBox()
         self.preset.addItem("Method presets…", None)
-        for name, opts in (PRESETS | MODEL_PRESETS).items():
+        for name, opts in PRESETS.items():
             self.preset.addItem(name, name)
             self.preset.setItemData(self.preset.count() - 1, options_summary(opts), Qt.ItemDataRole.ToolTipRole)
         self.preset.setToolTip("set the fields to a published decoding method over the model's defaults")
@@ -312,7 +299,7 @@ class SettingsPanel(QWidget):
         if name is None:
             return
         self.reset()
-        self.set_options((PRESETS | MODEL_PRESETS)[name])
+        self.set_options(PRESETS[name])
         self._changed()
 
     def reset(self) -> None:
