@@ -10,12 +10,14 @@
 
 namespace diffuse {
 
-std::vector<double> bench_block_step(const Model & base, int depth, int width, int n_threads, int reps) {
+std::vector<double> bench_block_step(const Model & base, int depth, int width, int n_threads, int reps, int masked,
+                                     std::vector<int32_t> * experts) {
     const ModelImpl & model = static_cast<const ModelImpl &>(base);
     const HParams & hp = model.hparams();
     if (!hp.block_diffusion()) throw Error("bench_block_step: not a block-diffusion model");
     if (width <= 0 || depth < 0 || reps <= 0 || depth % width != 0)
         throw Error("bench_block_step: width must be positive and divide depth, reps positive");
+    if (masked < 0 || masked > width) throw Error("bench_block_step: masked must be between 0 and width");
     if ((int64_t) depth + width > hp.n_ctx_train) throw Error("bench_block_step: depth + width exceed the context");
     ContextLease ctx = model.lease();
     KVCache & cache = ctx->cache(0, depth + width);
@@ -36,13 +38,18 @@ std::vector<double> bench_block_step(const Model & base, int depth, int width, i
     const int chunk = std::max(1, 512 / width) * width;
     for (int from = 0; from < depth; from += chunk)
         ctx->runner.run({rows(from, std::min(depth, from + chunk), false)}, threads, logits.data());
-    const SequenceRows step = rows(depth, depth + width, true);
+    SequenceRows step = rows(depth, depth + width, true);
+    for (int j = width - masked; j < width; ++j) step.tokens[j] = hp.mask_token_id;
     ctx->runner.run({step}, threads, logits.data());   // warm-up: plans and allocates the graph
     std::vector<double> ms;
     for (int i = 0; i < reps; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
         ctx->runner.run({step}, threads, logits.data());
         ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    if (experts) {
+        experts->clear();
+        if (hp.moe()) ctx->runner.routing(0, step.out_rows, *experts);
     }
     return ms;
 }
