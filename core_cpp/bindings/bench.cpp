@@ -32,4 +32,22 @@ void diffuse_py::register_bench(py::module_ & m) {
           "ms of each of `reps` block-diffusion steps: `width` new rows over `depth` cached rows, the last "
           "`masked` of them the mask token. routing=True: (ms, experts), experts a flat list (n_layer, width, "
           "n_expert_used) of an MoE model's choices, best first (-1 for dense layers), empty for a dense model.");
+    m.def("bench_block_steps",
+          [](const diffuse::Model & model, int depth, const std::vector<std::tuple<int, int, int>> & cases, int reps,
+             bool routing) {
+              std::vector<diffuse::BlockStepCase> cs;
+              for (const auto & [w, masked, threads] : cases) cs.push_back({w, masked, threads});
+              std::vector<diffuse::BlockStepResult> r;
+              {
+                  py::gil_scoped_release release;
+                  r = diffuse::bench_block_steps(model, depth, cs, reps, routing);
+              }
+              py::list out;
+              for (auto & x : r) out.append(py::make_tuple(x.ms, x.experts));
+              return out;
+          },
+          py::arg("model"), py::arg("depth"), py::arg("cases"), py::kw_only(), py::arg("reps") = 3,
+          py::arg("routing") = true,
+          "Block steps over one prefilled prompt of `depth` rows: cases [(width, masked, threads)], in order; "
+          "for each (ms list, experts flat list (n_layer, width, n_expert_used), empty without routing or experts).");
 }
