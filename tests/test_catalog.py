@@ -25,7 +25,7 @@ def test_every_entry_is_complete_and_consistent():
         assert abs(m["quantizations"]["f16"]["file_gb"] - m["download_bytes"] / 1e9) < 0.05
         gguf = m.get("ready_gguf")
         if gguf is None:                  # block diffusion: no ready GGUF known, converted here
-            assert m["family"] in ("sdar", "fast-dllm-v2")
+            assert m["family"] in ("sdar", "fast-dllm-v2", "llada2")
             continue
         assert gguf["quantization"] in m["quantizations"] and gguf["file"].endswith(".gguf")
         assert gguf["file_gb"] < gguf["ram_gb"] < gguf["file_gb"] + 2
@@ -71,6 +71,32 @@ def test_the_block_diffusion_models():
         sdar, trado = (catalog.find(models, f"{n}-{size}-{k}")
                        for n, k in (("sdar", "chat"), ("trado", "instruct")))
         assert (sdar["params"], sdar["quantizations"]) == (trado["params"], trado["quantizations"])
+
+
+def test_the_llada2_models():
+    """LLaDA2.1-mini and LLaDA2.0-mini: block-diffusion MoE, no ready GGUF (converted here), the
+    shapes of LLaDA2.1-mini's config.json (16.26B parameters, 256 experts, 8 per token)."""
+    import numpy as np
+
+    from diffuse import gguf_file
+    from diffuse.bench.moe_block import tensor_shapes
+    from diffuse.quantize import tensor_type
+
+    models = catalog.load()
+    shapes = tensor_shapes(20)
+    params = sum(int(np.prod(s)) for s in shapes.values())
+    q4 = sum(gguf_file.OutTensor(n, 0 if n.endswith(("ffn_gate_inp.weight", ".bias")) else
+                                 int(tensor_type(n, s, "Q4_K_M", 20, True, 256)), s).nbytes
+             for n, s in shapes.items())
+    for model_id, repo in (("llada2.1-mini", "inclusionAI/LLaDA2.1-mini"), ("llada2.0-mini", "inclusionAI/LLaDA2.0-mini")):
+        m = catalog.find(models, model_id)
+        assert (m["family"], m["hf_repo"], m["license"]) == ("llada2", repo, "Apache-2.0")
+        assert (m["params"], m["experts"], m["experts_per_token"], m["context_length"]) == (params, 256, 8, 32768)
+        assert 1.0e9 < m["active_params"] < 1.2e9
+        assert "ready_gguf" not in m and m["recommended"] == "q4_k_m"
+        assert abs(m["quantizations"]["q4_k_m"]["file_gb"] - q4 / 1e9) < 0.05      # diffuse's own Q4_K_M plan
+        for need in m["quantizations"].values():
+            assert need["ram_gb"] == round(need["file_gb"] + 1, 1)
 
 
 def test_the_demo_entry_describes_the_shipped_file_and_its_settings_are_in_the_file():

@@ -45,7 +45,8 @@ def test_the_checkpoint_folder_on_request(hub_with_both, repo_dir, tmp_path, cap
 
 @pytest.mark.parametrize("model_id, checkpoint, arch", [("sdar-1.7b-chat", "tiny_hf_sdar", "sdar"),
                                                         ("fast-dllm-v2-1.5b", "tiny_hf_fast_dllm_v2",
-                                                         "fast-dllm-v2")])
+                                                         "fast-dllm-v2"),
+                                                        ("llada2.1-mini", "tiny_hf_llada2", "llada2")])
 def test_a_block_diffusion_model_comes_as_its_checkpoint_to_convert(model_id, checkpoint, arch, request,
                                                                    small_chunks, monkeypatch, tmp_path,
                                                                    capsys):

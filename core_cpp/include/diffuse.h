@@ -305,6 +305,25 @@ double bench_matmul(int ggml_type, int64_t k, int64_t m, int64_t n, int n_thread
 
 // One block-diffusion step on its own: `width` new rows against `depth` cached rows (prefilled
 // first), logits for each new row. Wall time of each of `reps` passes after a warm-up, ms.
-std::vector<double> bench_block_step(const Model & model, int depth, int width, int n_threads, int reps);
+// The new rows are distinct tokens except the last `masked`, which hold the mask token (a decoding
+// step's block: committed tokens, then masks). experts: if given, an MoE model's routing of the
+// step's rows, (n_layer, width, n_expert_used) row-major, best first (-1 for a dense layer's rows).
+std::vector<double> bench_block_step(const Model & model, int depth, int width, int n_threads, int reps,
+                                     int masked = 0, std::vector<int32_t> * experts = nullptr);
+
+// Several steps over one prefilled prompt of `depth` rows (the prefill is what costs most at
+// depth), in the order given: each case `reps` timed passes after a warm-up, and with `routing`
+// an MoE model's choices for its rows as above. Every width must divide depth.
+struct BlockStepCase {
+    int width;
+    int masked = 0;
+    int threads = 0;   // 0: the model's
+};
+struct BlockStepResult {
+    std::vector<double> ms;
+    std::vector<int32_t> experts;
+};
+std::vector<BlockStepResult> bench_block_steps(const Model & model, int depth, const std::vector<BlockStepCase> & cases,
+                                               int reps, bool routing);
 
 }  // namespace diffuse

@@ -6,25 +6,32 @@
 #include "context.h"
 #include "model_impl.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace diffuse {
 
-std::vector<double> bench_block_step(const Model & base, int depth, int width, int n_threads, int reps) {
+std::vector<BlockStepResult> bench_block_steps(const Model & base, int depth, const std::vector<BlockStepCase> & cases,
+                                               int reps, bool routing) {
     const ModelImpl & model = static_cast<const ModelImpl &>(base);
     const HParams & hp = model.hparams();
     if (!hp.block_diffusion()) throw Error("bench_block_step: not a block-diffusion model");
-    if (width <= 0 || depth < 0 || reps <= 0 || depth % width != 0)
-        throw Error("bench_block_step: width must be positive and divide depth, reps positive");
-    if ((int64_t) depth + width > hp.n_ctx_train) throw Error("bench_block_step: depth + width exceed the context");
+    if (cases.empty() || depth < 0 || reps <= 0) throw Error("bench_block_step: no case, or depth negative, or reps not positive");
+    int max_width = 0;
+    for (const BlockStepCase & c : cases) {
+        if (c.width <= 0 || depth % c.width != 0)
+            throw Error("bench_block_step: width must be positive and divide depth, reps positive");
+        if (c.masked < 0 || c.masked > c.width) throw Error("bench_block_step: masked must be between 0 and width");
+        max_width = std::max(max_width, c.width);
+    }
+    if ((int64_t) depth + max_width > hp.n_ctx_train) throw Error("bench_block_step: depth + width exceed the context");
     ContextLease ctx = model.lease();
-    KVCache & cache = ctx->cache(0, depth + width);
-    const int threads = n_threads > 0 ? thread_count(n_threads) : model.n_threads();
-    auto rows = [&](int from, int to, bool all_logits) {
+    KVCache & cache = ctx->cache(0, depth + max_width);
+    auto rows = [&](int from, int to, int block, bool all_logits) {
         SequenceRows r;
         r.cache = &cache;
         r.n_kv = to;
-        r.attn_block = width;
+        r.attn_block = block;
         for (int pos = from; pos < to; ++pos) {
             r.tokens.push_back((int32_t) ((pos * 7919LL + 11) % hp.n_vocab));
             r.positions.push_back(pos);
@@ -32,19 +39,34 @@ std::vector<double> bench_block_step(const Model & base, int depth, int width, i
         for (int j = all_logits ? 0 : to - from - 1; j < to - from; ++j) r.out_rows.push_back(j);
         return r;
     };
-    std::vector<float> logits((size_t) width * hp.n_vocab);
-    const int chunk = std::max(1, 512 / width) * width;
+    std::vector<float> logits((size_t) max_width * hp.n_vocab);
+    // The prompt once, in blocks of the widest case (every width divides depth, so it does too).
+    const int chunk = std::max(1, 512 / max_width) * max_width;
+    const int prefill_threads = thread_count(cases[0].threads > 0 ? cases[0].threads : model.n_threads());
     for (int from = 0; from < depth; from += chunk)
-        ctx->runner.run({rows(from, std::min(depth, from + chunk), false)}, threads, logits.data());
-    const SequenceRows step = rows(depth, depth + width, true);
-    ctx->runner.run({step}, threads, logits.data());   // warm-up: plans and allocates the graph
-    std::vector<double> ms;
-    for (int i = 0; i < reps; ++i) {
-        const auto t0 = std::chrono::steady_clock::now();
-        ctx->runner.run({step}, threads, logits.data());
-        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        ctx->runner.run({rows(from, std::min(depth, from + chunk), max_width, false)}, prefill_threads, logits.data());
+    std::vector<BlockStepResult> out(cases.size());
+    for (size_t i = 0; i < cases.size(); ++i) {
+        const BlockStepCase & c = cases[i];
+        const int threads = c.threads > 0 ? thread_count(c.threads) : model.n_threads();
+        SequenceRows step = rows(depth, depth + c.width, c.width, true);
+        for (int j = c.width - c.masked; j < c.width; ++j) step.tokens[j] = hp.mask_token_id;
+        ctx->runner.run({step}, threads, logits.data());   // warm-up: plans and allocates the graph
+        for (int r = 0; r < reps; ++r) {
+            const auto t0 = std::chrono::steady_clock::now();
+            ctx->runner.run({step}, threads, logits.data());
+            out[i].ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        }
+        if (routing && hp.moe()) ctx->runner.routing(0, step.out_rows, out[i].experts);
     }
-    return ms;
+    return out;
+}
+
+std::vector<double> bench_block_step(const Model & base, int depth, int width, int n_threads, int reps, int masked,
+                                     std::vector<int32_t> * experts) {
+    std::vector<BlockStepResult> r = bench_block_steps(base, depth, {{width, masked, n_threads}}, reps, experts != nullptr);
+    if (experts) *experts = std::move(r[0].experts);
+    return std::move(r[0].ms);
 }
 
 }  // namespace diffuse

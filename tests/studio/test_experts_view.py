@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import diffuse
-from diffuse.studio.experts_view import ExpertsView, top1_map, usage_counts
+from diffuse.studio.experts_view import ExpertsView, top1_map, touched_per_layer, touched_text, usage_counts
 from diffuse.studio.run_state import RunState
 
 
@@ -60,3 +60,49 @@ def test_main_window_has_the_experts_tab(window):
     assert "Experts" in tabs
     window.show_run(None)
     assert window.experts_view.run is None
+
+
+@pytest.fixture(scope="module")
+def llada2_run(tiny_gguf) -> RunState:
+    """A block-diffusion MoE run: tiny LLaDA2 (dense first layer, 16 experts in 4 groups, top 4)."""
+    model = diffuse.load(tiny_gguf("llada2", "f32"), threads=1)
+    run = RunState("llada2", {"cache": True}, {"name": "llada2", "arch": model.arch, "n_expert": model.n_expert})
+    result = model.generate([5, 17, 42, 8], gen_length=32, steps=4, on_step=run.add)
+    run.finish(result)
+    return run
+
+
+def test_block_step_shows_the_experts_it_touches_per_layer(qtbot, llada2_run):
+    view = ExpertsView()
+    qtbot.addWidget(view)
+    view.set_run(llada2_run)
+    n_expert = llada2_run.recording.model["n_expert"]
+    for k, ev in enumerate(llada2_run.events):
+        view.show_step(k)
+        experts = np.asarray(ev.experts)
+        touched = view.touched_values
+        assert touched is not None and touched.shape == (experts.shape[0],)
+        # the dense first layer routes nothing: said as dense, not counted as 0 experts
+        assert touched[0] == -1 and (experts[0] == -1).all()
+        for layer in range(1, experts.shape[0]):
+            assert touched[layer] == len(set(experts[layer].ravel()) - {-1})
+            assert 4 <= touched[layer] <= n_expert      # top 4 of 16: at least one row's 4
+        # the bars are the counts; the dense layer's bar is empty
+        np.testing.assert_array_equal(view.touched_bars.opts["width"], np.maximum(touched, 0))
+        assert [label.textItem.toPlainText() for label in view.dense_labels] == ["dense"]
+        text = view.summary.text
+        assert f"of {n_expert} on average" in text and "dense layer 0" in text
+        assert f"{len(ev.active)} positions recomputed" in text
+    # a block step recomputes the whole block of 32: more rows than one expert set serves
+    assert max(len(ev.active) for ev in llada2_run.events) >= 32
+    assert view.touched.isVisible() and not view.empty.note.isVisible()
+    view.set_run(None)                                  # a new run: nothing of the old one stays
+    assert view.touched_values is None and view.dense_labels == []
+
+
+def test_touched_helpers():
+    experts = np.array([[[-1, -1], [-1, -1]], [[3, 1], [1, 2]], [[0, 1], [-1, -1]]])   # dense, MoE, last
+    np.testing.assert_array_equal(touched_per_layer(experts), [-1, 3, 2])
+    assert touched_text(touched_per_layer(experts), 4) == \
+        "experts touched per MoE layer: 2.5 of 4 on average (2-3, 2 layers) · dense layer 0"
+    assert touched_text(np.array([-1, -1]), 4) == "no layer routed at this step"

@@ -66,7 +66,7 @@ def _run(cmd: list[str], what: str) -> str:
 
 
 def llama_bench(bench: Path, model: str, *, n_prompt: int, n_gen: int, threads: int, reps: int = 3,
-                flash_attn: bool = False, depth: int = 0) -> dict:
+                flash_attn: bool = False, depth: int = 0, extra: tuple[str, ...] = ()) -> dict:
     """One llama-bench test: prompt processing of n_prompt tokens (logits of the last one only)
     when n_gen is 0, else decoding n_gen tokens one by one; with `depth` tokens already in the KV
     cache (not timed). ms per run (median, min, std), tokens/s.
@@ -74,7 +74,7 @@ def llama_bench(bench: Path, model: str, *, n_prompt: int, n_gen: int, threads: 
     On a diffusion file (arch dream/llada) llama.cpp keeps no KV memory and outputs the logits of
     every row, so its prompt processing is exactly one full forward pass, like Model.forward."""
     cmd = [str(bench), "-m", model, "-p", str(n_prompt), "-n", str(n_gen), "-t", str(threads),
-           "-r", str(reps), "-fa", "1" if flash_attn else "0", "-d", str(depth), "-o", "json"]
+           "-r", str(reps), "-fa", "1" if flash_attn else "0", "-d", str(depth), "-o", "json", *extra]
     out = _run(cmd, model)
     try:
         rows = json.loads(out[out.index("["):out.rindex("]") + 1])
