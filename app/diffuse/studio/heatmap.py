@@ -33,6 +33,7 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         self.run: RunState | None = None
         self.fitted = False
         self.step = -1
+        self._scale, self._side_hi, self._counts_hi = None, None, None
         self.plot = self.addPlot(row=0, col=0)
         self.plot.invertY(True)
         self.plot.setLabel("bottom", "generated position")
@@ -128,6 +129,7 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
     def set_run(self, run: RunState | None) -> None:
         self.run = run
         self._rows = 0
+        self._scale, self._side_hi, self._counts_hi = None, None, None   # what the plots show, set on change
         for line in self.block_lines:
             self.plot.removeItem(line)
         self.block_lines = []
@@ -171,9 +173,11 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         # then the steps used, so that an early stop does not leave the data in a sliver.
         rows = run.n_steps if run.done else max(run.steps_allowed, run.n_steps)
         scale = color_scale(run, "entropy", self.fitted)
-        self.bar.setColorMap(scale.colormap())
+        if scale != self._scale:        # a colour map costs more than the image: only when it changes
+            self._scale = scale
+            self.bar.setColorMap(scale.colormap())
+            self.bar.setLevels((scale.lo, scale.hi))
         self.image.setImage(run.entropy[:run.n_steps], levels=(scale.lo, scale.hi), autoLevels=False)
-        self.bar.setLevels((scale.lo, scale.hi))
         rule = run.rule
         if rule is not None and rule.quantity == "entropy" and not rule.budget:     # tau in nats
             self.bar_tau.setValue(256.0 * min(max((rule.tau - scale.lo) / (scale.hi - scale.lo), 0.0), 1.0))
@@ -201,7 +205,10 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         self.committed.setData(values[floor], run.decided_step[floor] + 0.5)
         tau = decided & run.by_threshold
         self.by_tau.setData(values[tau], run.decided_step[tau] + 0.5)
-        self.side.setXRange(0, 1.0 if confidence else max(run.entropy_max, 1e-3), padding=0.02)
+        side_hi = 1.0 if confidence else max(run.entropy_max, 1e-3)
+        if side_hi != self._side_hi:    # a range change lays the axes out again
+            self._side_hi = side_hi
+            self.side.setXRange(0, side_hi, padding=0.02)
         # Commits per step: the rule's floor, then tau's extras after it; a run without a
         # threshold, or a recording without the schedule's count, shows each step's total.
         total = run.n_committed[:n]
@@ -211,9 +218,11 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         edited = run.n_edited[:n]
         self.edit_bars.setOpts(x0=total, y=steps, width=edited)
         hi = max(float((total + edited).max()), 1.0)
-        self.counts.setXRange(0, hi, padding=0.05)
-        whole = max(1, int(np.ceil(hi / 3)))            # commits are counts: whole ticks, three at most
-        self.counts.getAxis("bottom").setTickSpacing(whole, whole)
+        if hi != self._counts_hi:
+            self._counts_hi = hi
+            self.counts.setXRange(0, hi, padding=0.05)
+            whole = max(1, int(np.ceil(hi / 3)))        # commits are counts: whole ticks, three at most
+            self.counts.getAxis("bottom").setTickSpacing(whole, whole)
         if len(run.edits) != len(self.edit_marks.data):      # new edits (a run only adds them)
             self._titles(run)
             k, g = (np.array([e[i] for e in run.edits], float) for i in (0, 1))

@@ -47,6 +47,7 @@ from diffuse.studio.timeline import Timeline
 from diffuse.studio.workers import Engine, Job, cpu_busy
 
 REFRESH_MS = 25
+PLOTS_INTERVAL_S = 0.1   # the plots, chat and status during a run: 10 redraws a second are plenty
 RECENT_RUNS = 15       # recordings listed under File > Recorded runs
 CLOSE_WAIT_S = 0.5     # how long closing may block the GUI for a step or a job to return
 
@@ -86,6 +87,7 @@ class MainWindow(QMainWindow):
         self._writing: dict[Job, tuple[Path, Conversation, Message]] = {}
         self._dirty: set[str] = set()          # groups waiting to be redrawn: canvas, views
         self._drawn = "views"                  # the group redrawn last
+        self._plots_drawn_at = 0.0             # time.monotonic() of the views' last redraw
         self._closing = False
         self._quitting = False     # the app's event loop is ending: close cannot be retried
         QApplication.instance().aboutToQuit.connect(self._about_to_quit)
@@ -323,6 +325,9 @@ class MainWindow(QMainWindow):
             self.show_run(run)
 
     def _run_stepped(self, run: RunState) -> None:
+        if run is self.live:        # the engine's step, which a paced display may trail (one label: cheap)
+            self.run_label.setText(f"denoising · engine at step {run.n_steps}/{run.steps_allowed}"
+                                   f" · {run.step_ms[run.n_steps - 1]:.0f} ms/step")
         if run is self.run:
             self._mark_dirty()
 
@@ -453,13 +458,20 @@ class MainWindow(QMainWindow):
         self._dirty.add("views")
 
     def refresh(self) -> None:
-        """Redraw one dirty group per timer tick; with both dirty, the one not redrawn last."""
-        if not self._dirty:
+        """Redraw one dirty group per timer tick; with both dirty, the one not redrawn last. While
+        a run goes, the plots (several times the canvas's cost) at most every PLOTS_INTERVAL_S."""
+        run = self.run
+        ready = set(self._dirty)
+        if (run is not None and run is self.live and not run.done
+                and time.monotonic() - self._plots_drawn_at < PLOTS_INTERVAL_S):
+            ready.discard("views")
+        if not ready:
             return
-        group = min(self._dirty, key=lambda g: g == self._drawn)
+        group = min(ready, key=lambda g: g == self._drawn)
         self._dirty.discard(group)
         self._drawn = group
-        run = self.run
+        if group == "views":
+            self._plots_drawn_at = time.monotonic()
         if run is None or not run.events:
             return
         self.timeline.set_count(run.n_steps)
@@ -472,9 +484,6 @@ class MainWindow(QMainWindow):
             current.show_step(step)
         if run is self.live:
             self.chat.show_progress(run, step)
-            # the engine's step, which a paced display may trail
-            self.run_label.setText(f"denoising · engine at step {run.n_steps}/{run.steps_allowed}"
-                                   f" · {run.step_ms[run.n_steps - 1]:.0f} ms/step")
         self._update_actions()
 
     def _draw_canvas(self) -> None:
