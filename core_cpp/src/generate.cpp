@@ -136,6 +136,7 @@ struct Sequence {
     const GenerateParams p;            // a copy: the admitted item is gone after admit()
     const SchedulerInfo & sched;
     const bool block_causal;           // block diffusion: exact cache, blocks aligned at 0
+    const bool shift;                  // position p is predicted by the output row of p - 1 (Dream)
     const bool carries;                // block diffusion with shifted logits: carry steps (above)
     const bool editing;                // token-to-token editing (above)
     int n_prompt, n_total, block, origin, n_blocks;
@@ -167,7 +168,7 @@ struct Sequence {
 
     Sequence(int index_, const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p_)
         : index(index_), p(p_), sched(scheduler_info(p_.scheduler)), block_causal(model.hparams().block_diffusion()),
-          carries(model.hparams().shift_logits && (block_causal || p_.carry_first)),
+          shift(model.hparams().shift_logits), carries(shift && (block_causal || p_.carry_first)),
           editing(p_.editing_threshold < 1) {
         const Geometry g = validate(model, prompt, p);
         block = g.block;
@@ -260,7 +261,7 @@ struct Sequence {
 
     // Moves to the next step that has work (finishing sub-blocks and blocks on the way); false
     // when the run is over.
-    bool next_step(bool shift_logits) {
+    bool next_step() {
         while (!done && b < n_blocks) {
             if (p.eos_stop == EosStop::Prefix && prefix_holds_eos()) {
                 end_with_eos(n_prompt);
@@ -280,9 +281,8 @@ struct Sequence {
             post = editing && cand.empty() && !carrying && post_steps < p.max_post_steps &&
                    (post_steps == 0 || post_edited);
             if (!cand.empty() || post) {
-                // Shifted logits: position p is predicted by the output row of p - 1.
                 sources = cand;
-                if (shift_logits)
+                if (shift)
                     for (int32_t & s : sources) s = std::max(0, s - 1);
                 editable.clear();
                 for (int pos = std::max(bs, n_prompt); editing && pos < be; ++pos)
@@ -430,7 +430,7 @@ int generate_stream(const Model & base, const BatchFeed & feed, const StepCallba
         // ---- step boundary: ended sequences leave (their caches go to the new), then new ones join ----
         work.clear();
         for (auto it = running.begin(); it != running.end();) {
-            if (it->next_step(hp.shift_logits)) {
+            if (it->next_step()) {
                 work.push_back(&*it++);
                 continue;
             }
@@ -450,7 +450,7 @@ int generate_stream(const Model & base, const BatchFeed & feed, const StepCallba
                 feed.finished(index, std::move(out));
                 continue;
             }
-            if (running.back().next_step(hp.shift_logits)) work.push_back(&running.back());
+            if (running.back().next_step()) work.push_back(&running.back());
         }
         if (work.empty()) {
             if (items.empty()) break;
