@@ -128,9 +128,13 @@ def test_tied_and_untied(tmp_path, tied):
 
 
 def test_explicit_block_size_is_recorded(tmp_path):
+    """The block size goes into the file, and the authors' recipe decodes that block, one step per
+    position as generate.py's defaults do for its block of 4."""
     for bs in (8, 16):
         folder = write_sdar(tmp_path / f"s{bs}", block_size=bs)
-        assert gguf_file.read(convert_hf(folder, tmp_path / f"s{bs}.gguf")).kv["diffusion.block_size"] == bs
+        kv = gguf_file.read(convert_hf(folder, tmp_path / f"s{bs}.gguf")).kv
+        assert kv["diffusion.block_size"] == bs
+        assert (kv["diffuse.recipe.block_length"], kv["diffuse.recipe.steps"]) == (bs, bs)
     folder = write_fast_dllm_v2(tmp_path / "f", config_edit=lambda c: c.pop("bd_size"))
     assert gguf_file.read(convert_hf(folder, tmp_path / "f.gguf")).kv["diffusion.block_size"] == 32
 

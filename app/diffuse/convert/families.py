@@ -348,12 +348,18 @@ def read_json_object(path: Path) -> dict:
     return data
 
 
-def authors_recipe(family: Family, hf_dir: Path, config: dict) -> dict:
-    """The decoding the authors publish for this checkpoint. No key of LLaDA2.1's config.json tells it
-    from LLaDA2.0 (same class, model_type and architecture keys); what tells them apart is the remote code the checkpoint ships (config's
-    auto_map): 2.1's generate() takes editing_threshold, 2.0's does not. Without that file a
-    checkpoint gets the family's recipe."""
+def authors_recipe(family: Family, hp: HParams, hf_dir: Path, config: dict) -> dict:
+    """The decoding the authors publish for this checkpoint. A block-diffusion checkpoint decodes the
+    blocks it was trained with (its config's block size; the table's steps per block scale with it).
+    No key of LLaDA2.1's config.json tells it from LLaDA2.0 (same class, model_type and architecture
+    keys); what tells them apart is the remote code the checkpoint ships (config's auto_map): 2.1's
+    generate() takes editing_threshold, 2.0's does not. Without that file a checkpoint gets the
+    family's recipe."""
     recipe = dict(family.recipe or {})
+    if hp.block_size and "block_length" in recipe:
+        if recipe.get("steps") == recipe["block_length"]:
+            recipe["steps"] = hp.block_size
+        recipe["block_length"] = hp.block_size
     if family.editing_recipe is None:
         return recipe
     auto_map = config.get("auto_map")

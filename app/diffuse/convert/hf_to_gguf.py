@@ -62,7 +62,7 @@ def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None
     gguf_file.refuse_overwrite(out_path, [hf_dir, *_files_under(hf_dir)])
     family, hp, config = read_config(hf_dir)
     # The authors' decoding (the family's table; LLaDA2.1's editing), overridden by the user's --recipe.
-    recipe = recipes.check({**authors_recipe(family, hf_dir, config), **(recipe or {})},
+    recipe = recipes.check({**authors_recipe(family, hp, hf_dir, config), **(recipe or {})},
                            gguf_file.ARCH_FAMILIES[family.arch], hp.n_ctx)
     ckpt = Checkpoint(hf_dir)
     tensors, n_vocab = _plan(family, hp, ckpt, hf_dir, outtype)
