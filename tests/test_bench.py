@@ -242,3 +242,23 @@ def test_fast_decoding_table(tmp_path, capsys):
     assert speed["dpad-window-8"]["rows_per_step"] < speed["baseline"]["rows_per_step"]
     assert "agrees with baseline" in capsys.readouterr().out and "CPU ms/step" in (tmp_path / "f.md").read_text()
     assert main(["bench", "fast", str(demo), "--data", str(tmp_path / "none")]) == 1
+
+
+def test_block_steps_against_llama_bench(tiny_gguf, tmp_path, fake_llama, capsys):
+    """`bench block`: each point times the step with every row's logits and with the last row's
+    only (llama-bench's work), beside pp and tg; the whole runs report tokens per step."""
+    model = tiny_gguf("sdar", "f32")
+    rc = main(["bench", "block", str(model), "--ar-model", str(model), "--llama-bin", str(fake_llama),
+               "--depths", "16", "--widths", "1,4", "--threads", "1", "--reps", "1", "--gen-length", "8",
+               "--json", str(tmp_path / "b.json"), "--markdown", str(tmp_path / "b.md")])
+    assert rc == 0, capsys.readouterr().err
+    result = json.loads((tmp_path / "b.json").read_text())
+    assert [(s["depth"], s["w"]) for s in result["steps"]] == [(16, 1), (16, 4)]
+    for s in result["steps"]:
+        assert s["ours_ms"] > 0 and s["ours1_ms"] > 0 and s["pp_ms"] == pytest.approx(20.0)
+        assert s["ratio_pp1"] == pytest.approx(s["ours1_ms"] / 20.0)
+        assert s["tg_ms"] == pytest.approx(20.0)    # the fake's 320 ms for 16 tokens
+    assert {r["recipe"] for r in result["runs"]} == {"block 4, low_confidence_dynamic 0.9",
+                                                     "block 32, confidence_threshold 0.9"}
+    assert all(r["tokens_per_step"] >= 1.0 for r in result["runs"])
+    assert "ours, 1 logit row / pp" in (tmp_path / "b.md").read_text()

@@ -15,22 +15,23 @@ void diffuse_py::register_bench(py::module_ & m) {
           py::arg("ggml_type"), py::arg("k"), py::arg("m"), py::arg("n"), py::kw_only(), py::arg("threads") = 1,
           py::arg("reps") = 3, py::arg("repack") = true, "Best wall time (s) of ggml's y = W x, W (m, k) of ggml_type, x (k, n) F32.");
     m.def("bench_block_step",
-          [](const diffuse::Model & model, int depth, int width, int threads, int reps, int masked,
+          [](const diffuse::Model & model, int depth, int width, int threads, int reps, int masked, int logit_rows,
              bool routing) -> py::object {
               std::vector<double> ms;
               std::vector<int32_t> experts;
               {
                   py::gil_scoped_release release;
-                  ms = diffuse::bench_block_step(model, depth, width, threads, reps, masked,
+                  ms = diffuse::bench_block_step(model, depth, width, threads, reps, masked, logit_rows,
                                                  routing ? &experts : nullptr);
               }
               if (!routing) return py::cast(ms);
               return py::make_tuple(ms, py::cast(experts));
           },
           py::arg("model"), py::arg("depth"), py::arg("width"), py::kw_only(), py::arg("threads") = 0,
-          py::arg("reps") = 5, py::arg("masked") = 0, py::arg("routing") = false,
+          py::arg("reps") = 5, py::arg("masked") = 0, py::arg("logit_rows") = 0,
+          py::arg("routing") = false,
           "ms of each of `reps` block-diffusion steps: `width` new rows over `depth` cached rows, the last "
-          "`masked` of them the mask token. routing=True: (ms, experts), experts a flat list (n_layer, width, "
+          "`masked` of them the mask token, logits for the last `logit_rows` rows (0: all). routing=True: (ms, experts), experts a flat list (n_layer, width, "
           "n_expert_used) of an MoE model's choices, best first (-1 for dense layers), empty for a dense model.");
     m.def("bench_block_steps",
           [](const diffuse::Model & model, int depth, const std::vector<std::tuple<int, int, int>> & cases, int reps,

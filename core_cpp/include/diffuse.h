@@ -306,10 +306,12 @@ double bench_matmul(int ggml_type, int64_t k, int64_t m, int64_t n, int n_thread
 // One block-diffusion step on its own: `width` new rows against `depth` cached rows (prefilled
 // first), logits for each new row. Wall time of each of `reps` passes after a warm-up, ms.
 // The new rows are distinct tokens except the last `masked`, which hold the mask token (a decoding
-// step's block: committed tokens, then masks). experts: if given, an MoE model's routing of the
-// step's rows, (n_layer, width, n_expert_used) row-major, best first (-1 for a dense layer's rows).
+// step's block: committed tokens, then masks). logit_rows: logits of the last `logit_rows` rows
+// only (1: the work of llama.cpp's prompt pass, which separates the output head's share); 0: every
+// row. experts: if given, an MoE model's routing of the step's rows, (n_layer, width,
+// n_expert_used) row-major, best first (-1 for a dense layer's rows).
 std::vector<double> bench_block_step(const Model & model, int depth, int width, int n_threads, int reps,
-                                     int masked = 0, std::vector<int32_t> * experts = nullptr);
+                                     int masked = 0, int logit_rows = 0, std::vector<int32_t> * experts = nullptr);
 
 // Several steps over one prefilled prompt of `depth` rows (the prefill is what costs most at
 // depth), in the order given: each case `reps` timed passes after a warm-up, and with `routing`
@@ -317,7 +319,8 @@ std::vector<double> bench_block_step(const Model & model, int depth, int width, 
 struct BlockStepCase {
     int width;
     int masked = 0;
-    int threads = 0;   // 0: the model's
+    int threads = 0;      // 0: the model's
+    int logit_rows = 0;   // the last logit_rows rows' logits; 0: every row's
 };
 struct BlockStepResult {
     std::vector<double> ms;

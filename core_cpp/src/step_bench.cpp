@@ -1,6 +1,7 @@
 // One block-diffusion denoising step as the loop runs it, timed on its own: `width` new rows
 // (a block) against `depth` rows already in the K/V cache, logits for every new row (each is a
-// masked position a rule may commit). The prompt of `depth` rows is prefilled first, as a run does.
+// masked position a rule may commit), or for the last few only. The prompt of `depth` rows is
+// prefilled first, as a run does.
 #include "diffuse.h"
 
 #include "context.h"
@@ -22,12 +23,14 @@ std::vector<BlockStepResult> bench_block_steps(const Model & base, int depth, co
         if (c.width <= 0 || depth % c.width != 0)
             throw Error("bench_block_step: width must be positive and divide depth, reps positive");
         if (c.masked < 0 || c.masked > c.width) throw Error("bench_block_step: masked must be between 0 and width");
+        if (c.logit_rows < 0 || c.logit_rows > c.width)
+            throw Error("bench_block_step: logit_rows must be between 0 (every row) and width");
         max_width = std::max(max_width, c.width);
     }
     if ((int64_t) depth + max_width > hp.n_ctx_train) throw Error("bench_block_step: depth + width exceed the context");
     ContextLease ctx = model.lease();
     KVCache & cache = ctx->cache(0, depth + max_width);
-    auto rows = [&](int from, int to, int block, bool all_logits) {
+    auto rows = [&](int from, int to, int block, int logit_rows) {
         SequenceRows r;
         r.cache = &cache;
         r.n_kv = to;
@@ -36,7 +39,7 @@ std::vector<BlockStepResult> bench_block_steps(const Model & base, int depth, co
             r.tokens.push_back((int32_t) ((pos * 7919LL + 11) % hp.n_vocab));
             r.positions.push_back(pos);
         }
-        for (int j = all_logits ? 0 : to - from - 1; j < to - from; ++j) r.out_rows.push_back(j);
+        for (int j = to - from - logit_rows; j < to - from; ++j) r.out_rows.push_back(j);
         return r;
     };
     std::vector<float> logits((size_t) max_width * hp.n_vocab);
@@ -44,12 +47,12 @@ std::vector<BlockStepResult> bench_block_steps(const Model & base, int depth, co
     const int chunk = std::max(1, 512 / max_width) * max_width;
     const int prefill_threads = thread_count(cases[0].threads > 0 ? cases[0].threads : model.n_threads());
     for (int from = 0; from < depth; from += chunk)
-        ctx->runner.run({rows(from, std::min(depth, from + chunk), max_width, false)}, prefill_threads, logits.data());
+        ctx->runner.run({rows(from, std::min(depth, from + chunk), max_width, 1)}, prefill_threads, logits.data());
     std::vector<BlockStepResult> out(cases.size());
     for (size_t i = 0; i < cases.size(); ++i) {
         const BlockStepCase & c = cases[i];
         const int threads = c.threads > 0 ? thread_count(c.threads) : model.n_threads();
-        SequenceRows step = rows(depth, depth + c.width, c.width, true);
+        SequenceRows step = rows(depth, depth + c.width, c.width, c.logit_rows > 0 ? c.logit_rows : c.width);
         for (int j = c.width - c.masked; j < c.width; ++j) step.tokens[j] = hp.mask_token_id;
         ctx->runner.run({step}, threads, logits.data());   // warm-up: plans and allocates the graph
         for (int r = 0; r < reps; ++r) {
@@ -63,8 +66,9 @@ std::vector<BlockStepResult> bench_block_steps(const Model & base, int depth, co
 }
 
 std::vector<double> bench_block_step(const Model & base, int depth, int width, int n_threads, int reps, int masked,
-                                     std::vector<int32_t> * experts) {
-    std::vector<BlockStepResult> r = bench_block_steps(base, depth, {{width, masked, n_threads}}, reps, experts != nullptr);
+                                     int logit_rows, std::vector<int32_t> * experts) {
+    std::vector<BlockStepResult> r =
+        bench_block_steps(base, depth, {{width, masked, n_threads, logit_rows}}, reps, experts != nullptr);
     if (experts) *experts = std::move(r[0].experts);
     return std::move(r[0].ms);
 }

@@ -2,7 +2,10 @@
 
 For each cached depth d and block width w (issue 20's benchmark):
 - ours: one block step as the loop runs it (`_core.bench_block_step`): w new rows against d rows
-  in the K/V cache, logits for every new row (each is a masked position a rule may commit);
+  in the K/V cache, logits for every new row (a block's first step: each row is a masked position a
+  rule may commit);
+- ours, 1 logit row: the same pass with the logits of the last row only, the work llama-bench's
+  `pp` does; the difference is the output head's (vocabulary x hidden) product for w - 1 more rows;
 - llama-bench `pp w` at depth d: the same w rows through llama.cpp, logits of the last row only;
 - llama-bench `tg` at depth d: one autoregressive decode token.
 Points alternate ours / llama.cpp rep by rep, so both see the same machine load. Then whole runs
@@ -23,7 +26,8 @@ import numpy as np
 from diffuse import DiffuseError
 
 STEP_COLUMNS = [("depth", "depth", "{}"), ("w", "rows w", "{}"), ("ours_ms", "ours ms", "{:.1f}"),
-                ("pp_ms", "llama pp w ms", "{:.1f}"), ("ratio_pp", "ours / pp", "{:.2f}"),
+                ("ours1_ms", "ours, 1 logit row, ms", "{:.1f}"), ("pp_ms", "llama pp w ms", "{:.1f}"),
+                ("ratio_pp1", "ours, 1 logit row / pp", "{:.2f}"), ("ratio_pp", "ours / pp", "{:.2f}"),
                 ("tg_ms", "llama tg ms", "{:.1f}"), ("ratio_tg", "ours / tg (in decode tokens)", "{:.2f}")]
 RUN_COLUMNS = [("depth", "depth", "{}"), ("recipe", "recipe", "{}"), ("steps", "steps", "{}"),
                ("tokens", "tokens", "{}"), ("tokens_per_step", "tokens/step", "{:.2f}"),
@@ -65,15 +69,18 @@ def run(path: str, ar_path: str, depths: list[int], widths: list[int], threads: 
                          depth=d)
         tg_ms = tg["ms"] / 16
         for w in widths:
-            ours, pp = [], []
+            ours, ours1, pp = [], [], []
             for _ in range(reps):
-                ours.append(float(np.median(_core.bench_block_step(model._core, d, w, threads=threads, reps=3))))
+                for logit_rows, out in ((0, ours), (1, ours1)):
+                    out.append(float(np.median(_core.bench_block_step(model._core, d, w, threads=threads, reps=3,
+                                                                      logit_rows=logit_rows))))
                 pp.append(llama_bench(bins.bench, ar_path, n_prompt=w, n_gen=0, threads=threads, reps=1,
                                       flash_attn=True, depth=d)["ms"])
-            o, p = float(np.median(ours)), float(np.median(pp))
-            steps.append({"depth": d, "w": w, "ours_ms": o, "pp_ms": p, "ratio_pp": o / p, "tg_ms": tg_ms,
-                          "ratio_tg": o / tg_ms, "ours_samples": ours, "pp_samples": pp})
-            log(f"depth {d} w {w}: ours {o:.1f} ms, pp {p:.1f} ms, tg {tg_ms:.1f} ms")
+            o, o1, p = float(np.median(ours)), float(np.median(ours1)), float(np.median(pp))
+            steps.append({"depth": d, "w": w, "ours_ms": o, "ours1_ms": o1, "pp_ms": p, "ratio_pp": o / p,
+                          "ratio_pp1": o1 / p, "tg_ms": tg_ms, "ratio_tg": o / tg_ms, "ours_samples": ours,
+                          "ours1_samples": ours1, "pp_samples": pp})
+            log(f"depth {d} w {w}: ours {o:.1f} ms ({o1:.1f} with 1 logit row), pp {p:.1f} ms, tg {tg_ms:.1f} ms")
         for name, recipe in RECIPES.items():
             r = model.generate(_prompt(model, d), gen_length=gen_length, temperature=0, chat=False, **recipe)
             decode_ms = float(np.sum(r.step_ms))
