@@ -1,5 +1,5 @@
-"""`diffuse train` end to end on a few KB of text: a handful of steps, a checkpoint in LLaDA's
-Hugging Face layout, our converter, our engine. Skipped without PyTorch (the `train` extra)."""
+"""`diffuse train` end to end on a few KB of text: a handful of steps, a checkpoint in LLaDA's (or
+SDAR's) Hugging Face layout, our converter, our engine. Skipped without PyTorch (the `train` extra)."""
 from __future__ import annotations
 
 import json
@@ -26,16 +26,25 @@ TINY = ["--vocab-size", "320", "--d-model", "32", "--layers", "2", "--heads", "2
         "--seq-len", "48", "--batch", "4", "--eval-every", "3", "--threads", "1"]
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> tuple[Path, Path]:
+def _train(tmp: Path, *options: str) -> tuple[Path, Path]:
     """(run folder, GGUF) after 6 steps on ~6 KB of text."""
-    tmp = tmp_path_factory.mktemp("train")
     docs = [" ".join(SENTENCES[(i + j) % 5] for j in range(1 + i % 3)) for i in range(60)]
     (tmp / "data").mkdir()
     (tmp / "data" / "text.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
     gguf = tmp / "tiny.gguf"
-    assert main(["train", str(tmp / "data"), "--out", str(tmp / "run"), "--gguf", str(gguf), "--outtype", "f32", *TINY, "--steps", "6"]) == 0
+    assert main(["train", str(tmp / "data"), "--out", str(tmp / "run"), "--gguf", str(gguf), "--outtype", "f32",
+                 *TINY, "--steps", "6", *options]) == 0
     return tmp / "run", gguf
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, Path]:
+    return _train(tmp_path_factory.mktemp("train"))
+
+
+@pytest.fixture(scope="module")
+def trained_sdar(tmp_path_factory) -> tuple[Path, Path]:
+    return _train(tmp_path_factory.mktemp("train-sdar"), "--arch", "sdar", "--block-size", "2")
 
 
 def test_checkpoint_has_the_llada_layout(trained):
@@ -62,11 +71,11 @@ def test_engine_matches_the_trained_torch_model(trained):
     run, gguf = trained
     from safetensors.torch import load_file
 
-    from diffuse.train.model import LLaDA, LLaDAShape
+    from diffuse.train.model import LLaDA, Shape
 
     config = json.loads((run / "hf" / "config.json").read_text())
-    shape = LLaDAShape(config["vocab_size"], config["d_model"], config["n_layers"], config["n_heads"],
-                       config["mlp_hidden_size"], config["max_sequence_length"])
+    shape = Shape(config["vocab_size"], config["d_model"], config["n_layers"], config["n_heads"],
+                  config["mlp_hidden_size"], config["max_sequence_length"])
     model = LLaDA(shape)
     model.load_state_dict(load_file(run / "hf" / "model.safetensors"))
     m = diffuse.load(gguf, threads=1, kv_f16=False)   # F32 K/V cache: float32 rounding only
@@ -77,6 +86,48 @@ def test_engine_matches_the_trained_torch_model(trained):
     with torch.no_grad():
         want = model(torch.from_numpy(ids)[None])[0].numpy()
     np.testing.assert_allclose(m.forward(ids), want, atol=1e-4)
+
+
+def test_sdar_checkpoint_converts_and_runs_as_the_torch_model(trained_sdar):
+    """An SDAR-layout run: SDAR-4B-Chat's config and tensor names, converted as arch sdar with its
+    block and mask, and the engine's block-causal forward equal to the torch model's."""
+    run, gguf = trained_sdar
+    from safetensors.torch import load_file
+
+    from diffuse.train.model import SDAR, Shape
+
+    config = json.loads((run / "hf" / "config.json").read_text())
+    assert config["architectures"] == ["SDARForCausalLM"] and config["block_size"] == 2
+    shape = Shape(config["vocab_size"], config["hidden_size"], config["num_hidden_layers"],
+                  config["num_attention_heads"], config["intermediate_size"], config["max_position_embeddings"],
+                  rope_theta=config["rope_theta"], rms_norm_eps=config["rms_norm_eps"])
+    model = SDAR(shape, config["block_size"])
+    model.load_state_dict(load_file(run / "hf" / "model.safetensors"))   # strict: every name is SDAR's
+    m = diffuse.load(gguf, threads=1, kv_f16=False)
+    assert (m.arch, m.hparams["block_size"], m.n_ctx_train) == ("sdar", 2, 48)
+    assert m.mask_token_id == config["mask_token_id"] == m.tokenizer.token_to_id("<|mdm_mask|>")
+    assert m.recipe["scheduler"] == "low_confidence_dynamic" and m.recipe["block_length"] == 2
+    ids = np.random.default_rng(0).integers(0, 314, 41)
+    ids[20:30] = m.mask_token_id
+    with torch.no_grad():
+        want = model(torch.from_numpy(ids)[None])[0].numpy()
+    np.testing.assert_allclose(m.forward(ids), want, atol=1e-4)
+    r = m.generate("Repeat after me: a penny saved", gen_length=8, seed=0)
+    assert r.steps >= 1 and 8 <= len(r.tokens) <= 9   # the answer ends on a block boundary
+
+
+def test_block_diffusion_training_mask():
+    """[noisy ; clean] over blocks of 2: noisy block b sees itself and clean blocks < b, clean rows
+    are block-causal among themselves and never see a noisy row."""
+    from diffuse.train.model import block_diffusion_mask
+
+    m = block_diffusion_mask(6, 2).numpy()
+    noisy_row_of_block_1 = m[2]
+    assert noisy_row_of_block_1[:6].tolist() == [False, False, True, True, False, False]
+    assert noisy_row_of_block_1[6:].tolist() == [True, True, False, False, False, False]
+    clean_row_of_block_1 = m[6 + 3]
+    assert clean_row_of_block_1[:6].tolist() == [False] * 6
+    assert clean_row_of_block_1[6:].tolist() == [True, True, True, True, False, False]
 
 
 def test_chat_rows_use_the_engines_prompt_tokens(trained):
@@ -96,12 +147,14 @@ def test_chat_rows_use_the_engines_prompt_tokens(trained):
         assert row[:start].tolist() == engine_tok.encode_chat(user)
 
 
-def test_loss_counts_only_maskable_positions():
+@pytest.mark.parametrize("arch", ["llada", "sdar"])
+def test_loss_counts_only_maskable_positions(arch):
     from diffuse.train.loop import diffusion_loss
-    from diffuse.train.model import LLaDA, LLaDAShape
+    from diffuse.train.model import SDAR, LLaDA, Shape
 
     torch.manual_seed(0)
-    model = LLaDA(LLaDAShape(vocab_size=40, d_model=16, n_layers=1, n_heads=2, mlp_hidden_size=32, max_sequence_length=8))
+    shape = Shape(vocab_size=40, d_model=16, n_layers=1, n_heads=2, mlp_hidden_size=32, max_sequence_length=8)
+    model = SDAR(shape, 4) if arch == "sdar" else LLaDA(shape)
     ids = torch.randint(0, 39, (3, 8))
     none = torch.zeros(3, 8, dtype=torch.bool)
     assert diffusion_loss(model, ids, none, mask_id=39, bf16=False).item() == 0.0

@@ -12,7 +12,7 @@ from diffuse.cli import check_input, check_output, check_output_folder
 
 # Options that set a stored hyper-parameter (TrainConfig field): default None, so that a resume can
 # tell an explicit value from an absent one.
-HPARAM_OPTIONS = {"vocab_size": "vocab_size", "d_model": "d_model", "layers": "n_layers", "heads": "n_heads",
+HPARAM_OPTIONS = {"arch": "arch", "block_size": "block_size", "vocab_size": "vocab_size", "d_model": "d_model", "layers": "n_layers", "heads": "n_heads",
                   "ffn": "mlp_hidden_size", "seq_len": "seq_len", "batch": "batch", "lr": "lr",
                   "chat_fraction": "chat_fraction", "seed": "seed"}
 
@@ -21,9 +21,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "train",
         usage="diffuse train DATA --out RUN [--gguf MODEL.gguf] [options]",
-        help="train a small LLaDA-architecture model on text (needs PyTorch: pip install 'diffuse[train]')",
-        description="Train a small masked diffusion LM (LLaDA architecture and objective) with its own "
-        "byte-level BPE tokenizer. DATA is a .txt file or a folder of them, documents separated by blank "
+        help="train a small LLaDA- or SDAR-architecture model on text (needs PyTorch: pip install 'diffuse[train]')",
+        description="Train a small masked diffusion LM (LLaDA's architecture and objective, or SDAR's block "
+        "diffusion with --arch sdar) with its own byte-level BPE tokenizer. DATA is a .txt file or a folder of them, documents separated by blank "
         "lines (python -m diffuse.train.corpus DIR writes the demo corpus). Resumes from RUN/state.pt with "
         "the run's own hyper-parameters (model shape, tokenizer, batch, learning rate, seed).",
     )
@@ -32,6 +32,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--gguf", type=Path, metavar="MODEL.gguf", help="also convert the final checkpoint to this GGUF file")
     p.add_argument("--name", help="model name in the GGUF (default: the run folder's name)")
     p.add_argument("--outtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"], help="GGUF weight type (default f16)")
+    p.add_argument("--arch", choices=["llada", "sdar"],
+                   help="llada (default): bidirectional, LLaDA's objective; sdar: block diffusion in SDAR's layout")
+    p.add_argument("--block-size", type=int, help="sdar: the block length it is trained and decodes with (default 4)")
     p.add_argument("--steps", type=int, default=8000, help="optimizer steps (default 8000)")
     p.add_argument("--minutes", type=float, default=0.0, help="stop after this much training time (0: no limit)")
     p.add_argument("--batch", type=int, help="sequences per step (default 16)")
@@ -68,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
                       eval_every=args.eval_every, **_hparams(args, saved_hparams(args.out)))
     for option, value in (("steps", cfg.steps), ("threads", cfg.threads), ("batch", cfg.batch),
                           ("seq-len", cfg.seq_len), ("vocab-size", cfg.vocab_size), ("d-model", cfg.d_model),
-                          ("layers", cfg.n_layers), ("heads", cfg.n_heads), ("ffn", cfg.mlp_hidden_size)):
+                          ("layers", cfg.n_layers), ("heads", cfg.n_heads), ("ffn", cfg.mlp_hidden_size),
+                          ("block-size", cfg.block_size)):
         if value <= 0:
             raise DiffuseError(f"--{option} must be positive (got {value})")
     if cfg.vocab_size < 300:
@@ -100,7 +104,7 @@ def _train(args: argparse.Namespace, cfg, train, name: str) -> int:
                 named.mkdir()
                 for f in hf.iterdir():
                     (named / f.name).symlink_to(f.resolve())
-                suggested = recipe_for(cfg.seq_len)
+                suggested = recipe_for(cfg.seq_len, cfg.arch, cfg.block_size)
                 convert_hf(named, args.gguf, outtype=args.outtype, recipe=suggested)
             log(f"converted {hf} -> {args.gguf} ({args.outtype}, name {name}, recipe {recipe.text(suggested)})")
     return 0

@@ -1,8 +1,13 @@
-"""The training loop: LLaDA's masked-diffusion objective on a byte-level BPE tokenizer of our own.
+"""The training loop: masked diffusion on a byte-level BPE tokenizer of our own.
 
-Per row: t ~ U(0, 1), p = (1 - eps) t + eps; each maskable token is replaced by <|mdm_mask|> with
-probability p; loss = sum over masked positions of cross-entropy / p, divided by the number of
-maskable tokens in the row (LLaDA pre-training and SFT, eqs. 3 and 5 of the paper).
+`arch="llada"` (LLaDA's objective): per row t ~ U(0, 1), p = (1 - eps) t + eps; each maskable
+token is replaced by <|mdm_mask|> with probability p; loss = sum over masked positions of
+cross-entropy / p, divided by the number of maskable tokens in the row (LLaDA pre-training and
+SFT, eqs. 3 and 5 of the paper).
+
+`arch="sdar"` (block diffusion, BD3-LM's objective as SDAR trains it): the same masking with one
+p per block of `block_size`, and each block scored against the clean blocks before it in one pass
+over [noisy ; clean] (model.block_diffusion_mask); the same loss.
 
 The learning rate follows warm-up then cosine decay over `progress`, the larger of steps done /
 `steps` and minutes used / `minutes`, so a time-limited run still ends at the low learning rate.
@@ -25,20 +30,23 @@ from diffuse.train.bpe import EOS, MASK, train_bpe
 from diffuse.train.data import Batches, heldout_windows, read_documents, split_heldout
 from diffuse.train.evaluate import masked_accuracy, torch_logits_fn
 from diffuse.train.export import save_hf
-from diffuse.train.model import LLaDA, LLaDAShape
+from diffuse.train.model import SDAR, LLaDA, Shape
 
 EPS = 1e-3
 
 # What a resumed run must keep: the model's shape, the tokenizer and the recipe. Stored in state.pt,
 # so a resume needs none of them again (steps, minutes, threads and eval_every may change).
-HPARAMS = ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden_size", "seq_len", "batch", "lr", "warmup",
-           "weight_decay", "chat_fraction", "bf16", "seed")
+HPARAMS = ("arch", "block_size", "vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden_size", "seq_len", "batch",
+           "lr", "warmup", "weight_decay", "chat_fraction", "bf16", "seed")
+ARCHS = ("llada", "sdar")
 
 
 @dataclass
 class TrainConfig:
     data: Path
     out: Path  # receives hf/ (the checkpoint), state.pt (to resume) and train.log
+    arch: str = "llada"  # or "sdar": block diffusion (SDAR's layout and objective)
+    block_size: int = 4  # sdar: the blocks it is trained (and decodes) with
     vocab_size: int = 4096
     # The demo recipe: sized so an hour on 2 shared CPU cores sees enough tokens (about 3.3M params)
     d_model: int = 192
@@ -66,13 +74,18 @@ def _lr(cfg: TrainConfig, step: int, progress: float) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def diffusion_loss(model: LLaDA, ids: torch.Tensor, maskable: torch.Tensor, mask_id: int, bf16: bool) -> torch.Tensor:
-    """ids, maskable: (B, T). Returns the scalar LLaDA loss."""
+def diffusion_loss(model: LLaDA | SDAR, ids: torch.Tensor, maskable: torch.Tensor, mask_id: int,
+                   bf16: bool) -> torch.Tensor:
+    """ids, maskable: (B, T). Returns the scalar loss: LLaDA's, or per block for SDAR."""
     B, T = ids.shape
-    p = (1 - EPS) * torch.rand(B, 1) + EPS  # (B, 1)
+    if isinstance(model, SDAR):   # one noise level per block: (B, T / block) -> (B, T)
+        p = ((1 - EPS) * torch.rand(B, T // model.block) + EPS).repeat_interleave(model.block, dim=1)
+    else:
+        p = (1 - EPS) * torch.rand(B, 1) + EPS  # (B, 1)
     masked = (torch.rand(B, T) < p) & maskable
+    noisy = torch.where(masked, mask_id, ids)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        logits = model(torch.where(masked, mask_id, ids))
+        logits = model.train_logits(noisy, ids) if isinstance(model, SDAR) else model(noisy)
     ce = F.cross_entropy(logits.float()[masked], ids[masked], reduction="none")  # (n_masked,)
     weighted = torch.zeros(B, T).masked_scatter_(masked, ce) / p  # (B, T)
     return (weighted.sum(1) / maskable.sum(1).clamp(min=1)).mean()
@@ -104,6 +117,11 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
     """Train (or resume from cfg.out/state.pt); returns the Hugging Face checkpoint folder."""
     if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 2:
         raise DiffuseError(f"d_model {cfg.d_model} must split into {cfg.n_heads} heads of even size")
+    if cfg.arch not in ARCHS:
+        raise DiffuseError(f"arch {cfg.arch!r}: not one of {', '.join(ARCHS)}")
+    if cfg.arch == "sdar" and (cfg.block_size <= 0 or cfg.seq_len % cfg.block_size or (cfg.seq_len // 8) % cfg.block_size):
+        raise DiffuseError(f"block size {cfg.block_size} must divide seq_len / 8 ({cfg.seq_len // 8}): every "
+                           "training window is a whole number of blocks")
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     cfg.out.mkdir(parents=True, exist_ok=True)
@@ -113,8 +131,9 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
     batches = Batches(tok, train_docs, cfg.seq_len, cfg.batch, cfg.chat_fraction, cfg.seed)
     held = heldout_windows(lambda text: tok.encode(text).ids, tok.token_to_id(EOS), held_docs, cfg.seq_len,
                            cfg.eval_windows)
-    shape = LLaDAShape(tok.get_vocab_size(), cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.mlp_hidden_size, cfg.seq_len)
-    model = LLaDA(shape)
+    shape = Shape(tok.get_vocab_size(), cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.mlp_hidden_size, cfg.seq_len)
+    model = SDAR(shape, cfg.block_size) if cfg.arch == "sdar" else LLaDA(shape)
+    n_params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() > 1]
     no_decay = [p for p in model.parameters() if p.dim() == 1]
     opt = torch.optim.AdamW(
@@ -137,7 +156,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
             raise DiffuseError(f"{state_path}: cannot resume this run with these settings ({e}); "
                                "delete the run folder to start over") from e
         log(f"resumed at step {step} ({used_s / 60:.1f} min)")
-    log(f"model {shape.n_params() / 1e6:.2f}M params, vocab {shape.vocab_size}, "
+    log(f"{cfg.arch} model {n_params / 1e6:.2f}M params, vocab {shape.vocab_size}, "
         f"{len(batches.stream)} training tokens, {held.shape[0]} held-out windows")
 
     scores: dict = {}
@@ -155,7 +174,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
                                "kept, run the same command again to resume from it") from None
         info = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
                 "step": step, "tokens_seen": step * cfg.batch * cfg.seq_len, "train_minutes": round(used_s / 60, 1),
-                "n_params": shape.n_params(), "heldout": {str(r): v for r, v in scores.items()}}
+                "n_params": n_params, "heldout": {str(r): v for r, v in scores.items()}}
         hf = cfg.out / "hf"
         save_hf(model, tok, hf, info)
         return hf
