@@ -32,6 +32,15 @@ class Shape:
         return asdict(self)
 
 
+def init_weights(model: nn.Module, n_layers: int, is_residual_out) -> None:
+    """GPT-2 style: matrices N(0, 0.02), the residual outputs (is_residual_out(name)) shrunk by depth
+    so that the stream starts near unit scale; norms stay at 1."""
+    std_out = 0.02 / math.sqrt(2 * n_layers)
+    for name, p in model.named_parameters():
+        if p.dim() > 1:
+            nn.init.normal_(p, mean=0.0, std=std_out if is_residual_out(name) else 0.02)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, d: int, eps: float):
         super().__init__()
@@ -111,16 +120,8 @@ class LLaDA(nn.Module):
         cos, sin = rope_tables(shape.max_sequence_length, shape.d_model // shape.n_heads, shape.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self._init_weights()
-
-    def _init_weights(self) -> None:
-        # GPT-2 style: N(0, 0.02), residual outputs shrunk by depth so the stream starts near unit scale
-        std_out = 0.02 / math.sqrt(2 * self.shape.n_layers)
-        for name, p in self.named_parameters():
-            if p.dim() == 1:
-                continue
-            is_residual_out = name.endswith("attn_out.weight") or (".blocks." in name and name.endswith("ff_out.weight"))
-            nn.init.normal_(p, mean=0.0, std=std_out if is_residual_out else 0.02)
+        init_weights(self, shape.n_layers, lambda name: name.endswith("attn_out.weight")
+                     or (".blocks." in name and name.endswith("ff_out.weight")))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         t = self.model.transformer
@@ -228,10 +229,7 @@ class SDAR(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self._masks: dict = {}
-        std_out = 0.02 / math.sqrt(2 * shape.n_layers)
-        for name, p in self.named_parameters():
-            if p.dim() > 1:
-                nn.init.normal_(p, mean=0.0, std=std_out if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02)
+        init_weights(self, shape.n_layers, lambda name: name.endswith(("o_proj.weight", "down_proj.weight")))
 
     def _mask(self, kind, n: int) -> torch.Tensor:
         if (kind, n) not in self._masks:
