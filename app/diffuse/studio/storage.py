@@ -101,10 +101,36 @@ def _check_settings(path: Path) -> None:
     s.sync()
 
 
-def runs_dir() -> Path:
-    d = home_dir() / "runs"
+# write_atomic's temporary files (.NAME.XXXXXXXX.part) are renamed within seconds; one this old was
+# left by a process killed mid-write (kill -9, power loss) and holds nothing the user saved.
+STALE_PART_S = 3600.0
+
+
+def _sweep_stale_parts(folder: Path) -> None:
+    now = time.time()
+    for part in folder.glob(".*.part"):
+        try:
+            if now - part.stat().st_mtime > STALE_PART_S:
+                part.unlink()
+        except OSError:          # gone already, or not ours to remove: leave it
+            continue
+
+
+def _own_folder(name: str) -> Path:
+    """A folder of the app's own under home_dir(), stale temporary files swept once per process."""
+    d = home_dir() / name
     d.mkdir(exist_ok=True)
+    if d not in _swept:
+        _swept.add(d)
+        _sweep_stale_parts(d)
     return d
+
+
+_swept: set[Path] = set()
+
+
+def runs_dir() -> Path:
+    return _own_folder("runs")
 
 
 RUN_NAME_WORDS = 40        # characters of the prompt in a recording's file name
@@ -165,9 +191,7 @@ def remember_dialog_dir(kind: str, chosen: str | Path) -> None:
 
 
 def conversations_dir() -> Path:
-    d = home_dir() / "conversations"
-    d.mkdir(exist_ok=True)
-    return d
+    return _own_folder("conversations")
 
 
 def demo_model() -> Path | None:
