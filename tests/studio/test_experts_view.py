@@ -10,13 +10,17 @@ from diffuse.studio.experts_view import ExpertsView, top1_map, touched_per_layer
 from diffuse.studio.run_state import RunState
 
 
+def _recorded_run(path, name: str, **options) -> RunState:
+    """A cached run of the model at `path` on a fixed prompt, recorded as the Studio records it."""
+    model = diffuse.load(path, threads=1)
+    run = RunState(name, {"cache": True}, {"name": name, "arch": model.arch, "n_expert": model.n_expert})
+    run.finish(model.generate([5, 17, 42, 8], on_step=run.add, **options))
+    return run
+
+
 @pytest.fixture(scope="module")
 def moe_run(tiny_gguf) -> RunState:
-    model = diffuse.load(tiny_gguf("llada-moe", "f32"), threads=1)
-    run = RunState("moe", {"cache": True}, {"name": "moe", "arch": model.arch, "n_expert": model.n_expert})
-    result = model.generate([5, 17, 42, 8], gen_length=16, steps=8, block_length=8, on_step=run.add)
-    run.finish(result)
-    return run
+    return _recorded_run(tiny_gguf("llada-moe", "f32"), "moe", gen_length=16, steps=8, block_length=8)
 
 
 def test_usage_and_top1_follow_the_step(qtbot, moe_run):
@@ -65,11 +69,7 @@ def test_main_window_has_the_experts_tab(window):
 @pytest.fixture(scope="module")
 def llada2_run(tiny_gguf) -> RunState:
     """A block-diffusion MoE run: tiny LLaDA2 (dense first layer, 16 experts in 4 groups, top 4)."""
-    model = diffuse.load(tiny_gguf("llada2", "f32"), threads=1)
-    run = RunState("llada2", {"cache": True}, {"name": "llada2", "arch": model.arch, "n_expert": model.n_expert})
-    result = model.generate([5, 17, 42, 8], gen_length=32, steps=4, on_step=run.add)
-    run.finish(result)
-    return run
+    return _recorded_run(tiny_gguf("llada2", "f32"), "llada2", gen_length=32, steps=4)
 
 
 def test_block_step_shows_the_experts_it_touches_per_layer(qtbot, llada2_run):
