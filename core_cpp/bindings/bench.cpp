@@ -31,13 +31,18 @@ void diffuse_py::register_bench(py::module_ & m) {
           py::arg("reps") = 5, py::arg("masked") = 0, py::arg("logit_rows") = 0,
           py::arg("routing") = false,
           "ms of each of `reps` block-diffusion steps: `width` new rows over `depth` cached rows, the last "
-          "`masked` of them the mask token, logits for the last `logit_rows` rows (0: all). routing=True: (ms, experts), experts a flat list (n_layer, width, "
-          "n_expert_used) of an MoE model's choices, best first (-1 for dense layers), empty for a dense model.");
+          "`masked` of them the mask token, logits for the last `logit_rows` rows (0: all). routing=True: "
+          "(ms, experts), experts a flat list (n_layer, width, n_expert_used) of an MoE model's choices, best "
+          "first (-1 for dense layers), empty for a dense model.");
     m.def("bench_block_steps",
-          [](const diffuse::Model & model, int depth, const std::vector<std::tuple<int, int, int>> & cases, int reps,
+          [](const diffuse::Model & model, int depth, const std::vector<std::vector<int>> & cases, int reps,
              bool routing) {
               std::vector<diffuse::BlockStepCase> cs;
-              for (const auto & [w, masked, threads] : cases) cs.push_back({w, masked, threads});
+              for (const std::vector<int> & c : cases) {
+                  if (c.size() != 3 && c.size() != 4)
+                      throw diffuse::Error("bench_block_steps: a case is (width, masked, threads[, logit_rows])");
+                  cs.push_back({c[0], c[1], c[2], c.size() == 4 ? c[3] : 0});
+              }
               std::vector<diffuse::BlockStepResult> r;
               {
                   py::gil_scoped_release release;
@@ -49,6 +54,7 @@ void diffuse_py::register_bench(py::module_ & m) {
           },
           py::arg("model"), py::arg("depth"), py::arg("cases"), py::kw_only(), py::arg("reps") = 3,
           py::arg("routing") = true,
-          "Block steps over one prefilled prompt of `depth` rows: cases [(width, masked, threads)], in order; "
-          "for each (ms list, experts flat list (n_layer, width, n_expert_used), empty without routing or experts).");
+          "Block steps over one prefilled prompt of `depth` rows: cases [(width, masked, threads[, logit_rows])], "
+          "in order; for each (ms list, experts flat list (n_layer, width, n_expert_used), empty without routing "
+          "or experts).");
 }

@@ -21,7 +21,7 @@ std::vector<BlockStepResult> bench_block_steps(const Model & base, int depth, co
     int max_width = 0;
     for (const BlockStepCase & c : cases) {
         if (c.width <= 0 || depth % c.width != 0)
-            throw Error("bench_block_step: width must be positive and divide depth, reps positive");
+            throw Error("bench_block_step: width must be positive and divide depth");
         if (c.masked < 0 || c.masked > c.width) throw Error("bench_block_step: masked must be between 0 and width");
         if (c.logit_rows < 0 || c.logit_rows > c.width)
             throw Error("bench_block_step: logit_rows must be between 0 (every row) and width");

@@ -71,9 +71,11 @@ def run(path: str, ar_path: str, depths: list[int], widths: list[int], threads: 
         for w in widths:
             ours, ours1, pp = [], [], []
             for _ in range(reps):
-                for logit_rows, out in ((0, ours), (1, ours1)):
-                    out.append(float(np.median(_core.bench_block_step(model._core, d, w, threads=threads, reps=3,
-                                                                      logit_rows=logit_rows))))
+                # both variants over one prefill of the d cached rows: (width, masked, threads, logit_rows)
+                both = _core.bench_block_steps(model._core, d, [(w, 0, threads, 0), (w, 0, threads, 1)], reps=3,
+                                               routing=False)
+                for (ms, _), out in zip(both, (ours, ours1)):
+                    out.append(float(np.median(ms)))
                 pp.append(llama_bench(bins.bench, ar_path, n_prompt=w, n_gen=0, threads=threads, reps=1,
                                       flash_attn=True, depth=d)["ms"])
             o, o1, p = float(np.median(ours)), float(np.median(ours1)), float(np.median(pp))

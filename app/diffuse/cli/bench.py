@@ -162,11 +162,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                     "early EOS) against the model's own decoding",
                        description="Each fast-decoding method beside the model's defaults: forward passes, ms per "
                                    "step, useful tok/s, agreement with the baseline's answer and, with --data, "
-                                   "held-out continuations reproduced; then ms per step at each --lengths "
+                                   "the model's held-out masked-token accuracy for scale; then ms per step at "
+                                   "each --lengths "
                                    "(blocks of 32). See docs/benchmarks.md.")
     fa.add_argument("model", help="GGUF model file (a full-attention model: LLaDA, Dream, LLaDA-MoE)")
     fa.add_argument("--data", type=Path, help="the demo model's training text (a .txt file or a folder of them, "
-                                             "python -m diffuse.train.corpus): score held-out continuations")
+                                             "python -m diffuse.train.corpus): the model's held-out masked-token accuracy")
     fa.add_argument("--lengths", type=int_list, default=[], help="answer lengths of the speed table (e.g. 256,1024)")
     fa.add_argument("--no-quality", dest="quality", action="store_false", help="only the speed table")
     fa.add_argument("--temperature", type=float, help="of the quality runs (default: the model's)")

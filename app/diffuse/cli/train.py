@@ -12,9 +12,9 @@ from diffuse.cli import check_input, check_output, check_output_folder
 
 # Options that set a stored hyper-parameter (TrainConfig field): default None, so that a resume can
 # tell an explicit value from an absent one.
-HPARAM_OPTIONS = {"arch": "arch", "block_size": "block_size", "vocab_size": "vocab_size", "d_model": "d_model", "layers": "n_layers", "heads": "n_heads",
-                  "ffn": "mlp_hidden_size", "seq_len": "seq_len", "batch": "batch", "lr": "lr",
-                  "chat_fraction": "chat_fraction", "seed": "seed"}
+HPARAM_OPTIONS = {"arch": "arch", "block_size": "block_size", "vocab_size": "vocab_size", "d_model": "d_model",
+                  "layers": "n_layers", "heads": "n_heads", "ffn": "mlp_hidden_size", "seq_len": "seq_len",
+                  "batch": "batch", "lr": "lr", "chat_fraction": "chat_fraction", "seed": "seed"}
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -23,8 +23,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         usage="diffuse train DATA --out RUN [--gguf MODEL.gguf] [options]",
         help="train a small LLaDA- or SDAR-architecture model on text (needs PyTorch: pip install 'diffuse[train]')",
         description="Train a small masked diffusion LM (LLaDA's architecture and objective, or SDAR's block "
-        "diffusion with --arch sdar) with its own byte-level BPE tokenizer. DATA is a .txt file or a folder of them, documents separated by blank "
-        "lines (python -m diffuse.train.corpus DIR writes the demo corpus). Resumes from RUN/state.pt with "
+        "diffusion with --arch sdar) with its own byte-level BPE tokenizer. DATA is a .txt file or a folder of "
+        "them, documents separated by blank lines (python -m diffuse.train.corpus DIR writes the demo corpus). "
+        "Resumes from RUN/state.pt with "
         "the run's own hyper-parameters (model shape, tokenizer, batch, learning rate, seed).",
     )
     p.add_argument("data", type=Path, metavar="DATA", help="text file or folder of .txt files")
@@ -56,7 +57,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from diffuse.train.loop import TrainConfig, saved_hparams, train
+        from diffuse.train.loop import TrainConfig, check, saved_hparams, train
     except ImportError as e:
         raise DiffuseError(f"diffuse train needs PyTorch ({e}); install it with: pip install 'diffuse[train]'") from e
     name = args.name or args.out.resolve().name
@@ -77,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
             raise DiffuseError(f"--{option} must be positive (got {value})")
     if cfg.vocab_size < 300:
         raise DiffuseError("--vocab-size must be at least 300 (256 bytes + 6 special tokens + merges)")
+    check(cfg)   # before the run folder is made
     args.out.mkdir(parents=True, exist_ok=True)
     try:
         return _train(args, cfg, train, name)

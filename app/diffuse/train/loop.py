@@ -113,15 +113,22 @@ def saved_hparams(out: Path) -> dict | None:
     return state.get("hparams")
 
 
-def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
-    """Train (or resume from cfg.out/state.pt); returns the Hugging Face checkpoint folder."""
+def check(cfg: TrainConfig) -> None:
+    """DiffuseError when the model these settings describe cannot be built."""
     if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 2:
         raise DiffuseError(f"d_model {cfg.d_model} must split into {cfg.n_heads} heads of even size")
     if cfg.arch not in ARCHS:
         raise DiffuseError(f"arch {cfg.arch!r}: not one of {', '.join(ARCHS)}")
-    if cfg.arch == "sdar" and (cfg.block_size <= 0 or cfg.seq_len % cfg.block_size or (cfg.seq_len // 8) % cfg.block_size):
+    # windows are seq_len or cut to multiples of seq_len // 8 (data.SHORT_BATCHES): whole blocks each
+    if cfg.arch == "sdar" and (cfg.block_size <= 0 or cfg.seq_len % cfg.block_size
+                               or (cfg.seq_len // 8) % cfg.block_size):
         raise DiffuseError(f"block size {cfg.block_size} must divide seq_len / 8 ({cfg.seq_len // 8}): every "
                            "training window is a whole number of blocks")
+
+
+def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
+    """Train (or resume from cfg.out/state.pt); returns the Hugging Face checkpoint folder."""
+    check(cfg)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     cfg.out.mkdir(parents=True, exist_ok=True)
