@@ -267,11 +267,10 @@ def test_a_window_deleted_while_its_recording_is_written_is_not_called_back(qtbo
     assert len(list(storage.runs_dir().glob("*.npz"))) == 1
 
 
-def test_a_killed_writers_temporary_file_is_swept_and_nothing_else(monkeypatch):
+def test_a_killed_writers_temporary_file_is_swept_and_nothing_else():
     """A recording or conversation written when the process was killed (-9) leaves write_atomic's
     hidden .part file; the next start removes those over an hour old, never a fresh one (another
     window may be writing it) nor anything else."""
-    monkeypatch.setattr(storage, "_swept", set())
     hour_ago = time.time() - storage.STALE_PART_S - 60
     for name in ("runs", "conversations"):
         folder = storage.home_dir() / name
@@ -282,5 +281,6 @@ def test_a_killed_writers_temporary_file_is_swept_and_nothing_else(monkeypatch):
             path.write_bytes(b"x")
         for path in (stale, folder / "old.npz", folder / ".hidden-note"):
             os.utime(path, (hour_ago, hour_ago))
+        storage.sweep_stale_parts()
         assert (storage.runs_dir() if name == "runs" else storage.conversations_dir()) == folder
         assert not stale.exists() and all(p.exists() for p in kept)

@@ -20,13 +20,14 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
-    from diffuse.studio import theme
+    from diffuse.studio import storage, theme
     from diffuse.studio.main_window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Diffuse Studio")
     app.setOrganizationName("diffuse")
     theme.apply(app)
+    storage.sweep_stale_parts()
     window = MainWindow()
     window.show()
     app.aboutToQuit.connect(window.close)      # quitting from outside still stops the engine

@@ -106,9 +106,10 @@ def _check_settings(path: Path) -> None:
 STALE_PART_S = 3600.0
 
 
-def _sweep_stale_parts(folder: Path) -> None:
+def sweep_stale_parts() -> None:
+    """Delete stale temporary files from the app's own folders (runs, conversations); at start."""
     now = time.time()
-    for part in folder.glob(".*.part"):
+    for part in [*runs_dir().glob(".*.part"), *conversations_dir().glob(".*.part")]:
         try:
             if now - part.stat().st_mtime > STALE_PART_S:
                 part.unlink()
@@ -116,21 +117,10 @@ def _sweep_stale_parts(folder: Path) -> None:
             continue
 
 
-def _own_folder(name: str) -> Path:
-    """A folder of the app's own under home_dir(), stale temporary files swept once per process."""
-    d = home_dir() / name
-    d.mkdir(exist_ok=True)
-    if d not in _swept:
-        _swept.add(d)
-        _sweep_stale_parts(d)
-    return d
-
-
-_swept: set[Path] = set()
-
-
 def runs_dir() -> Path:
-    return _own_folder("runs")
+    d = home_dir() / "runs"
+    d.mkdir(exist_ok=True)
+    return d
 
 
 RUN_NAME_WORDS = 40        # characters of the prompt in a recording's file name
@@ -191,7 +181,9 @@ def remember_dialog_dir(kind: str, chosen: str | Path) -> None:
 
 
 def conversations_dir() -> Path:
-    return _own_folder("conversations")
+    d = home_dir() / "conversations"
+    d.mkdir(exist_ok=True)
+    return d
 
 
 def demo_model() -> Path | None:
