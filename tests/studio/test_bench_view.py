@@ -9,6 +9,7 @@ from PySide6.QtWidgets import QApplication
 
 import diffuse
 from diffuse.studio.bench_view import SWEEPS, BenchWindow, parse_values, point_name
+from diffuse.studio.run_controller import RunController
 
 OPTIONS = {"gen_length": 8, "block_length": 8, "steps": 4, "threads": 1, "chat": True, "seed": None}
 
@@ -20,8 +21,8 @@ def tiny_model(tiny_gguf):
 
 @pytest.fixture
 def bench(qtbot, tiny_model):
-    engine = SimpleNamespace(model=tiny_model, busy=False)
-    w = BenchWindow(engine, lambda: dict(OPTIONS))
+    runs = RunController(SimpleNamespace(model=tiny_model, busy=False))
+    w = BenchWindow(runs, lambda: dict(OPTIONS))
     qtbot.addWidget(w)
     w.show()
     yield w
@@ -78,13 +79,29 @@ def test_bad_values_are_refused(option, text, message):
         parse_values(option, text)
 
 
-def test_refused_without_a_model_or_while_busy(qtbot, bench):
+def test_refused_without_a_model_or_while_another_part_runs_it(qtbot, bench):
     bench.values.setText("2,x")
     bench.start()
     assert not bench.running and "whole numbers" in bench.status.text()
-    bench.engine.busy = True
+    bench.values.setText("2,4")
+    assert bench.runs.acquire("chat", lambda: None)
+    assert not bench.run_button.isEnabled()
+    assert "A chat answer is running" in bench.run_button.toolTip()
     bench.start()
-    assert not bench.running and "wait for the current run" in bench.status.text()
+    assert not bench.running and "A chat answer is running" in bench.status.text()
+    bench.runs.release("chat")
+    assert bench.run_button.isEnabled()
+    bench.runs.engine.model = None
+    bench.start()
+    assert not bench.running and "Load a model" in bench.status.text()
+
+
+def test_a_sweep_holds_the_model_until_it_ends(qtbot, bench):
+    held = []
+    bench.runs.holder_changed.connect(held.append)
+    _sweep(qtbot, bench, "Step budget", "2,4")
+    assert held == ["benchmarks", None] and bench.runs.holder is None
+    assert bench.run_button.isEnabled()
 
 
 def test_main_window_opens_it(window):

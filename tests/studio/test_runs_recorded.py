@@ -164,7 +164,7 @@ def test_a_recording_that_cannot_be_written_leaves_no_link(qtbot, window, fake_m
     qtbot.waitUntil(lambda: "could not record" in window.statusBar().currentMessage(),
                     timeout=10000)
     assert saved_answer(window)["meta"]["recording"] is None
-    assert list(storage.runs_dir().iterdir()) == [] and not window._writing and not window._saves
+    assert list(storage.runs_dir().iterdir()) == [] and not window.runs.writing and not window.runs.saves
 
 
 @pytest.mark.timeout(60)
@@ -176,9 +176,9 @@ def test_closing_while_the_recording_is_written_waits_for_it(qtbot, fake_model, 
     finish_a_run(qtbot, w, fake_model(step_delay=0))
     w.close()
     w.close()                                           # closed twice
-    assert not w.isVisible() and w._saves               # hidden; closes once it is written
+    assert not w.isVisible() and w.runs.saves               # hidden; closes once it is written
     release.set()
-    qtbot.waitUntil(lambda: not w._saves, timeout=20000)
+    qtbot.waitUntil(lambda: not w.runs.saves, timeout=20000)
     path = saved_answer(w)["meta"]["recording"]
     assert path is not None and Recording.load(path).result.steps > 0
 
@@ -258,7 +258,7 @@ def test_a_window_deleted_while_its_recording_is_written_is_not_called_back(qtbo
     w = MainWindow()
     w.show()
     finish_a_run(qtbot, w, fake_model(step_delay=0))
-    (job,) = w._saves
+    (job,) = w.runs.saves
     w.close()
     shiboken6.delete(w)                     # gone before the recording is written
     release.set()

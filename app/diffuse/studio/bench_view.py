@@ -5,8 +5,10 @@ settings: each point is one generation (a batch of copies of the prompt for the 
 on a background job with progress and Cancel; tokens/s, ms per step and the answer's agreement
 with the reference point's are plotted as each point ends. The reference is the largest step
 budget on the step axis (how much answer fewer steps keep: the study's fourth finding), the first
-value on the others (what the cache or blocks change; a batch changes nothing). The sweep runs beside the engine thread on the same shared Model, so it is refused while a
-chat run is going (two runs at once would time each other).
+value on the others (what the cache or blocks change; a batch changes nothing). The sweep runs on
+its own thread with the shared Model, holding it through the run controller: it is refused while
+a chat or compare run goes, and they are refused while it sweeps (two runs at once would time
+each other).
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from PySide6.QtWidgets import (QApplication, QComboBox, QHBoxLayout, QLabel, QLi
 
 from diffuse.studio import theme
 from diffuse.studio.job_box import JobBox
-from diffuse.studio.workers import Engine, Job
+from diffuse.studio.run_controller import RunController
+from diffuse.studio.workers import Job
 
 # axis label -> (option swept, default values); the cache axis is off/on, drawn at 0/1
 SWEEPS = {
@@ -80,13 +83,14 @@ def sweep_order(option: str, values: list) -> list:
 
 
 class BenchWindow(QWidget):
-    """Needs the shared engine (for its model) and a callable giving the current options."""
+    """Needs the run controller (for the model and the right to run it) and a callable giving
+    the current options."""
 
-    def __init__(self, engine: Engine, base_options, parent=None):
+    def __init__(self, runs: RunController, base_options, parent=None):
         super().__init__(parent, Qt.WindowType.Window)
         self.setWindowTitle("Diffuse Studio · benchmarks")
         self.resize(1000, 600)
-        self.engine = engine
+        self.runs = runs
         self.base_options = base_options
         self.job: Job | None = None
         self.points: list[dict] = []      # appended by the job's thread, read on progress
@@ -125,6 +129,8 @@ class BenchWindow(QWidget):
         layout.addLayout(plots, 1)
         layout.addWidget(self.status)
         self._axis_changed(self.axis.currentText())
+        runs.holder_changed.connect(self._holder_changed)
+        self._holder_changed()
         QApplication.instance().aboutToQuit.connect(self.stop)
         # Esc closes the window, as in a dialog (closing cancels a sweep, as the X does)
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.close)
@@ -153,10 +159,21 @@ class BenchWindow(QWidget):
     def running(self) -> bool:
         return self.job is not None
 
+    def _holder_changed(self, *_) -> None:
+        """The Run button is off, saying why, while another part runs the model."""
+        refused = self.runs.refusal("benchmarks")
+        self.run_button.setEnabled(not self.running and not refused)
+        self.run_button.setToolTip(refused or "Run one generation per value with the current settings")
+
     def start(self) -> None:
-        model = self.engine.model
-        if model is None or self.engine.busy or self.running:
-            self.status.setText("Load a model and wait for the current run to end first.")
+        model = self.runs.engine.model
+        if model is None:
+            self.status.setText("Load a model first.")
+            return
+        if self.running:
+            return
+        if refused := self.runs.refusal("benchmarks"):
+            self.status.setText(f"{refused}.")
             return
         option = SWEEPS[self.axis.currentText()][0]
         try:
@@ -164,6 +181,7 @@ class BenchWindow(QWidget):
         except ValueError as e:
             self.status.setText(f"Values: {e}.")
             return
+        self.runs.acquire("benchmarks", self.cancel)
         prompt = self.prompt.text().strip() or "Why is the sky blue?"
         # The chat flag and threads of the settings panel are Model.generate arguments too.
         options = {k: v for k, v in self.base_options().items() if v is not None}
@@ -219,7 +237,8 @@ class BenchWindow(QWidget):
     def _ended(self, text: str) -> None:
         self.job = None
         self.job_box.hide()
-        self.run_button.setEnabled(True)
+        self.runs.release("benchmarks")
+        self._holder_changed()
         self._redraw()
         self.status.setText(text)
 

@@ -82,6 +82,7 @@ class ChatPanel(QWidget):
         self._gone: set[str] = set()           # recordings linked from this conversation, missing
         self.confirm_box: QMessageBox | None = None
         self.busy = False
+        self.refused = ""                      # why another part's run keeps the chat from running
         self.model_ready = False
         self._ready_hint = ""
 
@@ -240,7 +241,7 @@ class ChatPanel(QWidget):
 
     def submit(self) -> None:
         text = self.prompt.toPlainText().strip()
-        if self.busy or not self.model_ready:
+        if self.busy or self.refused or not self.model_ready:
             return       # the button is off, and the hint says why
         if not text:
             self.hint.setText("Type a prompt first.")
@@ -256,6 +257,8 @@ class ChatPanel(QWidget):
         """Drop the last answer and ask again with the same prompt (a failed one included)."""
         msgs = self.conversation.messages
         if self.busy or not self.model_ready or not msgs:
+            return
+        if self.refused:
             return
         if msgs[-1].role == "assistant":
             msgs.pop()
@@ -306,6 +309,12 @@ class ChatPanel(QWidget):
 
     def set_busy(self, busy: bool) -> None:
         self.busy = busy
+        self._update_buttons()
+
+    def set_refusal(self, reason: str) -> None:
+        """Why the chat may not run now (another part holds the model), or ""."""
+        self.refused = reason
+        self.hint.setText(reason or self._ready_hint)
         self._update_buttons()
 
     def set_model_ready(self, ready: bool, name: str = "") -> None:
@@ -362,8 +371,10 @@ class ChatPanel(QWidget):
 
     def _update_buttons(self) -> None:
         idle = not self.busy
-        self.generate_button.setEnabled(idle and self.model_ready)
-        self.regenerate_button.setEnabled(idle and self.model_ready)
+        can_run = idle and self.model_ready and not self.refused
+        self.generate_button.setEnabled(can_run)
+        self.generate_button.setToolTip(self.refused or "Generate an answer (Ctrl+Enter)")
+        self.regenerate_button.setEnabled(can_run)
         self.stop_button.setEnabled(self.busy)
         self.clear_button.setEnabled(idle)
         self.picker.setEnabled(idle)

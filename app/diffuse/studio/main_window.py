@@ -10,7 +10,6 @@ schedules the paint), so the slider, the timeline's label and the canvas header 
 """
 from __future__ import annotations
 
-import functools
 import platform
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ from diffuse.studio.experts_view import ExpertsView
 from diffuse.studio.heatmap import EntropyHeatmap
 from diffuse.studio.model_panel import ModelPanel
 from diffuse.studio.panes import PaneToggle
+from diffuse.studio.run_controller import RunController
 from diffuse.studio.run_state import RunState
 from diffuse.studio.serve_panel import ServePanel
 from diffuse.studio.settings_panel import SettingsPanel
@@ -77,14 +77,9 @@ class MainWindow(QMainWindow):
         screen = self.screen().availableGeometry()
         self.resize(min(1560, int(screen.width() * 0.96)), min(940, int(screen.height() * 0.94)))
         self.engine = engine or Engine(self)
-        self.run: RunState | None = None      # what the views show
-        self.live: RunState | None = None     # the run this window started, while it goes
-        self._shown_before: RunState | None = None   # what the views showed before it
+        self.runs = RunController(self.engine, self)   # who runs the model; the runs shown
         self.compare_window: CompareWindow | None = None
         self.bench_window: BenchWindow | None = None
-        self._saves: list[Job] = []              # recordings and exports being written
-        # recordings being written: the file, and the answer that links to it once written
-        self._writing: dict[Job, tuple[Path, Conversation, Message]] = {}
         self._dirty: set[str] = set()          # groups waiting to be redrawn: canvas, views
         self._drawn = "views"                  # the group redrawn last
         self._plots_drawn_at = 0.0             # time.monotonic() of the views' last redraw
@@ -143,7 +138,10 @@ class MainWindow(QMainWindow):
         self.engine.run_stepped.connect(self._run_stepped)
         self.engine.run_finished.connect(self._run_finished)
         self.engine.run_failed.connect(self._run_failed)
-        self.engine.busy_changed.connect(self._busy_changed)
+        self.engine.busy_changed.connect(self._update_actions)
+        self.runs.holder_changed.connect(self._holder_changed)
+        self.runs.recorded.connect(self._recorded)
+        self.runs.not_recorded.connect(self._not_recorded)
         self.chat.generate_requested.connect(self.generate)
         self.chat.stop_requested.connect(self.stop)
         self.chat.replay_requested.connect(self.replay)
@@ -152,7 +150,6 @@ class MainWindow(QMainWindow):
         self.model_panel.model_loaded.connect(self.set_model)
         self.serve_panel.served_step.connect(self._served_step)
         self.serve_panel.log_entry.connect(self._served_done)
-        self.served: tuple[object, RunState] | None = None   # (serve Job, its run) the views follow
         self._served_cpu: list = []      # psutil.cpu_times(percpu=True) as the followed request began
         self.model_panel.refused.connect(self._show_status)
         self.heatmap.step_clicked.connect(self.show_step)
@@ -251,11 +248,33 @@ class MainWindow(QMainWindow):
         self.save_action.setEnabled(has_run and self.run.done)
         self.png_action.setEnabled(has_run and self.run.done)
         self.gif_action.setEnabled(has_run and self.run.done)
-        self.stop_action.setEnabled(busy or self.timeline.playing)
-        self.generate_action.setEnabled(not busy and self.engine.model is not None)
+        self.stop_action.setEnabled(self.runs.busy or busy or self.timeline.playing)
+        refused = self.runs.refusal("chat")
+        self.generate_action.setEnabled(not busy and not refused and self.engine.model is not None)
+        self.generate_action.setToolTip(refused or "Generate an answer to the chat's prompt")
         self.compare_action.setEnabled(self.engine.model is not None)
         self.open_action.setEnabled(not busy)
         self.recent_menu.setEnabled(not busy)
+
+    # The runs shown are the run controller's; the window names them as its views see them.
+    @property
+    def run(self) -> RunState | None:
+        """The run the views show."""
+        return self.runs.shown
+
+    @property
+    def live(self) -> RunState | None:
+        """The chat's run, while it goes."""
+        return self.runs.live
+
+    @live.setter
+    def live(self, run: RunState | None) -> None:
+        self.runs.live = run
+
+    @property
+    def served(self) -> tuple[object, RunState] | None:
+        """(serve Job, its run): the served request the views follow."""
+        return self.runs.served
 
     # -- model and runs -----------------------------------------------------------------------
 
@@ -303,7 +322,10 @@ class MainWindow(QMainWindow):
         return templated
 
     def generate(self, text: str, messages: list[dict] | None = None) -> None:
-        if self.engine.busy or self.engine.model is None:
+        if self.engine.model is None:
+            return
+        if refused := self.runs.refusal("chat"):
+            self.chat.show_error(refused)
             return
         options = self.settings_panel.options()
         # The prompt's own length is checked where it is encoded (_prompt_for).
@@ -316,12 +338,11 @@ class MainWindow(QMainWindow):
             self.chat.show_error(f"the model's tokenizer failed: {exc}")
             return
         run = RunState(text, options, info, decode)
-        self.live = run
-        self.engine.start(run, self._prompt_for(run, messages))
+        self.runs.start_live(run, self._prompt_for(run, messages), self.engine.stop)
 
     def _run_started(self, run: RunState) -> None:
         if run is self.live:
-            self._shown_before = self.run
+            self.runs.shown_before = self.run
             self.show_run(run)
 
     def _run_stepped(self, run: RunState) -> None:
@@ -332,13 +353,12 @@ class MainWindow(QMainWindow):
             self._mark_dirty()
 
     def _run_finished(self, run: RunState) -> None:
-        if run is not self.live:
+        if not self.runs.end_live(run):
             return
-        self.live, self._shown_before = None, None
         self.run_label.setText("")
         conversation, answer = self.chat.add_answer(run)
         if run.events:
-            self._start_save(run, conversation, answer)
+            self.runs.record(run, (conversation, answer))
         res = run.result
         if res.stop_reason != "cancelled":
             self.timeline.run_ended(run.n_steps, res.total_ms)
@@ -346,46 +366,19 @@ class MainWindow(QMainWindow):
                           f"{res.total_ms / 1000:.2f} s, {res.buffer_tokens_per_s:.1f} tok/s")
         self._mark_dirty()
 
-    def _start_save(self, run: RunState, conversation: Conversation, answer: Message) -> None:
-        """Record the run off the GUI thread (compressing and syncing take a while); the answer
-        links to the file once it is written."""
-        taken = [path for path, _, _ in self._writing.values()]
-        try:
-            path = storage.new_run_path(run.prompt, run.recording.created, taken)
-        except OSError as e:        # the app's folder cannot be written
-            self._show_status(f"could not record the run: {e}")
-            return
-        job = Job(f"recording {path.name}", lambda progress, cancel: run.recording.save(path))
-        self._writing[job] = (path, conversation, answer)
-        # bound methods, not partials: Qt drops them if the window goes first
-        job.finished.connect(self._recorded)
-        job.failed.connect(self._not_recorded)
-        self._saves.append(job)
-        job.start()
-
-    def _recorded(self, _value=None) -> None:
-        path, conversation, answer = self._writing.pop(self.sender())
-        self._save_done()
-        self.chat.link_recording(conversation, answer, str(path))
+    def _recorded(self, tag: tuple[Conversation, Message], path: str) -> None:
+        """A chat answer's recording is written: the answer links to it."""
+        self.chat.link_recording(*tag, path)
 
     def _not_recorded(self, message: str) -> None:
-        self._writing.pop(self.sender())
-        self._save_failed(message)
-
-    def _save_done(self, _value=None) -> None:
-        self._saves = [j for j in self._saves if j.running]
-
-    def _save_failed(self, message: str) -> None:
-        self._save_done()
         self._show_status(f"could not record the run: {message}")
 
     def _run_failed(self, run: RunState, message: str) -> None:
-        if run is self.live:
-            self.live = None
+        before = self.runs.shown_before
+        if self.runs.end_live(run):
             if run is self.run and not run.events:   # refused before a step: nothing to show
-                self.show_run(self._shown_before)
+                self.show_run(before)
                 self.timeline.stop()
-            self._shown_before = None
             self.run_label.setText("")
             self.chat.show_error(message)
             self._show_status(f"run failed: {message}")
@@ -398,7 +391,7 @@ class MainWindow(QMainWindow):
                 return
             req, tok = job.request, self.engine.model.tokenizer
             run = RunState(tok.decode(req.prompt_of(0)), req.options_of(0), self.model_info(), tok.decode)
-            self.served = (job, run)
+            self.runs.served = (job, run)
             self._served_cpu = psutil.cpu_times(percpu=True)   # its load over the run, at its end
             self.show_run(run)
             self.run_label.setText(f"following served request #{job.id}")
@@ -423,15 +416,18 @@ class MainWindow(QMainWindow):
                           f"{entry['completion_tokens']} tokens")
         self._mark_dirty()
 
-    def _busy_changed(self, busy: bool) -> None:
-        self.chat.set_busy(busy)
-        self.model_panel.engine_busy = busy
+    def _holder_changed(self, holder: str | None) -> None:
+        """Another part took or freed the model: the chat's buttons, the model panel's swap
+        and the actions follow."""
+        self.chat.set_busy(holder == "chat")
+        self.chat.set_refusal(self.runs.refusal("chat"))
+        self.model_panel.engine_busy = holder is not None     # no model swap under any run
         self._update_actions()
 
     # -- showing a run ------------------------------------------------------------------------
 
     def show_run(self, run: RunState | None) -> None:
-        self.run = run
+        self.runs.shown = run
         self.timeline.reset()
         for view in (self.canvas_panel, self.heatmap, self.cache_view, self.throughput, self.experts_view):
             view.set_run(run)
@@ -441,8 +437,9 @@ class MainWindow(QMainWindow):
         self._mark_dirty()
 
     def stop(self) -> None:
-        """Cancel: the run stops after its current step, and the display stops playing."""
-        self.engine.stop()
+        """Cancel: whatever runs the model stops after its current step, and the display stops
+        playing."""
+        self.runs.stop()
         self.timeline.stop()
         self._update_actions()
 
@@ -558,17 +555,16 @@ class MainWindow(QMainWindow):
                   lambda progress, cancel: str(fn(run, path, mode=mode, fitted=fitted)))
         job.finished.connect(self._exported)
         job.failed.connect(self._export_failed)
-        self._saves.append(job)
         self._show_status(f"exporting {path}…")
-        job.start()
+        self.runs.track(job)
 
     def _exported(self, path: str) -> None:
-        self._save_done()
+        self.runs.saves_done()
         self._show_status(f"exported {path}")
         self.exported.emit(path)
 
     def _export_failed(self, message: str) -> None:
-        self._save_done()
+        self.runs.saves_done()
         self._error(f"export failed: {message}")
 
     def _file_dialog(self, save: bool, title: str, suffix: str, kind: str) -> str:
@@ -645,7 +641,7 @@ class MainWindow(QMainWindow):
 
     def open_benchmarks(self) -> None:
         if self.bench_window is None:
-            self.bench_window = BenchWindow(self.engine, self.settings_panel.options, self)
+            self.bench_window = BenchWindow(self.runs, self.settings_panel.options, self)
         self.bench_window.show()
         self.bench_window.raise_()
 
@@ -708,9 +704,9 @@ class MainWindow(QMainWindow):
         ended = self.engine.shutdown(left_ms())
         if ended:   # the run's last steps and its end wait in the queue: taken now, they start its recording
             QCoreApplication.sendPostedEvents(self.engine)
-        for job in self._saves + self.model_panel.jobs():
+        for job in self.runs.saves + self.model_panel.jobs():
             ended = job.wait(left_ms()) and ended
-        for job in list(self._saves):   # a written recording gets its chat link before the window goes
+        for job in list(self.runs.saves):   # a written recording gets its chat link before the window goes
             QCoreApplication.sendPostedEvents(job)
         return ended
 

@@ -1,0 +1,148 @@
+"""Who may run the loaded model now, and the runs the main window shows.
+
+One thing runs the model at a time: a chat answer, a compare pair or a benchmark sweep (the smoke
+test asks as the chat does). Two at once would time each other and share the model's buffers.
+A part of the Studio asks `acquire(holder, stop)` before it runs and calls `release(holder)` when
+it is done (a compare pair holds the model across both of its runs); `holder_changed` tells every
+part, so that each run button turns off with `refusal(...)` as its tooltip, and Cancel stops
+whoever holds it. Runs on the engine thread start through `start`, by the holder only.
+
+Who runs is a name and a stop function, not a kind of model: the runner is whatever `engine`
+is (the local Engine, or anything with its start/stop/busy, model and run signals, such as a
+client of a remote server).
+
+It also keeps the state of the runs the window shows: the one on screen, the chat's run while it
+goes (and what was on screen before it), the served request the views follow, and the
+recordings and exports being written, which closing the window waits for.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from PySide6.QtCore import QObject, Signal
+
+from diffuse.studio import storage
+from diffuse.studio.run_state import RunState
+from diffuse.studio.workers import Engine, Job
+
+# holder -> what it is, as the refusal names it
+HOLDERS = {"chat": "A chat answer", "compare": "A comparison", "benchmarks": "A benchmark sweep"}
+
+
+class RunController(QObject):
+    holder_changed = Signal(object)     # the HOLDERS key now running the model, or None
+    recorded = Signal(object, str)      # (the tag given to `record`, the file written)
+    not_recorded = Signal(str)          # why a run's recording could not be written
+
+    def __init__(self, engine: Engine, parent=None):
+        super().__init__(parent)
+        self.engine = engine
+        self.holder: str | None = None
+        self._stop: Callable[[], None] | None = None
+        self.shown: RunState | None = None          # what the views show
+        self.live: RunState | None = None           # the chat's run, while it goes
+        self.shown_before: RunState | None = None   # what the views showed before it
+        self.served: tuple[object, RunState] | None = None   # (serve Job, its run) the views follow
+        self.saves: list[Job] = []                  # recordings and exports being written
+        # recordings being written: the file, and the tag `recorded` hands back once written
+        self.writing: dict[Job, tuple[Path, object]] = {}
+
+    # -- the right to run ---------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return self.holder is not None
+
+    def refusal(self, holder: str) -> str:
+        """Why `holder` may not run now ("" when it may): another holds the model."""
+        if self.holder is not None and self.holder != holder:
+            return f"{HOLDERS[self.holder]} is running: wait for it to end or stop it (Esc)"
+        if self.holder is None and self.engine.busy:
+            return "The engine is still ending a run"
+        return ""
+
+    def acquire(self, holder: str, stop: Callable[[], None]) -> bool:
+        """Take the model for `holder` (True), or False while another holds it. `stop` is how
+        Cancel ends what `holder` runs."""
+        if holder not in HOLDERS:
+            raise ValueError(f"unknown holder {holder!r}")
+        if self.refusal(holder):
+            return False
+        self._stop = stop
+        if self.holder != holder:
+            self.holder = holder
+            self.holder_changed.emit(holder)
+        return True
+
+    def release(self, holder: str) -> None:
+        """`holder` is done with the model; nothing if it does not hold it."""
+        if self.holder == holder:
+            self.holder, self._stop = None, None
+            self.holder_changed.emit(None)
+
+    def start(self, holder: str, run: RunState, prompt=None) -> None:
+        """Generate `run` on the engine for `holder`, which must hold the model."""
+        if self.holder != holder:
+            raise RuntimeError(f"{holder} does not hold the model ({self.holder} does)")
+        self.engine.start(run, prompt)
+
+    def stop(self) -> None:
+        """Cancel: whoever holds the model stops after its current step."""
+        if self._stop is not None:
+            self._stop()
+
+    # -- the chat's run -----------------------------------------------------------------------
+
+    def start_live(self, run: RunState, prompt, stop: Callable[[], None]) -> bool:
+        """Start the chat's run; False if another holds the model."""
+        if not self.acquire("chat", stop):
+            return False
+        self.live = run
+        self.start("chat", run, prompt)
+        return True
+
+    def end_live(self, run: RunState) -> bool:
+        """`run` ended (finished or failed): True if it was the chat's, whose hold ends."""
+        if run is not self.live:
+            return False
+        self.live = self.shown_before = None
+        self.release("chat")
+        return True
+
+    # -- files being written ------------------------------------------------------------------
+
+    def record(self, run: RunState, tag: object) -> None:
+        """Write `run`'s recording off the GUI thread (compressing and syncing take a while);
+        `recorded(tag, path)` once it is written, or `not_recorded(why)`."""
+        taken = [path for path, _ in self.writing.values()]
+        try:
+            path = storage.new_run_path(run.prompt, run.recording.created, taken)
+        except OSError as e:        # the app's folder cannot be written
+            self.not_recorded.emit(str(e))
+            return
+        job = Job(f"recording {path.name}", lambda progress, cancel: run.recording.save(path))
+        self.writing[job] = (path, tag)
+        # bound methods, not partials: Qt drops them if the controller goes first
+        job.finished.connect(self._recorded)
+        job.failed.connect(self._record_failed)
+        self.track(job)
+
+    def track(self, job: Job) -> None:
+        """Start `job`, a file being written, which closing waits for."""
+        self.saves.append(job)
+        job.start()
+
+    def _recorded(self, _value=None) -> None:
+        path, tag = self.writing.pop(self.sender())
+        self.saves_done()
+        self.recorded.emit(tag, str(path))
+
+    def _record_failed(self, message: str) -> None:
+        self.writing.pop(self.sender())
+        self.saves_done()
+        self.not_recorded.emit(message)
+
+    def saves_done(self) -> None:
+        """Forget the jobs that have ended."""
+        self.saves = [j for j in self.saves if j.running]
