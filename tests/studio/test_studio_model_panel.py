@@ -49,10 +49,11 @@ def test_lists_models_with_their_facts(qtbot, model_panel, models):
     assert {"tiny-llada-f32.gguf", "tiny-dream-q8_0.gguf"} <= set(names)
     row = names.index("tiny-dream-q8_0.gguf")
     cells = [model_panel.table.item(row, c).text() for c in range(model_panel.table.columnCount())]
-    assert cells[0] == "● tiny-dream-q8_0.gguf" and cells[1] == "Q8_0"
+    assert cells[0] == "● tiny-dream-q8_0" and cells[1] == "Q8_0"     # every file is a .gguf
     entry = model_panel.entries[row]
-    assert cells[2:] == [theme.size_text(entry.size), theme.size_text(entry.ram_needed)]
+    assert cells[2:] == [theme.size_text(entry.ram_needed)]
     assert cells[2].endswith(" MiB") and not cells[2].startswith("0.")   # a unit that fits
+    assert theme.size_text(entry.size) in model_panel.table.item(row, 0).toolTip()
     assert "dream family" in model_panel.table.item(row, 0).toolTip()
     assert model_panel.table.item(row, 0).data(Qt.ItemDataRole.UserRole) == "ready"
     assert model_panel.entries[names.index("tiny-llada-f32.gguf")].file_type == "F32"

@@ -24,7 +24,7 @@ from diffuse import DiffuseError, catalog, gguf_file
 from diffuse.convert import OUTTYPES, convert_hf
 from diffuse.convert.families import read_config
 from diffuse.info import ftype_name
-from diffuse.quantize import QTYPES, quantize_file
+from diffuse.quantize import QTYPES, plan, quantize_file
 from diffuse.studio import storage, theme
 from diffuse.studio.job_box import JobBox
 from diffuse.studio.workers import Job
@@ -129,6 +129,14 @@ def fit_problem(entry: ModelEntry, available: int | None = None) -> str | None:
     return None
 
 
+def quantised_size(path: Path, qtype: str) -> int:
+    """Bytes of `path` written as `qtype`: its tensors in the types diffuse.quantize's plan gives
+    them (llama.cpp's mixtures, ggml's block sizes), plus the header and tokenizer as they are."""
+    info = gguf_file.read(path)
+    header = info.file_size - sum(t.nbytes for t in info.tensors)
+    return header + sum(t.nbytes for t in plan(info, qtype))
+
+
 def quantise_problem(entry: ModelEntry, qtype: str, out: Path) -> str | None:
     if entry.error:
         return entry.error
@@ -139,9 +147,11 @@ def quantise_problem(entry: ModelEntry, qtype: str, out: Path) -> str | None:
     if entry.weight_type.upper() not in FLOAT_TYPES:
         return (f"{entry.name} is already quantised ({entry.file_type}); quantising again "
                 f"loses quality. Start from an F32, F16 or BF16 file.")
-    bits = {"F16": 16, "BF16": 16, "Q8_0": 8.5, "Q4_K_M": 4.9}.get(qtype, 16)
-    src_bits = {"F32": 32, "F16": 16, "BF16": 16}[entry.weight_type.upper()]
-    return disk_problem(out, int(entry.size * bits / src_bits))
+    try:
+        needed = quantised_size(entry.path, qtype)
+    except DiffuseError as e:        # changed on disk since it was listed
+        return str(e)
+    return disk_problem(out, needed)
 
 
 def disk_problem(out: Path, needed: int) -> str | None:
@@ -179,11 +189,11 @@ class ModelPanel(QWidget):
     refused = Signal(str)
     job_finished = Signal(str, object)   # title, value (None if failed or cancelled)
 
-    # Four short columns: the table fits the side panel on a 1024-pixel screen (the family is
-    # in the details and the tooltips).
-    COLUMNS = ("Model", "Type", "Size", "RAM")
+    # Three columns, the name taking what is left: at 1024 pixels a fourth (the file size, in the
+    # details and the tooltips like the family) squeezed the names to "di…gguf".
+    COLUMNS = ("Model", "Type", "RAM")
     STATUS = {"loaded": ("▶", "#5ad1c8"), "ready": ("●", "#7ed07e"), "too big": ("●", "#ff9e7a"),
-              "not a dLLM": ("○", "#8a90a2")}
+              "not a dLLM": ("○", "#8a90a2"), "unreadable": ("✕", "#ff6b6b")}
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -215,10 +225,12 @@ class ModelPanel(QWidget):
         for c in range(1, len(self.COLUMNS)):
             header.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
         self.table.itemSelectionChanged.connect(self._selected)
-        self.table.cellDoubleClicked.connect(self._double_clicked)
+        # Enter on a row and a double click (activation, as the platform has it) load the model.
+        self.table.activated.connect(self._activated)
 
         self.load_button = QPushButton("Load")
         self.load_button.setObjectName("Primary")
+        self.load_button.setToolTip("Load the selected model (Enter or a double click on its row)")
         self.load_button.clicked.connect(self._load_clicked)
         buttons = [self.load_button]
         for text, slot, tip in (
@@ -329,15 +341,18 @@ class ModelPanel(QWidget):
         names = distinct_names([e.path for e in self.entries])
         for r, (e, name) in enumerate(zip(self.entries, names)):
             problem = fit_problem(e, available)
-            status = ("loaded" if e.path == self.loaded_path else
-                      "ready" if problem is None else
-                      "not a dLLM" if e.error else "too big")
+            status = _status(e, problem, self.loaded_path)
             mark, color = self.STATUS[status]
-            cells = (f"{mark} {name}", e.file_type, theme.size_text(e.size), theme.size_text(e.ram_needed))
-            tip = (f"{e.path}\n{e.family or e.architecture or 'unknown'} family · {e.file_type} · "
-                   f"{theme.size_text(e.size)} · needs {theme.size_text(e.ram_needed)} of RAM at "
-                   f"{e.positions} positions, {theme.size_text(available)} available\n{status}"
-                   + (f": {problem}" if problem else ""))
+            shown = name.replace(e.path.name, e.path.stem, 1) if e.path.suffix == ".gguf" else name
+            if e.architecture is None:         # nothing could be read: no type, no RAM to show
+                cells = (f"{mark} {shown}", "—", "—")
+                tip = f"{e.path}\n{theme.size_text(e.size)} · unreadable: {e.error}"
+            else:
+                cells = (f"{mark} {shown}", e.file_type, theme.size_text(e.ram_needed))
+                tip = (f"{e.path}\n{e.family or e.architecture} family · {e.file_type} · "
+                       f"{theme.size_text(e.size)} · needs {theme.size_text(e.ram_needed)} of RAM at "
+                       f"{e.positions} positions, {theme.size_text(available)} available\n{status}"
+                       + (f": {problem}" if problem else ""))
             for c, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setToolTip(tip)
@@ -356,19 +371,37 @@ class ModelPanel(QWidget):
                 self.table.selectRow(r)
 
     def _selected(self) -> None:
+        # A refusal was about the row selected before (or about none being selected): it goes
+        # with it. A running job's own messages come after its start and stay.
+        if self.job is None:
+            self._clear_message()
         e = self.selected()
+        self._update_load_button(e)
         if e is None:
             self.details.clear()
             return
-        lines = [f"<b>{e.name}</b>", f"{e.path}",
-                 f"family <b>{e.family or '-'}</b> · dialect {e.dialect} · weights "
-                 f"{e.weight_type} · file type {e.file_type}",
-                 f"RAM needed ≈ {theme.size_text(e.ram_needed)} for {e.positions} positions "
-                 f"(prompt + answer)"]
+        if e.architecture is None:
+            lines = [f"<b>{e.name}</b>", f"{e.path}", f"{theme.size_text(e.size)} · not a model "
+                     f"diffuse can read"]
+        else:
+            lines = [f"<b>{e.name}</b>", f"{e.path}",
+                     f"family <b>{e.family or '-'}</b> · dialect {e.dialect} · weights "
+                     f"{e.weight_type} · file type {e.file_type} · {theme.size_text(e.size)}",
+                     f"RAM needed ≈ {theme.size_text(e.ram_needed)} for {e.positions} positions "
+                     f"(prompt + answer)"]
         problem = fit_problem(e)
         if problem:
             lines.append(f"<span style='color:#ff9e7a'>{problem}</span>")
         self.details.setHtml("<br>".join(lines))
+
+    def _update_load_button(self, e: ModelEntry | None) -> None:
+        """Load is off for a file that can never load (unreadable, not a diffusion model), and
+        says why; a model too big for the RAM free now stays on: Load then says how much is
+        missing, and memory may have been freed since the list was made."""
+        self.load_button.setEnabled(self.job is None and (e is None or e.error is None))
+        self.load_button.setToolTip(
+            f"{e.name} cannot be loaded: {e.error}" if e is not None and e.error
+            else "Load the selected model (Enter or a double click on its row)")
 
     # -- messages -----------------------------------------------------------------------------
 
@@ -496,6 +529,7 @@ class ModelPanel(QWidget):
         self.job_box.hide()
         for b in self.buttons:
             b.setEnabled(True)
+        self._update_load_button(self.selected())
         return job
 
     def _job_finished(self, value) -> None:
@@ -534,8 +568,8 @@ class ModelPanel(QWidget):
         else:
             self.load(e.path)
 
-    def _double_clicked(self, row: int, col: int) -> None:
-        self.load(self.entries[row].path)
+    def _activated(self, index) -> None:
+        self.load(self.entries[index.row()].path)
 
     def _add_file_clicked(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Add a GGUF model",
@@ -567,6 +601,11 @@ class ModelPanel(QWidget):
         if not hf_dir:
             return
         storage.remember_dialog_dir("checkpoints", hf_dir)
+        try:
+            read_config(Path(hf_dir))     # a wrong folder is said now, not after two more questions
+        except DiffuseError as e:
+            self.refuse(str(e))
+            return
         outtype, ok = QInputDialog.getItem(self, "Convert", "Weight type of the GGUF file:",
                                            list(OUTTYPES), 1, False)
         if not ok:
@@ -593,16 +632,33 @@ class ModelPanel(QWidget):
         if e is None:
             self.refuse("Select the model to quantise first.")
             return
-        qtype, ok = QInputDialog.getItem(self, "Quantise", f"Write {e.name} as:",
-                                         list(OFFERED_QTYPES), 2, False)
-        if not ok:
+        try:
+            offers = {f"{q} · about {theme.size_text(quantised_size(e.path, q))}": q
+                      for q in OFFERED_QTYPES}
+        except DiffuseError as err:        # the file changed on disk since it was listed
+            self.refuse(str(err))
             return
+        label, ok = QInputDialog.getItem(
+            self, "Quantise", f"Write {e.name} ({theme.size_text(e.size)}) as:", list(offers),
+            list(offers.values()).index("Q4_K_M"), False)
+        if not ok or label not in offers:
+            return
+        qtype = offers[label]
         stem = e.path.stem
         for t in (e.file_type, e.weight_type):
             stem = stem.replace(f"-{t.lower()}", "").replace(f"-{t}", "")
         out = self._save_model_as("Save the quantised model as", f"{stem}-{qtype.lower()}.gguf")
         if out:
             self.quantise(e.path, qtype, out)
+
+
+def _status(e: ModelEntry, problem: str | None, loaded: Path | None) -> str:
+    """The row's status: a key of ModelPanel.STATUS."""
+    if e.architecture is None:
+        return "unreadable"
+    if e.error:
+        return "not a dLLM"
+    return "loaded" if e.path == loaded else "ready" if problem is None else "too big"
 
 
 def _gguf_offer(model: dict, available: int) -> str:

@@ -5,7 +5,9 @@ receives it in a bound method of an object it owns (a lambda would run on the en
 Stopping is a flag read by the step callback, so a run ends within one step.
 
 Whatever a worker body raises (a pyo3 PanicException and MemoryError are not `Exception`s) ends
-as a `failed` message, so the GUI always hears back and the engine never stays busy.
+as a `failed` message, so the GUI always hears back and the engine never stays busy. Expected
+failures (DiffuseError: offline, a bad file, a full disk; OSError) are that one line and nothing
+else; anything else is a bug of ours, and its traceback is logged too.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from diffuse.generation import OPTION_NAMES, resolve_options
 from diffuse.studio.run_state import RunState
 
 log = logging.getLogger(__name__)
+EXPECTED = (DiffuseError, OSError)    # said to the user in one line; no traceback
 
 
 def _message(exc: BaseException) -> str:
@@ -30,7 +33,7 @@ def _message(exc: BaseException) -> str:
         text = str(exc) or type(exc).__name__
     except BaseException:         # a hostile __str__ must not hide the failure itself
         text = "(no message)"
-    return text if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {text}"
+    return text if isinstance(exc, (RuntimeError, OSError)) else f"{type(exc).__name__}: {text}"
 
 
 def cpu_busy(before: list, after: list) -> np.ndarray:
@@ -48,7 +51,8 @@ def _call(fn: Callable, what: str, finished: Signal, failed: Signal) -> None:
     try:
         value, message = fn(), None
     except BaseException as exc:
-        log.exception("%s failed", what)
+        if not isinstance(exc, EXPECTED):
+            log.exception("%s failed", what)
         message = _message(exc)
         # Raised again on a worker thread, SystemExit hangs Python's exit: quit the app instead,
         # which closes the window and ends every thread in order.
