@@ -1,4 +1,5 @@
-"""Tokenizer: every source gives the ids the `tokenizers` library gives on the original tokenizer.json."""
+"""Tokenizer: every source gives the ids the `tokenizers` library gives on the original tokenizer.json;
+special tokens' strings in text from users are text, in chats only the template makes special tokens."""
 from __future__ import annotations
 
 import importlib.util
@@ -66,6 +67,17 @@ HF_REGEX = {
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|eot_id|>", "<|mask|>"]
 
 
+def check_ids(tok: Tokenizer, original: HFTokenizer, text: str) -> None:
+    """tok gives the library's ids for `text`: encode with special tokens' strings as text,
+    encode_with_special_tokens with them as the tokens."""
+    assert tok.encode_with_special_tokens(text) == original.encode(text, add_special_tokens=False).ids, text
+    original.encode_special_tokens = True
+    try:
+        assert tok.encode(text) == original.encode(text, add_special_tokens=False).ids, text
+    finally:
+        original.encode_special_tokens = False
+
+
 def train_tokenizer(pre: str) -> HFTokenizer:
     """A small byte-level BPE in the layout of Qwen2's (pre="qwen2") or Llama 3's tokenizer.json."""
     tok = HFTokenizer(models.BPE(ignore_merges=pre == "llama-bpe"))
@@ -104,8 +116,8 @@ def test_llama_cpp_arrays_match_original(tmp_path, pre):
     tok = Tokenizer.for_model(write_arrays_gguf(hf, tmp_path / "m.gguf", pre))
     assert tok.source.startswith("llama.cpp vocabulary")
     for text in TEXTS:
+        check_ids(tok, hf, text)
         want = hf.encode(text, add_special_tokens=False).ids
-        assert tok.encode(text) == want, text
         assert tok.decode(want) == hf.decode(want, skip_special_tokens=False)
     assert tok.vocab_size == hf.get_vocab_size()
     assert set(tok.special_tokens.values()) == set(SPECIALS)
@@ -128,7 +140,7 @@ def test_llama_cpp_vocab_test_vectors(vocab_dir, name):
         inputs.pop()
     assert len(inputs) == len(outputs) > 20
     for text, ids in zip(inputs, outputs):
-        assert tok.encode(text) == [int(i) for i in ids.split()], text
+        assert tok.encode_with_special_tokens(text) == [int(i) for i in ids.split()], text
 
 
 def test_qwen2_vocab_specials_and_template(vocab_dir):
@@ -157,7 +169,8 @@ def test_tokenizer_json_beside_and_explicit(tmp_path):
     assert explicit.source == str(other / "tokenizer.json")
     assert explicit.apply_chat_template([{"role": "user", "content": "Hi"}]) == "Hi!"
     for text in TEXTS:
-        assert beside.encode(text) == explicit.encode(text) == hf.encode(text).ids
+        check_ids(beside, hf, text)
+        check_ids(explicit, hf, text)
 
 
 def test_missing_tokenizer_says_how_to_fix(tmp_path):
@@ -250,8 +263,8 @@ def test_model_tokenizer_matches_original(family_sources, source):
     assert {"embedded": "embedded tokenizer.json", "arrays": "llama.cpp vocabulary",
             "beside": str(paths["beside"].parent / "tokenizer.json")}[source] in tok.source
     for text in TEXTS:
+        check_ids(tok, original, text)
         want = original.encode(text, add_special_tokens=False).ids
-        assert tok.encode(text) == want, text
         assert tok.decode(want) == original.decode(want, skip_special_tokens=False)
     names = {"llada": ["<|endoftext|>", "<|eot_id|>"], "dream": ["<|endoftext|>", "<|im_end|>"]}[family]
     assert tok.eos_token_ids == tuple(sorted(original.token_to_id(n) for n in names))

@@ -13,6 +13,7 @@ import functools
 import json
 import os
 import re
+import secrets
 import threading
 import time
 from pathlib import Path
@@ -108,6 +109,9 @@ class Tokenizer:
         self.eos_token_ids = eos_token_ids
         self.mask_token_id = mask_token_id
         self._template: jinja2.Template | None = None
+        # Whether special tokens' strings are parsed is a setting of the library's tokenizer, shared
+        # by every thread that encodes with this one: each encode sets it and runs under this lock.
+        self._encoding_lock = threading.Lock()
 
     # ---- construction ----
 
@@ -183,13 +187,32 @@ class Tokenizer:
         """Special (control) tokens: id -> text."""
         return {i: t.content for i, t in self._hf.get_added_tokens_decoder().items() if t.special}
 
+    @functools.cached_property
+    def _special_strings(self) -> tuple[str, ...]:
+        """The special tokens' strings, longest first (one inside another is found whole)."""
+        return tuple(sorted({t for t in self.special_tokens.values() if t}, key=len, reverse=True))
+
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text` as text: a special token's string in it (``<|eot_id|>``) is encoded
+        as the characters it is, never as that token, so text from a user cannot end its turn or
+        forge another. add_special_tokens: what the tokenizer adds itself (a BOS some models put
+        first). Conversations: encode_chat."""
+        return self._encoding(text, add_special_tokens, parse_special=False).ids
+
+    def encode_with_special_tokens(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of text that we wrote, each special token's string as that token (a chat
+        template's output). Never for text from a user: that is what encode and encode_chat are for."""
+        return self._encoding(text, add_special_tokens, parse_special=True).ids
+
+    def _encoding(self, text: str, add_special_tokens: bool, parse_special: bool):
         if not isinstance(text, str):
             raise DiffuseError(f"encode: expected text, got {type(text).__name__}")
         if len(text) > MAX_TEXT_CHARS:   # bounds the time a hostile split regex or normalizer can take
             raise DiffuseError(f"encode: the text has {len(text)} characters, more than {MAX_TEXT_CHARS}")
-        return _tokenizers_call(f"{self._where}: encoding failed", self._hf.encode, text,
-                                add_special_tokens=add_special_tokens).ids
+        with self._encoding_lock:
+            self._hf.encode_special_tokens = not parse_special   # the library's name: specials encoded as text
+            return _tokenizers_call(f"{self._where}: encoding failed", self._hf.encode, text,
+                                    add_special_tokens=add_special_tokens)
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         """Text of `ids`; ids past the vocabulary (padding rows of the model's output) decode to nothing."""
@@ -247,12 +270,63 @@ class Tokenizer:
 
     def encode_chat(self, prompt: str | list[dict]) -> list[int]:
         """Token ids of a conversation ready for the assistant's answer (BOS included when the
-        template writes one): `prompt` is its messages, or the text of one user turn."""
+        template writes one): `prompt` is its messages, or the text of one user turn.
+
+        Special tokens come from the chat template only: a special token's string anywhere in the
+        messages (a content, a role) is encoded as text, as encode does."""
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        return self.encode(self.apply_chat_template(messages))
+        marks = _Marks(self._special_strings)
+        text = self.apply_chat_template(marks.hide(messages))
+        if not marks.used:     # nothing to put back: the rendered text, encoded whole as always
+            return self.encode_with_special_tokens(text)
+        # The template's special tokens where the library finds them (the users' strings are marks
+        # now); the text between them, the users' strings put back, encoded as text in one piece each,
+        # so that it splits into tokens as the library splits the text between special tokens.
+        found = self._encoding(text, False, parse_special=True)
+        special = self.special_tokens
+        ids, start = [], 0
+        for token, (begin, end) in zip(found.ids, found.offsets):
+            if token in special:
+                if begin > start:
+                    ids += self.encode(marks.show(text[start:begin]))
+                ids.append(token)
+                start = end
+        if start < len(text):
+            ids += self.encode(marks.show(text[start:]))
+        return ids
 
     def __repr__(self) -> str:
         return f"<diffuse.Tokenizer {self.vocab_size} tokens from {self.source}>"
+
+
+class _Marks:
+    """Stand-ins for special tokens' strings in the messages of a chat, so that the template renders
+    them as it renders any text (it may trim or test a content) and `show` puts them back, to be
+    encoded as text. A mark is private-use characters around a number, which no trim or case
+    change alters, with a nonce drawn per chat, which no user can type in advance."""
+
+    def __init__(self, specials: tuple[str, ...]):
+        self.specials = specials
+        self._open = f"\ue000{secrets.randbelow(10**9)}."
+        self._pattern = re.compile(re.escape(self._open) + "(\\d+)\ue001")
+        self.used = False
+
+    def hide(self, value):
+        """`value` (messages: dicts, lists, strings) with every special token's string marked."""
+        if isinstance(value, str):
+            for i, special in enumerate(self.specials):
+                if special in value:
+                    value = value.replace(special, f"{self._open}{i}\ue001")
+                    self.used = True
+            return value
+        if isinstance(value, dict):
+            return {self.hide(k): self.hide(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.hide(v) for v in value]
+        return value
+
+    def show(self, text: str) -> str:
+        return self._pattern.sub(lambda m: self.specials[int(m.group(1))], text)
 
 
 def _raise_template_error(message: str):
