@@ -38,8 +38,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve a model with the OpenAI API (chat, completions, streaming)",
                        description="Serve a model over HTTP with OpenAI's API: GET /v1/models, POST "
                                    "/v1/chat/completions and /v1/completions (stream: true for server-sent "
-                                   "events). Concurrent requests are denoised together in one forward pass "
-                                   "per step. Diffusion options go in the body as extra fields.")
+                                   "events); GET /health and /metrics (Prometheus) for a proxy and monitoring. "
+                                   "Concurrent requests are denoised together in one forward pass "
+                                   "per step. Diffusion options go in the body as extra fields. "
+                                   "See docs/serving.md to put it behind a reverse proxy.")
     p.add_argument("-m", "--model", required=True, help="GGUF model file")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for every interface)")
@@ -66,7 +68,8 @@ def _log(entry: dict) -> None:
            f"{entry['ms']:.0f} ms"
     if (run := entry["request"]) is not None:
         line += f", {run['prompt_tokens']}+{run['completion_tokens']} tokens, {run['sequences']} of a batch of " \
-                f"{run['batch']}, {run['steps']} steps, queued {run['queued_ms']:.0f} ms ({run['status']})"
+                f"{run['batch']}, {run['steps']} steps, seed {run['seed']}, queued {run['queued_ms']:.0f} ms " \
+                f"({run['status']})"
     if entry["error"]:
         line += f": {escaped(entry['error'])}"
     print(line, file=sys.stderr, flush=True)

@@ -38,8 +38,15 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from diffuse import DiffuseError
 from diffuse.serve import protocol
 from diffuse.serve.batcher import INTERNAL_ERROR, Batcher, Job, logger
+from diffuse.serve.metrics import Metrics
 
 MAX_BODY_BYTES = 16 << 20
+# Bytes of bodies held at once (read, or waiting to be parsed): past it a body is refused with 503
+# and Retry-After, which the openai clients honour. Four of the largest bodies.
+MAX_BUFFERED_BYTES = 4 * MAX_BODY_BYTES
+PARSES = 2                   # bodies parsed (and prompts tokenised) at once, on worker threads
+RETRY_AFTER_S = 1
+WRITE_STALL_S = 30.0         # a client that reads nothing of a response for this long is cut off
 LARGE_BODY_BYTES = 1 << 20   # after one, freed memory is handed back to the system
 DISCONNECT_POLL_S = 0.05     # how often a waiting plain request checks that its client is still there
 HEAD_TIMEOUT_S = 10.0        # from a request's first byte to the end of its headers
@@ -50,19 +57,26 @@ CLOSED = 499                 # nginx's "client closed request", for the log: nob
 
 
 def _error(e: protocol.BadRequest) -> JSONResponse:
-    # A refused body may still be arriving (a timeout, too large): close rather than read it all.
-    headers = {"Connection": "close"} if e.status in (408, 413) else None
-    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+    # A refused body may still be arriving (a timeout, too large, busy): close rather than read it all.
+    headers = {"Connection": "close"} if e.status in (408, 413, 503) else {}
+    if e.code == "server_busy":
+        headers["Retry-After"] = str(RETRY_AFTER_S)
+    return JSONResponse(e.body(), status_code=e.status, headers=headers or None)
 
 
 def create_app(model, batcher: Batcher, model_id: str, api_key: str | None = None,
                hosts: Callable[[dict], bool] | None = None, cors_origins: tuple[str, ...] = (),
-               body_timeout: float = BODY_TIMEOUT_S, log: Callable[[dict], None] | None = None):
+               body_timeout: float = BODY_TIMEOUT_S, log: Callable[[dict], None] | None = None,
+               metrics: Metrics | None = None):
     """The ASGI app. hosts(scope) says whether the request's Host header names this server (None:
     any); cors_origins are the web origins allowed to use it ("*": every one); log gets one entry
-    per request, refused ones included."""
+    per request, refused ones included; metrics counts them for GET /metrics."""
     created = int(Path(model.path).stat().st_mtime)
+    metrics = metrics or Metrics()
     large_bodies = [0]      # being parsed now
+    buffered = [0]          # bytes of bodies held now
+    parsing = asyncio.Semaphore(PARSES)
+    model_object = {"id": model_id, "object": "model", "created": created, "owned_by": "diffuse"}
 
     def authorise(request: HTTPRequest) -> None:
         if api_key is None:
@@ -78,8 +92,33 @@ def create_app(model, batcher: Batcher, model_id: str, api_key: str | None = Non
             authorise(request)
         except protocol.BadRequest as e:
             return _error(e)
-        return JSONResponse({"object": "list", "data": [
-            {"id": model_id, "object": "model", "created": created, "owned_by": "diffuse"}]})
+        return JSONResponse({"object": "list", "data": [model_object]})
+
+    async def model_info(request: HTTPRequest) -> Response:
+        try:
+            authorise(request)
+            if request.path_params["model_id"] != model_id:
+                raise protocol.BadRequest(f"The model '{request.path_params['model_id'][:200]}' does not exist "
+                                          f"(this server has one: '{model_id}')", param="model",
+                                          code="model_not_found", status=404)
+        except protocol.BadRequest as e:
+            return _error(e)
+        return JSONResponse(model_object)
+
+    async def health(request: HTTPRequest) -> Response:
+        """For a proxy's or an orchestrator's checks: no key needed, nothing about the model."""
+        waiting, running = batcher.load()
+        status = "shutting_down" if batcher.closed else "ok"
+        return JSONResponse({"status": status, "waiting": waiting, "running": running,
+                             "max_batch": batcher.max_batch}, status_code=503 if batcher.closed else 200)
+
+    async def metrics_text(request: HTTPRequest) -> Response:
+        try:
+            authorise(request)
+        except protocol.BadRequest as e:
+            return _error(e)
+        return Response(metrics.render(*batcher.load(), batcher.max_batch),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def completions(request: HTTPRequest, kind: str) -> Response:
         try:
@@ -89,16 +128,21 @@ def create_app(model, batcher: Batcher, model_id: str, api_key: str | None = Non
                 raise protocol.BadRequest(f"the body must be JSON sent as Content-Type: application/json (got "
                                           f"{json.dumps(media_type or None)[:60]})",
                                           code="unsupported_media_type", status=415)
-            raw = await _body(request, body_timeout)
-            large = len(raw) >= LARGE_BODY_BYTES
-            large_bodies[0] += large
-            try:    # off the event loop: JSON parsing and tokenising (bounded by the context) take time
-                parsed = await run_in_threadpool(protocol.parse, raw, kind, model, batcher.max_batch)
+            held = [0]
+            try:
+                raw = await _body(request, body_timeout, buffered, held)
+                large = len(raw) >= LARGE_BODY_BYTES
+                large_bodies[0] += large
+                try:    # off the event loop: JSON parsing and tokenising (bounded by the context) take time
+                    async with parsing:
+                        parsed = await run_in_threadpool(protocol.parse, raw, kind, model, batcher.max_batch)
+                finally:
+                    raw = None
+                    large_bodies[0] -= large
+                    if large and not large_bodies[0]:     # the last large body being parsed is done
+                        await run_in_threadpool(_release_memory)
             finally:
-                raw = None
-                large_bodies[0] -= large
-                if large and not large_bodies[0]:     # the last large body being parsed is done
-                    await run_in_threadpool(_release_memory)
+                buffered[0] -= held[0]
             job = Job(parsed, asyncio.get_running_loop(), model)
             batcher.submit(job)
         except protocol.BadRequest as e:
@@ -130,42 +174,66 @@ def create_app(model, batcher: Batcher, model_id: str, api_key: str | None = Non
         return JSONResponse(protocol.error_body(INTERNAL_ERROR, "server_error"), status_code=500)
 
     app = Starlette(routes=[Route("/v1/models", models, methods=["GET"]),
+                            Route("/v1/models/{model_id:path}", model_info, methods=["GET"]),
                             Route("/v1/chat/completions", chat, methods=["POST"]),
-                            Route("/v1/completions", text, methods=["POST"])],
+                            Route("/v1/completions", text, methods=["POST"]),
+                            Route("/health", health, methods=["GET"]),
+                            Route("/metrics", metrics_text, methods=["GET"])],
                     exception_handlers={HTTPException: http_error, Exception: server_error})
     if cors_origins:
-        app = CORSMiddleware(app, allow_origins=cors_origins, allow_methods=("GET", "POST"),
-                             allow_headers=("authorization", "content-type"))
-    return _Front(app, hosts, cors_origins, log)
+        # Every request header, for the origins the operator allowed: the SDKs send their own
+        # (the JS SDK's x-stainless-*, openai-organization, ...), more with each version.
+        app = CORSMiddleware(app, allow_origins=cors_origins, allow_methods=("GET", "POST"), allow_headers=("*",))
+    return _Front(app, hosts, cors_origins, log, metrics, lambda: batcher.closed)
 
 
 class _Front:
-    """The ASGI app's front: refuses foreign Host and Origin headers, and logs every request."""
+    """The ASGI app's front: refuses foreign Host and Origin headers, logs and counts every request,
+    and ends cleanly a request that the server's shutdown cancels."""
 
     def __init__(self, app, hosts: Callable[[dict], bool] | None, cors_origins: tuple[str, ...],
-                 log: Callable[[dict], None] | None):
+                 log: Callable[[dict], None] | None, metrics: Metrics, closing: Callable[[], bool]):
         self.app, self.hosts, self.cors_origins, self.log = app, hosts, cors_origins, log
+        self.metrics, self.closing = metrics, closing
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        started, status = time.perf_counter(), None
+        started, status, streaming, complete = time.perf_counter(), None, False, False
 
         async def logged(message) -> None:
-            nonlocal status
+            nonlocal status, streaming, complete
             if message["type"] == "http.response.start":
                 status = message["status"]
+                streaming = dict(message.get("headers", ())).get(b"content-type", b"").startswith(
+                    b"text/event-stream")
+            elif message["type"] == "http.response.body":
+                complete = not message.get("more_body", False)
             await send(message)
+        self.metrics.started()
         try:
             if (refusal := self.refusal(scope)) is not None:
                 scope["diffuse.error"] = refusal.message
                 await _error(refusal)(scope, receive, logged)
             else:
                 await self.app(scope, receive, logged)
+        except asyncio.CancelledError:
+            # uvicorn cancels what is still running when its graceful shutdown times out (an engine
+            # step longer than that): the answer is the shutdown's error, not a traceback and a 500.
+            if not self.closing() or complete:
+                status = status or 500
+                raise
+            scope["diffuse.error"] = "the server is shutting down"
+            if status is None:
+                await _error(protocol.shutting_down())(scope, receive, logged)
+            elif streaming:
+                await logged({"type": "http.response.body", "body": _closing_events(protocol.shutting_down()).encode(),
+                              "more_body": False})
         except BaseException:
             status = status or 500
             raise
         finally:
+            self.metrics.ended(scope["path"], status or CLOSED)
             if self.log is not None:
                 self.log(_log_entry(scope, status, started))
 
@@ -240,10 +308,16 @@ except (AttributeError, OSError):
     _malloc_trim = None
 
 
-async def _body(request: HTTPRequest, timeout: float) -> bytearray:
+async def _body(request: HTTPRequest, timeout: float, buffered: list[int], held: list[int]) -> bytearray:
+    """The body, its bytes counted in buffered[0] (all requests') and held[0] (this one's) as they come."""
     async def read() -> bytearray:
         body = bytearray()
         async for chunk in request.stream():
+            if buffered[0] + len(chunk) > MAX_BUFFERED_BYTES:
+                raise protocol.BadRequest("the server is busy reading other large requests; retry shortly",
+                                          code="server_busy", status=503, type="server_error")
+            buffered[0] += len(chunk)
+            held[0] += len(chunk)
             body += chunk
             if len(body) > MAX_BODY_BYTES:
                 raise protocol.BadRequest(f"the body is larger than {MAX_BODY_BYTES >> 20} MiB", status=413)
@@ -261,7 +335,7 @@ async def _collect(request: HTTPRequest, job: Job, kind: str, rid: str, created:
     next_check = time.monotonic() + DISCONNECT_POLL_S
     while True:
         try:
-            item = await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
+            item = await asyncio.wait_for(job.next_event(), DISCONNECT_POLL_S)
         except asyncio.TimeoutError:
             item = None
         if time.monotonic() >= next_check:     # on a clock, not only when idle: text may come every step
@@ -276,25 +350,30 @@ async def _collect(request: HTTPRequest, job: Job, kind: str, rid: str, created:
         elif item[0] == "finish":
             reasons[item[1]] = item[2]
         elif item[0] == "error":
-            return JSONResponse(protocol.error_body(item[1], "server_error"), status_code=500)
+            return _error(item[1])
         elif item[0] == "end":
             choices = [protocol.choice(kind, i, t, r) for i, (t, r) in enumerate(zip(texts, reasons))]
-            return JSONResponse(protocol.envelope(kind, rid, created, model_id, choices, False, usage=item[1]))
+            return JSONResponse(protocol.envelope(kind, rid, created, model_id, choices, False, usage=item[1],
+                                                  seed=job.request.seed))
 
 
 async def _stream(job: Job, kind: str, rid: str, created: int, model_id: str):
     """Server-sent events: chunks as text becomes final, optional step events, [DONE] (after an
-    error event if the request failed).
+    error event if the request failed). The first chunk carries the seed.
 
     Starlette cancels this generator when the client disconnects; `finally` then cancels the job,
     which the engine sees at the sequence's next step."""
+    seed = [job.request.seed]
+
     def sse(choices: list[dict], **extra) -> str:
+        if seed:
+            extra["seed"] = seed.pop()
         return f"data: {json.dumps(protocol.envelope(kind, rid, created, model_id, choices, True, **extra))}\n\n"
     try:
         if kind == "chat":
             yield "".join(sse([protocol.delta(kind, i, "", role=True)]) for i in range(job.request.n_sequences))
         while True:
-            item = await job.events.get()
+            item = await job.next_event()
             if item[0] == "text":
                 yield sse([protocol.delta(kind, item[1], item[2])])
             elif item[0] == "step":
@@ -302,7 +381,7 @@ async def _stream(job: Job, kind: str, rid: str, created: int, model_id: str):
             elif item[0] == "finish":
                 yield sse([protocol.delta(kind, item[1], None, item[2])])
             elif item[0] == "error":     # an error event, then the stream's usual end
-                yield f"data: {json.dumps(protocol.error_body(item[1], 'server_error'))}\n\ndata: [DONE]\n\n"
+                yield _closing_events(item[1])
                 return
             elif item[0] == "end":
                 if job.request.include_usage:
@@ -313,15 +392,41 @@ async def _stream(job: Job, kind: str, rid: str, created: int, model_id: str):
         job.cancel()
 
 
-class _H11(H11Protocol):
-    """uvicorn's h11 protocol with a deadline for each request's head: uvicorn closes a keep-alive
-    connection that sends nothing, but not one that sends its headers a byte a second."""
+def _closing_events(e: protocol.BadRequest) -> str:
+    return f"data: {json.dumps(e.body())}\n\ndata: [DONE]\n\n"
 
-    def __init__(self, *args, head_timeout: float, log: Callable[[dict], None] | None, **kwargs):
+
+class _H11(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for each request's head (uvicorn closes a keep-alive
+    connection that sends nothing, but not one that sends its headers a byte a second), and one for
+    a client that stops reading its response: while the socket's buffers are full, the response
+    waits, holding its request's memory; after write_stall seconds the connection is cut (which
+    cancels the request)."""
+
+    def __init__(self, *args, head_timeout: float, write_stall: float, log: Callable[[dict], None] | None,
+                 **kwargs):
         super().__init__(*args, **kwargs)
-        self._head_timeout, self._log = head_timeout, log
+        self._head_timeout, self._write_stall, self._log = head_timeout, write_stall, log
         self._head_timer: asyncio.TimerHandle | None = None
+        self._stall_timer: asyncio.TimerHandle | None = None
         self._head_started = 0.0
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stall_timer is None:
+            self._stall_timer = self.loop.call_later(self._write_stall, self._stalled)
+
+    def resume_writing(self) -> None:
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        super().resume_writing()
+
+    def _stalled(self) -> None:
+        self._stall_timer = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.scope["diffuse.error"] = f"the client read nothing for {self._write_stall:g} s"
+        self.transport.abort()    # connection_lost: the response's sends end, the request is cancelled
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -340,6 +445,9 @@ class _H11(H11Protocol):
 
     def connection_lost(self, exc) -> None:
         self._disarm()
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
         super().connection_lost(exc)
 
     def _arm(self) -> None:
@@ -388,12 +496,17 @@ class _Uvicorn(uvicorn.Server):
     """uvicorn's server, remembering a Ctrl-C (SIGINT). uvicorn shuts down gracefully, then raises
     the signal again for the default handler; where SIGINT was ignored when the process started (a
     background job of a non-interactive shell, some CI runners) that raise does nothing and run()
-    returns as if nothing happened. Server.serve() then raises KeyboardInterrupt itself."""
+    returns as if nothing happened. Server.serve() then raises KeyboardInterrupt itself.
+
+    On SIGINT or SIGTERM, on_exit runs at once: the requests in flight are cancelled at their next
+    step and answered with the shutdown's error while uvicorn waits for their connections."""
     interrupted = False
+    on_exit: Callable[[], None] = staticmethod(lambda: None)
 
     def handle_exit(self, sig: int, frame) -> None:
         self.interrupted = self.interrupted or sig == signal.SIGINT
         super().handle_exit(sig, frame)
+        self.on_exit()
 
 
 class Server:
@@ -408,15 +521,19 @@ class Server:
 
     def __init__(self, model, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
                  max_batch: int = 8, allowed_hosts: tuple[str, ...] = (), cors_origins: tuple[str, ...] = (),
-                 head_timeout: float = HEAD_TIMEOUT_S, body_timeout: float = BODY_TIMEOUT_S):
+                 head_timeout: float = HEAD_TIMEOUT_S, body_timeout: float = BODY_TIMEOUT_S,
+                 write_stall: float = WRITE_STALL_S):
         if max_batch < 1:
             raise DiffuseError(f"max_batch must be at least 1 (got {max_batch})")
         self.batcher = Batcher(model, max_batch)
+        self.metrics = Metrics()
+        self.batcher.step_listeners.append(lambda job, index, ev: self.metrics.step(ev.total_ms / 1000))
+        self.batcher.listeners.append(self.metrics.finished)
         self.model_id = Path(model.path).stem     # what /v1/models lists; any name is accepted in requests
         self.request_listeners: list[Callable[[dict], None]] = []
         self.app = create_app(model, self.batcher, self.model_id, api_key=api_key,
                               hosts=host_check(host, tuple(allowed_hosts)), cors_origins=tuple(cors_origins),
-                              body_timeout=body_timeout, log=self._logged)
+                              body_timeout=body_timeout, log=self._logged, metrics=self.metrics)
         try:
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             self.socket = socket.create_server((host, port), family=family)
@@ -425,10 +542,11 @@ class Server:
         self.host, self.port = host, self.socket.getsockname()[1]
         # No logging configuration: the server may run inside the Studio or a test process. The
         # protocol and loop are named, not "auto", so every install (and the bundle) runs the same ones.
-        http = functools.partial(_H11, head_timeout=head_timeout, log=self._logged)
+        http = functools.partial(_H11, head_timeout=head_timeout, write_stall=write_stall, log=self._logged)
         self._uvicorn = _Uvicorn(uvicorn.Config(self.app, http=http, loop="asyncio", ws="none",
                                                 lifespan="off", log_config=None, access_log=False,
                                                 timeout_graceful_shutdown=5))
+        self._uvicorn.on_exit = functools.partial(self.batcher.close, timeout=0)
         self._thread: threading.Thread | None = None
 
     def _logged(self, entry: dict) -> None:

@@ -24,6 +24,10 @@ from diffuse.events import GenerateResult
 from diffuse.serve import protocol
 
 LOG_LENGTH = 500    # request log entries kept for late readers (the Studio panel, tests)
+# Step events waiting for a stream's client to read them: past this many, new ones are dropped
+# (the `step` numbers show the gap). A client reads as fast as the steps come unless it stalls;
+# text, finish and end events are never dropped (an answer's text is bounded by its max_tokens).
+MAX_QUEUED_STEPS = 64
 INTERNAL_ERROR = "internal error while making this answer (the server's log has the details)"
 logger = logging.getLogger("diffuse.serve")
 
@@ -93,7 +97,8 @@ class Job:
     """One HTTP request's sequences (prompts x n) and the queue its handler reads.
 
     Items put on `events`: ("text", index, str), ("step", index, dict), ("finish", index, reason),
-    ("end", usage dict) and ("error", message). The engine thread writes; the event loop reads.
+    ("end", usage dict) and ("error", protocol.BadRequest). The engine thread writes; the event
+    loop reads them with next_event().
     """
     _ids = itertools.count(1)
 
@@ -112,6 +117,15 @@ class Job:
         self.batch = 0                    # most sequences in one forward pass with this job's
         self.queued_at = time.perf_counter()
         self.started_at = 0.0             # when its sequences joined the stream
+        self.steps_put = 0                # step events queued (the engine's thread counts) ...
+        self.steps_read = 0               # ... and read (the event loop's)
+        self.steps_dropped = 0            # not queued: its client was not reading
+
+    async def next_event(self) -> tuple:
+        item = await self.events.get()
+        if item[0] == "step":
+            self.steps_read += 1
+        return item
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -138,7 +152,11 @@ class Job:
         if self.error is not None:
             return False
         if self.request.diffusion_events:
-            self._put("step", index, protocol.step_event(index, ev))
+            if self.steps_put - self.steps_read < MAX_QUEUED_STEPS:
+                self.steps_put += 1
+                self._put("step", index, protocol.step_event(index, ev))
+            else:
+                self.steps_dropped += 1
         answer = self.answers[index]
         settled = ~ev.gen_mask
         if self.request.options["editing_threshold"] < 1:     # editing may still change the current block
@@ -160,7 +178,11 @@ class Job:
         self._put("end", usage)
 
     def fail(self, message: str) -> None:
-        self._put("error", message)
+        self._put("error", protocol.BadRequest(message, status=500, type="server_error"))
+
+    def shut_out(self) -> None:
+        """Refused or ended unfinished because the server is shutting down."""
+        self._put("error", protocol.shutting_down())
 
 
 class Batcher:
@@ -185,9 +207,18 @@ class Batcher:
     def submit(self, job: Job) -> None:
         with self._cond:
             if self._closed:
-                raise protocol.BadRequest("the server is shutting down", status=503, type="server_error")
+                raise protocol.shutting_down()
             self._pending.append(job)
             self._cond.notify()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def load(self) -> tuple[int, int]:
+        """(requests waiting, sequences running)."""
+        with self._cond:
+            return len(self._pending), len(self._running)
 
     def close(self, timeout: float | None = None) -> None:
         """Cancel every job (running ones stop at their next step) and end the thread."""
@@ -226,7 +257,7 @@ class Batcher:
                 self._cond.wait()
             if self._closed:
                 for job in self._pending:
-                    job.fail("the server is shutting down")
+                    job.shut_out()
                 self._pending.clear()
             return not self._closed
 
@@ -273,7 +304,10 @@ class Batcher:
         # Logged before the client hears the end, so that whoever got an answer finds it in the log.
         if job.cancelled:      # its client left, or the server is stopping
             self._record(job, None, "cancelled")
-            job.fail("cancelled")
+            if self._closed:
+                job.shut_out()
+            else:
+                job.fail("cancelled")
             return
         try:
             for r in job.results:
@@ -293,8 +327,8 @@ class Batcher:
     def _record(self, job: Job, u: dict | None, status: str) -> None:
         steps = max((r.steps for r in job.results if isinstance(r, GenerateResult)), default=0)
         entry = {"id": job.id, "kind": job.request.kind, "sequences": job.request.n_sequences,
-                 "batch": job.batch, "status": status, "steps": steps,
-                 "steps_after_cancel": job.steps_after_cancel,
+                 "batch": job.batch, "status": status, "steps": steps, "seed": job.request.seed,
+                 "steps_after_cancel": job.steps_after_cancel, "steps_dropped": job.steps_dropped,
                  "prompt_tokens": u["prompt_tokens"] if u else 0,
                  "completion_tokens": u["completion_tokens"] if u else 0,
                  "queued_ms": round((job.started_at - job.queued_at) * 1000, 1),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,16 +19,26 @@ from diffuse.generation import OPTION_NAMES, default_options, preset, resolve_op
 
 # Engine options a body may carry by name; the answer's length comes from max_tokens.
 ENGINE_FIELDS = tuple(name for name in OPTION_NAMES if name != "gen_length")
-COMMON_FIELDS = ("model", "max_tokens", "stop", "n", "stream", "stream_options", "user", "diffusion_events",
-                 "preset")
+COMMON_FIELDS = ("model", "max_tokens", "stop", "n", "stream", "stream_options", "diffusion_events", "preset")
 FIELDS = {
-    "chat": frozenset(COMMON_FIELDS + ENGINE_FIELDS + ("messages", "max_completion_tokens")),
+    "chat": frozenset(COMMON_FIELDS + ENGINE_FIELDS + ("messages", "max_completion_tokens", "tools",
+                                                       "tool_choice", "response_format")),
     "completion": frozenset(COMMON_FIELDS + ENGINE_FIELDS + ("prompt",)),
 }
+# OpenAI parameters that ask nothing of the model, which clients send by default or as a matter of
+# course: checked for their type, then ignored (this server stores nothing, has one service tier,
+# and makes no tool calls to run in parallel).
+IGNORED = {"user": str, "metadata": dict, "store": bool, "service_tier": str, "parallel_tool_calls": bool,
+           "prompt_cache_key": str, "safety_identifier": str}
 # OpenAI parameters a diffusion model cannot honour: accepted at their neutral value only, so that
 # clients which always send them keep working.
-NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logprobs": False, "logit_bias": {}, "echo": False,
-           "best_of": 1, "response_format": {"type": "text"}}
+NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logprobs": False, "top_logprobs": 0, "logit_bias": {},
+           "echo": False, "best_of": 1, "suffix": "", "modalities": ["text"]}
+# OpenAI's range for temperature: the engine takes up to 100 (the CLI's and the Studio's option).
+MAX_TEMPERATURE = 2
+# The JSON values (numbers, strings, lists, objects) a body may hold beyond its prompts' token ids,
+# which can be --max-batch prompts of a whole context each: messages, options, stop strings.
+SPARE_VALUES = 1 << 16
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOPS = 4       # OpenAI's limit
 MAX_STOP_CHARS = 256   # each: held-back text is checked against every start of every stop string
@@ -35,6 +46,8 @@ MAX_STOP_CHARS = 256   # each: held-back text is checked against every start of 
 # into one (U+1F82 is 4 before NFC); every other step of a tokenizer's pipeline keeps or adds characters.
 MAX_COMPOSED = 4
 SEED_MOD = 2 ** 64
+# A JSON string (with its escapes): found to count the structure outside strings.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 
 
 class BadRequest(Exception):
@@ -47,6 +60,10 @@ class BadRequest(Exception):
 
     def body(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code)
+
+
+def shutting_down() -> BadRequest:
+    return BadRequest("the server is shutting down", status=503, type="server_error", code="server_shutdown")
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
@@ -69,6 +86,12 @@ class Request:
     def n_sequences(self) -> int:
         return len(self.prompts) * self.n
 
+    @property
+    def seed(self) -> int:
+        """The seed of the first answer (the client's, else the one drawn for it): reported with the
+        answer, so that the client can ask for the same answer again."""
+        return self.options["seed"]
+
     def prompt_of(self, sequence: int) -> list[int]:
         return self.prompts[sequence // self.n]
 
@@ -80,6 +103,7 @@ class Request:
 
 def parse(raw: bytes, kind: str, model, max_batch: int) -> Request:
     """Check a body and build the engine's work; raises BadRequest with the offending parameter."""
+    check_structure(raw, max_batch * model.n_ctx_train + SPARE_VALUES)
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as e:
@@ -88,25 +112,34 @@ def parse(raw: bytes, kind: str, model, max_batch: int) -> Request:
         raise BadRequest("the body must be a JSON object")
     body = {k: v for k, v in body.items() if v is not None}   # null means "not given" in OpenAI's API
     for name, value in body.items():
-        if name in NEUTRAL:
+        if name in IGNORED:
+            if not isinstance(value, IGNORED[name]):
+                raise BadRequest(f"Invalid type for '{name}': expected {_TYPE_NAMES[IGNORED[name]]}, but got "
+                                 f"{json.dumps(value)[:40]}", param=name, code="invalid_type")
+        elif name in NEUTRAL:
             if value != NEUTRAL[name]:
-                raise BadRequest(f"{name} is not supported by this server (only {json.dumps(NEUTRAL[name])})",
-                                 param=name, code="unsupported_parameter")
+                raise BadRequest(f"Unsupported value: '{name}' does not support {json.dumps(value)[:40]} with this "
+                                 f"server (a diffusion model). Only the default ({json.dumps(NEUTRAL[name])}) "
+                                 "value is supported.", param=name, code="unsupported_value")
         elif name not in FIELDS[kind]:
-            raise BadRequest(f"unrecognized request argument supplied: {name}", param=name,
+            raise BadRequest(f"Unrecognized request argument supplied: {name}", param=name,
                              code="unknown_parameter")
+    if kind == "chat":
+        _no_tools(body)
     if "model" in body and not isinstance(body["model"], str):
         raise BadRequest("model must be a string", param="model")
     n = _int(body, "n", 1)
     if not 1 <= n <= max_batch:
         raise BadRequest(f"n must be in [1, {max_batch}] (this server's --max-batch; got {n})", param="n")
     stream = _bool(body, "stream", False)
+    # include_obfuscation pads chunks against length side channels on shared networks: nothing to pad here.
     stream_options = body.get("stream_options", {})
-    if not isinstance(stream_options, dict) or set(stream_options) - {"include_usage"}:
+    if not isinstance(stream_options, dict) or set(stream_options) - {"include_usage", "include_obfuscation"}:
         raise BadRequest('stream_options must be an object like {"include_usage": true}', param="stream_options")
     if stream_options and not stream:
         raise BadRequest("stream_options is only allowed with stream: true", param="stream_options")
-    include_usage = _bool(stream_options, "include_usage", False)
+    include_usage = _bool(stream_options, "include_usage", False, "stream_options.include_usage")
+    _bool(stream_options, "include_obfuscation", False, "stream_options.include_obfuscation")
     diffusion_events = _bool(body, "diffusion_events", False)
     if diffusion_events and not stream:
         raise BadRequest("diffusion_events needs stream: true", param="diffusion_events")
@@ -122,6 +155,10 @@ def parse(raw: bytes, kind: str, model, max_batch: int) -> Request:
             given = {k: v for k, v in preset(body["preset"]).items() if k in ENGINE_FIELDS} | given
         except DiffuseError as e:
             raise BadRequest(str(e), param="preset") from None
+    temperature = body.get("temperature")
+    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature > MAX_TEMPERATURE:
+        raise BadRequest(f"Invalid 'temperature': decimal above maximum value. Expected a value <= {MAX_TEMPERATURE},"
+                         f" but got {temperature} instead.", param="temperature", code="decimal_above_max_value")
     for name, value in given.items():      # one at a time, so the error names its parameter
         try:
             resolve_options(model.arch, **{name: value})
@@ -174,11 +211,62 @@ def _int(body: dict, name: str, default: int) -> int:
     return value
 
 
-def _bool(body: dict, name: str, default: bool) -> bool:
+def _bool(body: dict, name: str, default: bool, param: str | None = None) -> bool:
     value = body.get(name, default)
     if not isinstance(value, bool):
-        raise BadRequest(f"{name} must be true or false (got {json.dumps(value)[:40]})", param=name)
+        raise BadRequest(f"{param or name} must be true or false (got {json.dumps(value)[:40]})", param=param or name)
     return value
+
+
+_TYPE_NAMES = {str: "a string", dict: "an object", bool: "a boolean"}
+
+
+def check_structure(raw: bytes, max_values: int) -> None:
+    """Refuse a body with more than max_values JSON values before parsing it: parsed, each one is a
+    Python object (a 15 MB body of [[1],[1],...] is 330 MB of lists). Counted at C speed over the
+    raw bytes: a value is one of its container's items, so there are at most 1 + commas + brackets
+    and braces of them; strings are taken out first only when that bound says too many (a long
+    text may hold many commas), after their quotes have shown that there are not too many of them."""
+    def values(data: bytes) -> int:
+        return 1 + data.count(b",") + data.count(b"[") + data.count(b"{")
+    if values(raw) <= max_values:
+        return
+    message = f"the body holds more than {max_values} JSON values, more than any request this server can run needs"
+    # Each string has two quotes that no backslash escapes (a quote after an escaped backslash is
+    # not counted here either, so this is at most the number of strings).
+    if (raw.count(b'"') - raw.count(b'\\"')) // 2 > max_values:
+        raise BadRequest(message, code="too_many_values")
+    if values(_JSON_STRING.sub(b"", raw)) > max_values:
+        raise BadRequest(message, code="too_many_values")
+
+
+def _no_tools(body: dict) -> None:
+    """tools, tool_choice and response_format where this server can honour them: no tools called
+    (tool_choice "none", or no tools), plain text. It cannot make tool calls or constrain an answer
+    to JSON: its decoding has no grammar, and the model's text is not parsed for calls."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if tools is not None and not (isinstance(tools, list) and tools and all(isinstance(t, dict) for t in tools)):
+        raise BadRequest("Invalid 'tools': expected a non-empty array of tool objects", param="tools")
+    if choice not in (None, "none", "auto", "required") and not isinstance(choice, dict):
+        raise BadRequest(f"Invalid value for 'tool_choice': {json.dumps(choice)[:40]}. Supported values are: "
+                         "'none', 'auto', 'required' and a named function.", param="tool_choice",
+                         code="invalid_value")
+    if tools and choice != "none":
+        raise BadRequest("Unsupported parameter: 'tools' is not supported by this server: it cannot turn the "
+                         "model's output into tool calls. Send tool_choice: \"none\" to answer in text.",
+                         param="tools", code="unsupported_parameter")
+    if not tools and choice not in (None, "none", "auto"):
+        raise BadRequest("Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are "
+                         "specified.", param="tool_choice", code="invalid_value")
+    response_format = body.get("response_format", {"type": "text"})
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind != "text":
+        if kind in ("json_object", "json_schema"):
+            raise BadRequest(f"Unsupported value: 'response_format.type' does not support '{kind}' with this server"
+                             ": its decoding cannot constrain the answer to JSON. Only 'text' is supported.",
+                             param="response_format.type", code="unsupported_value")
+        raise BadRequest('Invalid \'response_format\': expected an object like {"type": "text"}',
+                         param="response_format", code="invalid_value")
 
 
 def _stop(value) -> list[str]:
@@ -240,6 +328,9 @@ def _chat_prompt(body: dict, model) -> list[list[int]]:
     plain = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
+        if isinstance(m, dict) and (m.get("role") in ("tool", "function") or m.get("tool_calls")):
+            raise BadRequest(f"{where} is a tool call or its result: tools are not supported by this server",
+                             param=where, code="unsupported_value")
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise BadRequest(f"{where} must be an object with a role among {', '.join(ROLES)}", param=where)
         plain.append({"role": "system" if m["role"] == "developer" else m["role"], "content": _content(m, where)})
