@@ -21,6 +21,7 @@ from diffuse.generation import (OPTIONS, PRESETS, default_options, preset, resol
                                  whole_blocks)
 from diffuse.gguf_file import FAMILIES
 from diffuse.recording import Recording
+from diffuse.remote import TIMEOUT_S, RemoteModel, api_key_from_env
 
 MASK_GLYPH = "\u2591"   # light shade: a position still masked
 EOS_GLYPH = "\u00b7"    # middle dot: end-of-text (the padding after the answer), not 13 columns of <|endoftext|>
@@ -104,8 +105,20 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "--gen-length is rounded up to a multiple of --block-length (the "
                                    "answer is cut at the length asked for), as the server does. Ctrl-C "
                                    f"stops at the end of the step and prints the answer so far, {MASK_GLYPH} "
-                                   "marking each position still undecided.")
-    p.add_argument("-m", "--model", required=True, help="GGUF model file")
+                                   "marking each position still undecided. With --server the model runs on "
+                                   "an OpenAI-compatible server: diffuse serve streams its steps to the live "
+                                   "view; any other (llama.cpp, vLLM, SGLang) streams text only, and is sent "
+                                   "only max_tokens (--gen-length), temperature, top_p and seed.")
+    p.add_argument("-m", "--model",
+                   help="GGUF model file; with --server, the name of one of its models (default: the first "
+                        "it lists)")
+    remote = p.add_argument_group("a server instead of a model file")
+    remote.add_argument("--server", metavar="URL", help="an OpenAI-compatible server, e.g. http://localhost:8080/v1")
+    remote.add_argument("--api-key", metavar="KEY",
+                        help="its API key (default: $DIFFUSE_API_KEY, else $OPENAI_API_KEY; on the command line "
+                             "a key is visible to other users of this machine)")
+    remote.add_argument("--timeout", type=float, default=TIMEOUT_S, metavar="S",
+                        help=f"give up on a server silent for this long (default {TIMEOUT_S:g} s)")
     given = p.add_mutually_exclusive_group(required=True)
     given.add_argument("-p", "--prompt", help="prompt text; - reads it from standard input")
     given.add_argument("--prompt-file", metavar="PATH", help="read the prompt from a UTF-8 text file")
@@ -229,17 +242,17 @@ def summary(r: GenerateResult) -> str:
             f"useful {r.useful_tokens_per_s:.2f} tok/s ({r.useful_length}/{r.gen_length} tokens)")
 
 
-def as_json(r: GenerateResult, text: str, mask_id: int, options: dict) -> str:
+def as_json(r: GenerateResult, text: str, undecided: np.ndarray, options: dict, **extra) -> str:
     # Per generated position: its token, the step that committed it (-1: none did) and, after a
     # cancel, which positions are still masked (their token is the mask id, not an answer).
     return json.dumps({
         "text": text, "tokens": r.tokens.tolist(), "decided_step": np.asarray(r.decided_step).tolist(),
-        "undecided": np.flatnonzero(r.tokens == mask_id).tolist(),
+        "undecided": np.flatnonzero(undecided).tolist(),
         "steps": r.steps, "steps_allowed": r.steps_allowed,
         "stop_reason": r.stop_reason, "gen_length": r.gen_length, "useful_length": r.useful_length,
         "timings": {"total_ms": r.total_ms, "step_ms": np.asarray(r.step_ms).tolist(),
                     "forward_ms": np.asarray(r.forward_ms).tolist(), "sample_ms": np.asarray(r.sample_ms).tolist()},
-        "options": options}, ensure_ascii=False)
+        "options": options, **extra}, ensure_ascii=False)
 
 
 def read_prompt(args: argparse.Namespace) -> str:
@@ -289,6 +302,12 @@ def fit_blocks(options: dict, arch: str) -> tuple[dict, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.server is not None:
+        return run_remote(args)
+    if args.model is None:
+        raise DiffuseError("generate needs -m MODEL.gguf, or --server URL for a model on a server")
+    if args.api_key is not None:
+        raise DiffuseError("--api-key is for --server URL; a model file needs none")
     if args.record:   # refused before the model loads: the run would be lost to a failing save
         check_output(args.record, "--record", [args.model], example_name="run.npz")
     check_input(args.model, "-m")
@@ -334,13 +353,92 @@ def run(args: argparse.Namespace) -> int:
                 view.close()
         # Until the answer is out, a late Ctrl-C only marks the run: it must not cut the answer short.
         text = answer_text(result, model, resolve_options(model.arch, **options)["gen_length"])
-        print(as_json(result, text, model.mask_token_id, resolved) if args.json else text, flush=True)
+        print(as_json(result, text, result.tokens == model.mask_token_id, resolved) if args.json else text,
+              flush=True)
         print(summary(result), file=sys.stderr)
     finally:
         signal.signal(signal.SIGINT, previous)
     if recording is not None:   # after the answer: a save that fails (a full disk) does not lose it
-        recording.finish(result, model.tokenizer.decode).save(args.record)
+        # token texts only where the server sent them: a replay shows the others as <id>, as it would here
+        recording.finish(result, model.tokenizer.decode if model.tokenizer.pieces else None).save(args.record)
     return 130 if interrupted else 0
+
+
+def run_remote(args: argparse.Namespace) -> int:
+    """generate on a server: its step events to the live view (diffuse serve), else its text as it
+    streams; Ctrl-C closes the connection, which the server takes as a cancel."""
+    for flag, value in (("--threads", args.threads), ("--tokenizer", args.tokenizer)):
+        if value is not None:
+            raise DiffuseError(f"{flag} is for a local model file; a server uses its own")
+    if args.record:
+        check_output(args.record, "--record", [], example_name="run.npz")
+    prompt = read_prompt(args)
+    model = RemoteModel.connect(args.server, args.api_key or api_key_from_env(), args.model, args.timeout)
+    endpoint = model.connection.endpoint
+    if model.connection.api_key and endpoint.scheme == "http" and not endpoint.local:
+        print(f"diffuse: note: the API key goes to {endpoint.host} over plain http, readable on the way; "
+              "use an https:// URL", file=sys.stderr)
+    if args.record and not model.steps_sent:
+        raise DiffuseError(f"--record keeps a run's steps, which only diffuse serve sends; {model.url} is a "
+                           f"{model.server_kind}")
+    options = generation_options(args)
+    if skipped := model.not_sent(options):
+        print(f"diffuse: note: {', '.join(skipped)} not sent: {model.url} is a {model.server_kind}, which takes "
+              "OpenAI's max_tokens (--gen-length), temperature, top_p and seed only", file=sys.stderr)
+    view = LiveView(model.tokenizer, sys.stderr) if (model.steps_sent and not args.quiet
+                                                     and sys.stderr.isatty()) else None
+    streamed = not model.steps_sent and not args.json      # text as it comes, when no view shows progress
+    recording = Recording(prompt=prompt, options={k: v for k, v in options.items() if v is not None},
+                          model={"name": model.id, "server": model.url}) if args.record else None
+    interrupted, last = False, None
+
+    def on_interrupt(signum, frame):
+        nonlocal interrupted
+        interrupted = True
+
+    def on_step(ev: StepEvent) -> bool:
+        nonlocal last
+        last = ev
+        if recording is not None:
+            recording.add(ev)
+        if view is not None:
+            view(ev)
+        return not interrupted
+
+    def on_text(text: str) -> bool:
+        if streamed:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        return not interrupted
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        try:
+            result = model.generate(prompt, chat=args.chat, on_step=on_step, on_text=on_text, **options)
+        finally:
+            if view is not None:
+                view.close()
+        if args.json:
+            undecided = last.mask if last is not None else np.zeros(0, bool)
+            print(as_json(result, result.text, undecided, {k: v for k, v in options.items() if v is not None},
+                          server=model.url, model=model.id), flush=True)
+        else:
+            print("" if streamed else result.text, flush=True)
+        print(remote_summary(result, model), file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if recording is not None:
+        # token texts only where the server sent them: a replay shows the others as <id>, as it would here
+        recording.finish(result, model.tokenizer.decode if model.tokenizer.pieces else None).save(args.record)
+    return 130 if interrupted else 0
+
+
+def remote_summary(r: GenerateResult, model: RemoteModel) -> str:
+    if r.steps:
+        return f"{summary(r)}  ({model.server_kind}, {model.url})"
+    seconds = r.total_ms / 1000
+    return (f"{r.useful_length} tokens in {seconds:.2f} s ({r.useful_tokens_per_s:.2f} tok/s, {r.stop_reason}) "
+            f"from {model.id} on a {model.server_kind}, {model.url}; it sends no denoising steps")
 
 
 def answer_text(r: GenerateResult, model, length: int) -> str:
