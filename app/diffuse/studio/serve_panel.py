@@ -2,11 +2,16 @@
 
 The server runs on its own threads (uvicorn's and the batcher's); the switch only binds the port
 and starts them, and stopping returns at once: a timer notices when the threads have ended.
+
+Loading another model in the Studio does not stop the server: it keeps serving the file it was
+started with (clients keep working), the log says so, and "Serve the loaded model instead"
+restarts it on the same port with the new one when the user chooses.
 """
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QGuiApplication
@@ -15,6 +20,7 @@ from PySide6.QtWidgets import (QCheckBox, QFormLayout, QHBoxLayout, QLabel, QLin
 
 from diffuse import DiffuseError
 from diffuse.studio import theme
+from diffuse.studio.wheel import guard_wheel
 
 LOG_LINES = 500
 POLL_MS = 200
@@ -38,13 +44,20 @@ class ServePanel(QWidget):
     # Both emitted on the server's threads, delivered on the GUI thread:
     log_entry = Signal(dict)          # the batcher's entry of a request that ran
     request_logged = Signal(dict)     # every HTTP request, refused ones too (the log shows these)
-    # (Job, StepEvent): a step of a served request's first answer, for the live views to follow
+    # (Job, StepEvent): a step of a served request's first answer, for the live views to follow;
+    # only while the server serves the Studio's loaded model (the views decode with its tokenizer)
     served_step = Signal(object, object)
+    # One line for the status bar: what is served where, "" when nothing is
+    state_changed = Signal(str)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
-        self.model = None
+        self.model = None               # the Studio's loaded model
         self.server = None
+        self.served_model = None        # the model the server was started with
+        self._serves_loaded = False     # read on the batcher's thread: a plain bool
+        self._restart = False           # start again once the stopping server has ended
+        self._state_line = ""
         self.switch = QCheckBox("Serve the loaded model")
         self.switch.setToolTip("an OpenAI-compatible API (/v1/completions, /v1/chat/completions) "
                                "for other programs")
@@ -83,6 +96,13 @@ class ServePanel(QWidget):
         self.snippet.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)   # code: wrapped lines would mislead
         self.copy_button = QPushButton("Copy snippet")
         self.copy_button.clicked.connect(self._copy)
+        self.swap_button = QPushButton("Serve the loaded model instead")
+        self.swap_button.setToolTip("restart the server on the same address with the model the Studio "
+                                    "has loaded; requests being served are cancelled")
+        self.swap_button.clicked.connect(self.serve_loaded)
+        for edit in (self.host.textChanged, self.port.valueChanged, self.api_key.textChanged,
+                     self.max_batch.valueChanged):
+            edit.connect(self._show_state)      # a refusal of the old address goes with it
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
         self.log.setFont(theme.mono_font())
@@ -100,18 +120,35 @@ class ServePanel(QWidget):
         layout.addLayout(form)
         layout.addWidget(self.follow)
         layout.addWidget(self.status)
+        layout.addWidget(self.swap_button)
         layout.addLayout(row)
         layout.addWidget(QLabel("Client snippet"))
         layout.addWidget(self.snippet, 1)
         layout.addWidget(self.copy_button)
         layout.addWidget(QLabel("Requests"))
         layout.addWidget(self.log, 1)
+        guard_wheel(self)          # the wheel scrolls the panel, not the port under the pointer
         self._show_state()
 
     def set_model(self, model) -> None:
-        """A newly loaded model: a server of the previous one stops (the switch serves this one)."""
-        self.stop()
+        """A newly loaded model. A running server keeps serving the file it has (its clients keep
+        working); the log says so, and serve_loaded() switches it."""
         self.model = model
+        if self.serving() and self.served_model is not model:
+            self._note(f"the Studio loaded {_name(model)}; the server keeps serving "
+                       f"{_name(self.served_model)} (“Serve the loaded model instead” switches it)")
+        self._show_state()
+
+    def serve_loaded(self) -> None:
+        """Restart the server on the same address with the loaded model."""
+        if not self.serving() or self.served_model is self.model:
+            return
+        self._note(f"switching the server from {_name(self.served_model)} to {_name(self.model)}")
+        self.port.blockSignals(True)
+        self.port.setValue(self.server.port)     # the same port, also when it was picked (0)
+        self.port.blockSignals(False)
+        self.stop()
+        self._restart = True
         self._show_state()
 
     def start(self) -> bool:
@@ -125,10 +162,12 @@ class ServePanel(QWidget):
             return self._refused(f"serving needs the serve extra: pip install 'diffuse[serve]' ({e})")
         except DiffuseError as e:
             return self._refused(str(e))
+        self.served_model = self.model
         self.server.batcher.listeners.append(self.log_entry.emit)
         self.server.request_listeners.append(self.request_logged.emit)
         self.server.batcher.step_listeners.append(self._stepped)
         self.server.start()
+        self._note(f"serving {_name(self.model)} at {self.server.url}")
         self.url.setText(self.server.url)
         self.snippet.setPlainText(client_snippet(self.server.url, self.server.model_id, self.api_key.text() or None))
         self._show_state()
@@ -136,10 +175,15 @@ class ServePanel(QWidget):
 
     def stop(self) -> None:
         """Cancel the requests being served and close, without waiting for the threads."""
+        self._restart = False
         if self.server is not None and self.server.running():
             self.server.stop(wait=0)
             self._poll.start()
         self._show_state()
+
+    def _note(self, line: str) -> None:
+        """A line of the panel's own in the request log."""
+        self.log.appendPlainText(f"{time.strftime('%H:%M:%S')}  {line}")
 
     def serving(self) -> bool:
         return self.server is not None and self.server.running()
@@ -159,11 +203,18 @@ class ServePanel(QWidget):
     def _check_stopped(self) -> None:
         if not self.serving():
             self._poll.stop()
+            self._note("stopped serving")
+            self.served_model = None
+            restart, self._restart = self._restart, False
             self._show_state()
+            if restart:
+                self.start()
 
     def _show_state(self) -> None:
         serving = self.serving()
         stopping = self._poll.isActive()
+        other = serving and self.served_model is not self.model      # the Studio loaded another
+        self._serves_loaded = serving and not other
         self.switch.blockSignals(True)
         self.switch.setChecked(serving and not stopping)
         self.switch.blockSignals(False)
@@ -171,16 +222,34 @@ class ServePanel(QWidget):
         for w in (self.host, self.port, self.api_key, self.max_batch):
             w.setEnabled(not serving)
         self.copy_button.setEnabled(serving and not stopping)
+        self.swap_button.setVisible(other and not stopping)
+        self.swap_button.setText(f"Serve {_name(self.model)} instead" if other else "")
+        line = ""
         if self.model is None:
             self.status.setText("Load a model to serve it.")
         elif stopping:
-            self.status.setText("Stopping: the requests being served are cancelled at their next step…")
+            self.status.setText("Restarting with the loaded model…" if self._restart else
+                                "Stopping: the requests being served are cancelled at their next step…")
+            line = "server stopping"
+        elif other:
+            self.status.setText(f"Serving {self.server.model_id} at {self.server.url}: not the model "
+                                f"the Studio has loaded ({_name(self.model)}). Requests are not shown "
+                                "in the live views.")
+            line = f"serving {self.server.model_id} (not the loaded model) at {self.server.url}"
         elif serving:
             self.status.setText(f"Serving {self.server.model_id} at {self.server.url}")
+            line = f"serving {self.server.model_id} at {self.server.url}"
         else:
             self.status.setText("Not serving.")
             self.url.clear()
             self.snippet.clear()
+        if line != self._state_line:
+            self._state_line = line
+            self.state_changed.emit(line)
+
+    def state_line(self) -> str:
+        """What the status bar shows about the server: "" when not serving."""
+        return self._state_line
 
     def _follow_toggled(self, on: bool) -> None:
         self._following = on
@@ -188,7 +257,7 @@ class ServePanel(QWidget):
     def _stepped(self, job, index: int, event) -> None:
         """On the batcher's thread: only the first answer of each request is shown (a request with
         n answers would otherwise fight itself for the views)."""
-        if index == 0 and self._following:
+        if index == 0 and self._following and self._serves_loaded:
             self.served_step.emit(job, event)
 
     def _copy(self) -> None:
@@ -205,3 +274,7 @@ class ServePanel(QWidget):
             what = f"{e['method']} {e['path']}" if e["method"] else "request"
             line = f"{what} {e['status']}" + (f": {e['error']}" if e["error"] else "")
         self.log.appendPlainText(f"{time.strftime('%H:%M:%S')}  {line}")
+
+
+def _name(model) -> str:
+    return Path(model.path).stem

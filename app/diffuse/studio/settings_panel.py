@@ -23,6 +23,7 @@ from diffuse.generation import (OPTION_NAMES, OPTIONS, default_options, option, 
                                  schedule_check)
 from diffuse.gguf_file import FAMILIES
 from diffuse.studio import storage, theme
+from diffuse.studio.wheel import guard_wheel
 
 AUTO = "auto"
 INT_MAX = 2**31 - 1     # a QSpinBox holds a 32-bit int (the engine's seed goes to 2^64 - 1)
@@ -266,6 +267,7 @@ class SettingsPanel(QWidget):
         layout.addWidget(reset)
         layout.addStretch(1)
 
+        guard_wheel(self)          # the wheel scrolls the panel, not the field under the pointer
         self.reset()
         self.restore()
         for box in [*self.fields.values(), self.threads, self.chat]:
