@@ -2,6 +2,7 @@
 (the live view: test_cli_live_view.py)."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,8 @@ def test_generate_prints_the_answer_on_stdout_and_the_summary_on_stderr(tiny_ggu
     assert out == rec.result.text + "\n"                        # no progress without a terminal
     assert "step " not in out and "steps 8/8 (done)" in err and "tok/s" in err
     assert len(rec.events) == 8 and rec.result.steps == 8
-    assert rec.options == resolve_options("llada", gen_length=16, steps=8, block_length=8)   # what ran
+    assert rec.options == {**resolve_options("llada", gen_length=16, steps=8, block_length=8),   # what ran,
+                           "seed": rec.options["seed"]}      # the seed drawn for it included
     assert run.stat().st_mode & 0o777 == 0o644 & ~current_umask()   # like the user's other files
 
 
@@ -57,7 +59,8 @@ def test_json_output(tiny_gguf, capsys):
     assert r["steps_allowed"] == 4 and len(r["tokens"]) == 16 and r["stop_reason"] in ("done", "eos")
     assert isinstance(r["text"], str) and 0 <= r["useful_length"] <= 16
     assert len(r["timings"]["step_ms"]) == r["steps"] and r["timings"]["total_ms"] > 0
-    assert r["options"] == resolve_options("dream", gen_length=16, steps=4)
+    # every option that ran; an unset seed is whichever the run drew, reported so it can be repeated
+    assert r["options"] == {**resolve_options("dream", gen_length=16, steps=4), "seed": r["options"]["seed"]}
 
 
 def test_steps_rounded_to_the_blocks_are_noted(tiny_gguf, capsys):
@@ -236,3 +239,93 @@ def test_help_says_gen_length_is_rounded_up(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     assert "multiple of --block-length" in " ".join(capsys.readouterr().out.split())
+
+
+# ---- --server: a model behind an OpenAI-compatible server (diffuse.remote; test_remote.py) ----
+
+@pytest.fixture(scope="module")
+def served():
+    from diffuse.serve import Server
+    s = Server(load(DEMO, threads=1), port=0, api_key="cli-key", max_batch=2)
+    s.start()
+    yield s
+    s.stop()
+
+
+def test_server_answers_records_and_json_as_a_model_file_does(served, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DIFFUSE_API_KEY", "cli-key")          # the key from the environment
+    options = ["-p", "Hello there", "--gen-length", "32", "--steps", "8", "--seed", "7"]
+    assert main(["generate", "-m", DEMO, "--threads", "1", *options]) == 0
+    local = capsys.readouterr().out
+    run = tmp_path / "served.npz"
+    assert main(["generate", "--server", served.url, *options, "--record", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert out == local and f"(diffuse serve, {served.url})" in err and "tok/s" in err
+    rec = Recording.load(run)
+    assert rec.result.text == local.rstrip("\n") and len(rec.events) == rec.result.steps > 0
+    assert rec.model == {"name": "diffuse-demo-3m", "server": served.url}
+    assert main(["generate", "--server", served.url, "-m", "diffuse-demo-3m", *options, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["text"] == local.rstrip("\n") and r["server"] == served.url and r["model"] == "diffuse-demo-3m"
+    assert r["options"] == {"gen_length": 32, "steps": 8, "seed": 7} and len(r["tokens"]) == 32
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-p", "Hi"], "refused the API key .*--api-key or \\$DIFFUSE_API_KEY"),
+    (["-p", "Hi", "--api-key", "cli-key", "-m", "other"], "no model 'other' there; it serves diffuse-demo-3m"),
+    (["-p", "Hi", "--api-key", "cli-key", "--threads", "2"], "--threads is for a local model file"),
+])
+def test_server_errors_are_one_line(served, capsys, monkeypatch, argv, message):
+    for name in ("DIFFUSE_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["generate", "--server", served.url, *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(message, err), err
+
+
+def test_a_model_file_or_a_server_is_needed(capsys):
+    assert main(["generate", "-p", "Hi"]) == 1
+    assert "needs -m MODEL.gguf, or --server URL" in capsys.readouterr().err
+
+
+def test_another_engine_streams_text_and_says_what_it_is_not_sent(capsys, tmp_path):
+    """A server that is not diffuse serve (here a few lines of http.server) gets OpenAI's fields."""
+    import http.server
+    import threading
+    models = json.dumps({"data": [{"id": "ar-model", "owned_by": "llamacpp"}]}).encode()
+    bodies = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(models)
+
+        def do_POST(self):
+            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for text, finish in (("Paris", None), (".", None), (None, "stop")):
+                delta = {"content": text} if text else {}
+                self.wfile.write(b"data: " + json.dumps({"choices": [{"index": 0, "delta": delta,
+                                                                        "finish_reason": finish}]}).encode() + b"\n\n")
+            self.wfile.write(b"data: [DONE]\n\n")
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    try:
+        assert main(["generate", "--server", url, "-p", "Capital?", "--steps", "8", "--gen-length", "16"]) == 0
+        out, err = capsys.readouterr()
+        assert out == "Paris.\n" and bodies[0]["max_tokens"] == 16 and "steps" not in bodies[0]
+        assert "steps not sent" in err and "llamacpp server" in err and "sends no denoising steps" in err
+        assert main(["generate", "--server", url, "-p", "Hi", "--record", str(tmp_path / "r.npz")]) == 1
+        assert "--record keeps a run's steps, which only diffuse serve sends" in capsys.readouterr().err
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from diffuse import load
+from diffuse.serve import Server
 
 DIFFUSE = Path(sys.executable).parent / "diffuse"      # the console script
 DEMO = Path(__file__).resolve().parent.parent / "models" / "diffuse-demo-3m.gguf"
@@ -27,16 +28,17 @@ REDRAW = re.compile(r"\r(?:\x1b\[(\d+)A)?")
 SGR = re.compile(r"\x1b\[[0-9;]*[mKJ]")
 
 
-def run_in_pty(cols: int, rows: int, *argv: str, interrupt_after: int = 0) -> tuple[int, str, str]:
-    """Run `diffuse generate` with stderr on a terminal of cols x rows (stdout to a pipe): exit code,
-    stdout and what the terminal received. interrupt_after: send Ctrl-C after that many bytes."""
+def run_in_pty(cols: int, rows: int, *argv: str, interrupt_after: int = 0,
+               model: tuple[str, ...] = ("-m", str(DEMO), "--threads", "1")) -> tuple[int, str, str]:
+    """Run `diffuse generate` on `model` (a file, or --server URL) with stderr on a terminal of cols x
+    rows (stdout to a pipe): exit code, stdout and what the terminal received. interrupt_after: send
+    Ctrl-C after that many bytes."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
     attrs = termios.tcgetattr(slave)
     attrs[1] &= ~termios.ONLCR          # keep "\n" as the program wrote it
     termios.tcsetattr(slave, termios.TCSANOW, attrs)
-    proc = subprocess.Popen([str(DIFFUSE), "generate", "-m", str(DEMO), "-p", PROMPT,
-                             "--threads", "1", *argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([str(DIFFUSE), "generate", *model, "-p", PROMPT, *argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=slave, start_new_session=True)
     os.close(slave)
     received = b""
@@ -135,3 +137,37 @@ def test_a_small_tmux_pane_keeps_one_frame(tmp_path):
         subprocess.run([*tmux, "kill-server"], capture_output=True)
     assert "steps " in history                                  # the summary: the run finished
     assert len(re.findall(r"step \d+/\d+  block", history)) == 1, history
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server(load(DEMO, threads=1), port=0, api_key="live-view-key", max_batch=2)
+    s.start()
+    yield s
+    s.stop()
+
+
+def test_the_live_view_draws_the_steps_of_diffuse_serve(server):
+    """--server: the same frames from the server's step events as from a local run's."""
+    remote = ("--server", server.url, "--api-key", "live-view-key")
+    options = ("--gen-length", "64", "--steps", "16", "--block-length", "32", "--seed", "4")
+    code, out, screen = run_in_pty(50, 12, *options, model=remote)
+    assert code == 0, screen
+    drawn, last = frames(screen)
+    steps = int(re.search(r"steps (\d+)/16", last.splitlines()[-1]).group(1))
+    assert len(drawn) == steps - 1 and "(diffuse serve, http://127.0.0.1:" in last
+    for text, up in drawn:
+        lines = SGR.sub("", text).split("\n")
+        assert len(lines) <= 12 and all(len(line) < 50 for line in lines) and up == len(lines) - 1
+    assert re.search(r"step \d+/16  block [12]/2", screen)
+    local = run_in_pty(50, 12, *options)
+    assert out == local[1]                      # the same answer as the model file gives
+
+
+def test_ctrl_c_cancels_a_served_run(server):
+    code, out, screen = run_in_pty(80, 24, "--gen-length", "224", "--steps", "224", "--block-length", "224", "--json",
+                                   interrupt_after=2000, model=("--server", server.url, "--api-key", "live-view-key"))
+    assert code == 130, screen
+    result = json.loads(out)
+    assert result["stop_reason"] == "cancelled" and 0 < result["steps"] < 224 and result["undecided"]
+    assert "(cancelled)" in screen

@@ -39,6 +39,13 @@ MAX_REPLY_BYTES = 4 << 20     # a JSON answer that is not a stream (/v1/models, 
 READ_CHUNK = 64 << 10
 # OpenAI's own request fields that every server understands; the engine's other options go to
 # `diffuse serve` only.
+# Step-event fields the views read beyond the ones diffuse serve has always sent, and what lacks
+# without them (see RemoteModel.unsent).
+STEP_EXTRAS = {"pieces": "token texts (tokens show as <id>)",
+               "confidence": "top-1 probabilities (the heatmap's probability mode, confidence thresholds)",
+               "scheduled": "the schedule's count per step (which commits tau added)",
+               "block_start": "block bounds (equal blocks over the answer are assumed)",
+               "active": "which positions were recomputed or cached (the Cache view)"}
 OPENAI_OPTIONS = {"gen_length": "max_tokens", "temperature": "temperature", "top_p": "top_p", "seed": "seed"}
 
 
@@ -274,11 +281,20 @@ class RemoteModel:
     `diffuse serve` with a StepEvent per step (positions relative to the answer: prompt_length 0,
     since the prompt's tokens stay on the server); elsewhere text only (`steps_sent` False)."""
 
-    def __init__(self, connection: Connection, model_id: str, owned_by: str = "", served: tuple[str, ...] = ()):
-        self.connection, self.id, self.owned_by = connection, model_id, owned_by
-        self.served = served or (model_id,)
-        self.steps_sent = owned_by == "diffuse"    # diffuse serve streams step events
+    def __init__(self, connection: Connection, entry: dict, served: tuple[str, ...] = ()):
+        self.connection, self.id = connection, entry["id"]
+        self.owned_by = str(entry.get("owned_by") or "")
+        self.served = served or (self.id,)
+        self.steps_sent = self.owned_by == "diffuse"    # diffuse serve streams step events
+        # What diffuse serve may tell of its model in the entry's "diffuse" object (arch, n_ctx_train,
+        # recipe, mask_token_id, eos_ids): the Studio's settings show its defaults from it.
+        info = entry.get("diffuse") if isinstance(entry.get("diffuse"), dict) else {}
+        self.arch: str | None = info.get("arch") if isinstance(info.get("arch"), str) else None
+        self.n_ctx_train: int = info.get("n_ctx_train") if isinstance(info.get("n_ctx_train"), int) else 0
+        self.recipe: dict = info.get("recipe") if isinstance(info.get("recipe"), dict) else {}
         self.tokenizer = RemoteTokenizer()
+        self.tokenizer.learn(info)
+        self.unsent: set[str] = set()       # STEP_EXTRAS keys missing from the last step event
 
     @classmethod
     def connect(cls, url: str, api_key: str | None = None, model: str | None = None,
@@ -288,15 +304,11 @@ class RemoteModel:
         listed = list_models(conn)
         if not listed:
             raise DiffuseError(f"{conn.url}: the server lists no models")
-        if model is None:
-            model_id, owned_by = listed[0]
-        else:
-            found = [m for m in listed if m[0] == model]
-            if not found:
-                names = ", ".join(m[0] for m in listed[:10]) + (", ..." if len(listed) > 10 else "")
-                raise DiffuseError(f"{conn.url}: no model {model!r} there; it serves {names}")
-            model_id, owned_by = found[0]
-        return cls(conn, model_id, owned_by, tuple(m[0] for m in listed))
+        found = [m for m in listed if model is None or m["id"] == model]
+        if not found:
+            names = ", ".join(m["id"] for m in listed[:10]) + (", ..." if len(listed) > 10 else "")
+            raise DiffuseError(f"{conn.url}: no model {model!r} there; it serves {names}")
+        return cls(conn, found[0], tuple(m["id"] for m in listed))
 
     @property
     def url(self) -> str:
@@ -306,6 +318,15 @@ class RemoteModel:
     def server_kind(self) -> str:
         return "diffuse serve" if self.steps_sent else (f"{self.owned_by} server" if self.owned_by
                                                          else "OpenAI-compatible server")
+
+    def views_note(self) -> str:
+        """What the views cannot show for this server's runs, in a sentence ("" when nothing)."""
+        if not self.steps_sent:
+            return (f"{self.id} on a {self.server_kind} ({self.url}) sends text only, no denoising steps: "
+                    "the step views have nothing to draw")
+        if not self.unsent:
+            return ""
+        return f"{self.url} does not send " + "; ".join(STEP_EXTRAS[k] for k in STEP_EXTRAS if k in self.unsent)
 
     def not_sent(self, options: dict) -> list[str]:
         """The options given (not None) that this server is not sent: all but OpenAI's own, unless
@@ -361,14 +382,14 @@ class RemoteModel:
         return f"RemoteModel({self.id!r} at {self.url}, {self.server_kind})"
 
 
-def list_models(conn: Connection) -> list[tuple[str, str]]:
-    """(id, owned_by) of each model /v1/models lists."""
+def list_models(conn: Connection) -> list[dict]:
+    """The entries of /v1/models ({"id", "owned_by", ...} each)."""
     answer = conn.get("/models")
     data = answer.get("data")
     if not isinstance(data, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data):
         raise DiffuseError(f"{conn.url}/models did not answer as an OpenAI-compatible server does (no data list "
                            "of models with ids)")
-    return [(m["id"], str(m.get("owned_by") or "")) for m in data]
+    return data
 
 
 def _is_messages(prompt) -> bool:
@@ -460,6 +481,7 @@ class _Answer:
             start, end = _block_bounds(d, block, n_blocks, n)
             active, cached = _positions(d.get("active"), n), _positions(d.get("cached"), n)
             self.model.tokenizer.learn(d)
+            self.model.unsent = {k for k in STEP_EXTRAS if k not in d or (k == "active" and not isinstance(d[k], list))}
             return StepEvent(step=int(d["step"]), block=block, n_blocks=n_blocks,
                              steps_allowed=int(d["steps_allowed"]), prompt_length=0, block_start=start,
                              block_end=end, tokens=tokens, mask=mask, unmasked=unmasked, entropy=entropy,

@@ -359,8 +359,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGINT, previous)
     if recording is not None:   # after the answer: a save that fails (a full disk) does not lose it
-        # token texts only where the server sent them: a replay shows the others as <id>, as it would here
-        recording.finish(result, model.tokenizer.decode if model.tokenizer.pieces else None).save(args.record)
+        recording.finish(result, model.tokenizer.decode).save(args.record)
     return 130 if interrupted else 0
 
 
@@ -425,6 +424,9 @@ def run_remote(args: argparse.Namespace) -> int:
         else:
             print("" if streamed else result.text, flush=True)
         print(remote_summary(result, model), file=sys.stderr)
+        if "pieces" in model.unsent and (view is not None or recording is not None):
+            print(f"diffuse: note: {model.url} sends no token texts: the live view and the recording show "
+                  "token ids", file=sys.stderr)
     finally:
         signal.signal(signal.SIGINT, previous)
     if recording is not None:
