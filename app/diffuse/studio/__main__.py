@@ -5,6 +5,7 @@ FILE may be a .gguf model (loaded at start) or a recorded run (.npz, replayed).
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 
@@ -23,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     from diffuse.studio import storage, theme
     from diffuse.studio.main_window import MainWindow
 
+    # The app says what goes wrong in its own window; huggingface_hub's warnings about a dropped
+    # connection it retries ("Trying to resume download...") would only clutter the terminal.
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Diffuse Studio")
     app.setOrganizationName("diffuse")

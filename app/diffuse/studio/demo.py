@@ -17,5 +17,6 @@ SUGGESTED_PROMPTS = (
 )
 
 DEMO_ABOUT = ("The demo model is tiny (3.3 million parameters, trained for 80 minutes on Jane "
-              "Austen's novels): it continues Austen-like prose in short phrases and cannot answer "
-              "questions. Start a prompt with “Continue:”. For real answers, get a real model.")
+              "Austen's novels and Unix fortunes): it continues Austen-like prose in short phrases "
+              "and cannot answer questions. Start a prompt with “Continue:”. For real answers, "
+              "get a real model.")

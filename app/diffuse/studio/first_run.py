@@ -1,7 +1,10 @@
-"""The "Getting real models" dialog: shown at start while only the demo model is known, and
-from Help at any time.
+"""The "Getting real models" dialog: shown at the first start while only the demo model is known
+(once dismissed it stays away unless asked back), and from Help at any time.
 
-It says what the real models of the catalog are, what each weight type costs in disk and RAM
+It first says honestly what the demo model is (a tiny model that continues Austen-like prose, with
+prompts that show it at its best: diffuse.studio.demo), then offers the model we recommend for a
+laptop as one click: download, convert and quantise in one job with progress, resumable. Below,
+it says what the real models of the catalog are, what each weight type costs in disk and RAM
 against this computer's memory, which one we recommend for a laptop, and offers the ways to get
 one: download its ready GGUF (one file of 4-5 GB, where the catalog has one) or its whole folder to
 convert here when the hub can be reached, convert (and quantise) a folder downloaded from Hugging
@@ -24,11 +27,14 @@ from diffuse.convert.families import read_config
 from diffuse.convert.hf_to_gguf import convert_hf
 from diffuse.quantize import quantize_file
 from diffuse.studio import storage, theme
+from diffuse.studio.demo import DEMO_ABOUT, SUGGESTED_PROMPTS
 from diffuse.studio.job_box import JobBox
 from diffuse.studio.model_panel import disk_problem, inspect_model
+from diffuse.studio.wheel import guard_wheel
 from diffuse.studio.workers import Job
 
 GB = 1e9
+# Unset until the dialog is first dismissed, then what its check box said: "false" keeps it away.
 SHOW_AT_START = "first_run/show_at_start"
 DIRECT = ("F16", "Q8_0")     # types the converter writes itself; others go through F16
 # The real model for a laptop: block diffusion with an exact K/V cache makes it the fastest on a CPU
@@ -42,18 +48,43 @@ def has_real_model(entries, demo_dir: Path | None) -> bool:
     return any(e.family and not e.error and e.path.resolve().parent != demo for e in entries)
 
 
+def laptop_model() -> dict | None:
+    """The catalog entry of the model we recommend for a laptop; None when the catalog lacks it."""
+    try:
+        return catalog.find(catalog.load(), LAPTOP_MODEL)
+    except DiffuseError:
+        return None
+
+
 def laptop_line() -> str:
     """The model we recommend for a laptop, with the file and RAM of its recommended weight type
     from the catalog; "" when the catalog does not have it."""
-    try:
-        model = catalog.find(catalog.load(), LAPTOP_MODEL)
-    except DiffuseError:
+    model = laptop_model()
+    if model is None:
         return ""
     q = model["recommended"]
     need = model["quantizations"][q]
     return (f"<b>For a laptop, start with {model['name']}</b>: block diffusion with an exact cache, "
             f"so a step computes only a few new rows, and one of the smallest real models; as {q.upper()} it is a "
             f"{need['file_gb']:.1f} GB file that needs {theme.size_text(need['ram_gb'] * GB)} of RAM. ")
+
+
+def get_text(model: dict) -> str:
+    """The one-click button of a model: what it fetches and what it makes."""
+    gguf = model.get("ready_gguf")
+    if gguf is not None:
+        return f"Get {model['name']}: download its {catalog.gguf_size_text(gguf)} GGUF"
+    q = model["recommended"]
+    return (f"Get {model['name']}: download {model['download_bytes'] / GB:.1f} GB, make a "
+            f"{model['quantizations'][q]['file_gb']:.1f} GB {q.upper()} file")
+
+
+def demo_html() -> str:
+    """What the demo model is, and the prompts that show it at its best."""
+    prompts = "".join(f"<li><code>{p.replace('&', '&amp;').replace('<', '&lt;')}</code></li>"
+                      for p in SUGGESTED_PROMPTS)
+    return (f"<h3>The demo model continues Austen-like prose; it does not answer questions</h3>"
+            f"{DEMO_ABOUT} Prompts that show it at its best:<ul style='margin:0'>{prompts}</ul>")
 
 
 def models_dir() -> Path:
@@ -106,7 +137,8 @@ class ModelCard(QGroupBox):
     gguf_requested = Signal(dict)             # catalog entry: download its ready GGUF
 
     def __init__(self, model: dict, ram_total: int, parent=None):
-        super().__init__(model["name"], parent)
+        laptop = model["id"] == LAPTOP_MODEL
+        super().__init__(model["name"] + (" · recommended for a laptop" if laptop else ""), parent)
         self.model = model
         quants = model["quantizations"]
         rows = []
@@ -207,7 +239,8 @@ class FirstRunDialog(QDialog):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setWindowTitle("Getting real models")
-        self.resize(760, 720)
+        screen = self.screen().availableGeometry()
+        self.resize(min(760, screen.width() - 40), min(720, screen.height() - 40))
         self.job: Job | None = None
         self.check: Job | None = None
         self.online = False
@@ -216,19 +249,31 @@ class FirstRunDialog(QDialog):
         self.cards: list[ModelCard] = []
         ram = psutil.virtual_memory().total
 
+        demo = QLabel(demo_html())
+        demo.setWordWrap(True)
+        demo.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         intro = QLabel(
-            "<h3>The demo model is small; the real ones write real answers</h3>"
-            "Diffuse Studio comes with a tiny demo model so you can watch diffusion at once. "
-            "The models from the research papers are below. Some come as a ready GGUF file of "
-            "4-5 GB (Q4_K_M, what we recommend); each can be made into one GGUF file here from "
-            "its Hugging Face checkpoint: Q4_K_M needs the least memory, F16 is exact but needs "
-            "the most RAM. " + laptop_line() +
-            f"This computer has <b>{theme.size_text(ram)}</b> of RAM.")
+            "<h3>The real models write real answers</h3>" + laptop_line() +
+            f"This computer has <b>{theme.size_text(ram)}</b> of RAM. The models from the "
+            "research papers are below: some come as a ready GGUF file of 4-5 GB; each can be "
+            "made into one GGUF file here from its Hugging Face checkpoint (Q4_K_M needs the "
+            "least memory, F16 is exact but needs the most RAM).")
         intro.setWordWrap(True)
+        self.recommended = laptop_model()
+        self.get_button = None
+        if self.recommended is not None:
+            self.get_button = QPushButton(get_text(self.recommended))
+            self.get_button.setObjectName("Primary")
+            self.get_button.setToolTip("One job with progress: download (resumes where it stopped "
+                                       "if interrupted or cancelled), convert and quantise; the "
+                                       "model then loads")
+            self.get_button.clicked.connect(self.get_recommended)
+            self.get_button.setEnabled(False)      # until the hub is known to answer
         cards = QWidget()
         cards_layout = QVBoxLayout(cards)
         try:
-            for model in catalog.load():
+            # the recommended model first: its card holds the other weight types
+            for model in sorted(catalog.load(), key=lambda m: m["id"] != LAPTOP_MODEL):
                 card = ModelCard(model, ram)
                 card.convert_requested.connect(self._convert_clicked)
                 card.download_requested.connect(self.download)
@@ -242,6 +287,7 @@ class FirstRunDialog(QDialog):
         scroll.setWidgetResizable(True)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)   # the cards wrap
         scroll.setWidget(cards)
+        guard_wheel(cards)         # the wheel scrolls the cards, not a card's weight type
 
         self.online_label = QLabel("Checking whether Hugging Face can be reached…")
         self.online_label.setWordWrap(True)
@@ -252,6 +298,9 @@ class FirstRunDialog(QDialog):
         gguf_button.clicked.connect(self._gguf_clicked)
         self.buttons = [gguf_button] + [b for c in self.cards
                                         for b in (c.convert_button, *c.download_buttons())]
+        self.hub_buttons = [b for c in self.cards for b in c.download_buttons()]
+        if self.get_button is not None:
+            self.hub_buttons.append(self.get_button)
 
         self.message = QLabel()
         self.message.setWordWrap(True)
@@ -261,8 +310,9 @@ class FirstRunDialog(QDialog):
             self.job_box.label, self.job_box.progress, self.job_box.cancel_button)
         self.progress.setRange(0, 1000)
 
-        self.show_at_start = QCheckBox("Show this window at start until a real model is set up")
-        self.show_at_start.setChecked(show_at_start())
+        self.show_at_start = QCheckBox("Show this window at every start until a real model is set up")
+        self.show_at_start.setToolTip("Help → Getting real models opens it at any time")
+        self.show_at_start.setChecked(asked_back())
         self.show_at_start.toggled.connect(_set_show_at_start)
         close = QPushButton("Close")
         close.setToolTip("A running job goes on; Help → Getting real models shows it again")
@@ -272,9 +322,12 @@ class FirstRunDialog(QDialog):
         bottom.addWidget(close)
 
         layout = QVBoxLayout(self)
+        layout.addWidget(demo)
         layout.addWidget(intro)
+        if self.get_button is not None:
+            layout.addWidget(self.get_button)
+        layout.addWidget(self.online_label)     # beside the button it can turn off
         layout.addWidget(scroll, 1)
-        layout.addWidget(self.online_label)
         layout.addWidget(gguf_button)
         layout.addWidget(self.message)
         layout.addWidget(self.job_box)
@@ -284,7 +337,21 @@ class FirstRunDialog(QDialog):
             app.aboutToQuit.connect(self.shutdown)
         self.check_online()
 
+    def done(self, result: int) -> None:
+        """Closed by the user (Close, Esc, the window's close box): it stays away at the next
+        start unless the check box asks it back."""
+        _set_show_at_start(self.show_at_start.isChecked())
+        super().done(result)
+
     # -- the ways to a model ------------------------------------------------------------------
+
+    def get_recommended(self) -> bool:
+        """The recommended model in one job: its ready GGUF where the catalog has one, else its
+        checkpoint downloaded, converted and quantised to its recommended type."""
+        model = self.recommended
+        if model.get("ready_gguf") is not None:
+            return self.download_gguf(model)
+        return self.download(model, model["recommended"].upper())
 
     def use_gguf(self, path) -> bool:
         entry = inspect_model(path)
@@ -341,6 +408,8 @@ class FirstRunDialog(QDialog):
 
     def shutdown(self) -> None:
         """Stop and wait for the worker threads (the app is quitting)."""
+        if self.isVisible():         # seen and left open at quit: dismissed too
+            _set_show_at_start(self.show_at_start.isChecked())
         for job in (self.job, self.check):
             if job is not None:
                 job.cancel()
@@ -358,6 +427,8 @@ class FirstRunDialog(QDialog):
         self.check = None
         self.online = reason is None
         if self.online:
+            if self.message.objectName() == "Warning" and self.job is None:
+                self._say("")            # an earlier failure (offline, likely) is no longer true
             self.online_label.setText(f"Online: downloads from {hub.default_endpoint()} work, "
                                       "and resume where they stopped if interrupted.")
         else:
@@ -423,9 +494,8 @@ class FirstRunDialog(QDialog):
     def _enable(self, on: bool) -> None:
         for b in self.buttons:
             b.setEnabled(on)
-        for card in self.cards:
-            for b in card.download_buttons():
-                b.setEnabled(on and self.online)
+        for b in self.hub_buttons:
+            b.setEnabled(on and self.online)
 
     def _say(self, text: str, error: bool = False) -> bool:
         self.message.setObjectName("Warning" if error else "")
@@ -458,7 +528,13 @@ def _disk_needed(qtype: str, checkpoint_bytes: int) -> int:
 
 
 def show_at_start() -> bool:
+    """Whether the dialog opens at start: until it is first dismissed, then as its check box said."""
     return str(storage.settings().value(SHOW_AT_START, "true")).lower() == "true"
+
+
+def asked_back() -> bool:
+    """Whether the user asked for the dialog at every start (the check box; off at first)."""
+    return str(storage.settings().value(SHOW_AT_START, "false")).lower() == "true"
 
 
 def _set_show_at_start(on: bool) -> None:
