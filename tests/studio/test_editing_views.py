@@ -15,7 +15,7 @@ from diffuse.studio import theme
 from diffuse.studio.canvas import CellLayout, render_image, tooltip_html
 from diffuse.studio.export import header_lines
 from diffuse.studio.heatmap import EntropyHeatmap
-from diffuse.studio.run_state import RunState
+from diffuse.studio.run_state import RunState, step_number
 
 # The tiny model's x0 is rarely above a few percent likely: at 0.02 it edits (tests/test_llada2.py).
 EDITING = dict(gen_length=48, steps=8, block_length=8, scheduler="low_confidence_dynamic",
@@ -74,7 +74,7 @@ def test_the_canvas_marks_edited_tokens_and_says_what_they_were(run):
         assert ("edited at step" in tip) == (i in edited), i
     g = min(now)
     old = edited[g][-1][1]
-    assert f"edited at step {run.events[k].step + 1} (was {run.piece(old)!r}" in tooltip_html(run, k, g).replace(
+    assert f"edited at step {step_number(k)} (was {run.piece(old)!r}" in tooltip_html(run, k, g).replace(
         "&#x27;", "'").replace("&quot;", '"')
     assert any("violet corner" in line for line in header_lines(run))
     before = run.edits[0][0] - 1                        # before the first edit: no mark, no line
@@ -90,7 +90,7 @@ def test_the_heatmap_marks_and_counts_the_edits(qtbot, run):
     assert np.array_equal(view.edit_bars.opts["width"], run.n_edited[:n])
     assert np.array_equal(view.edit_bars.opts["x0"], run.n_committed[:n])
     x, y = view.edit_marks.getData()
-    assert sorted(zip(x - 0.5, y - 0.5)) == sorted((g, k) for k, g, _ in run.edits)
+    assert sorted(zip(x - 0.5, y)) == sorted((g, step_number(k)) for k, g, _ in run.edits)
     assert "edits" in view.counts.titleLabel.text
     view.set_run(None)
     assert len(view.edit_marks.getData()[0]) == 0

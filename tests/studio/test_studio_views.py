@@ -29,12 +29,12 @@ def test_heatmap_fills_row_by_row_and_reuses_items(qtbot, recorded_run):
     for run in live_run(rec):
         if view.run is not run:
             view.set_run(run)
-            items = (view.image, view.min_curve, view.median_curve, view.step_line)
+            items = (view.image, view.min_curve, view.median_curve, *view.step_lines)
         view.show_step(-1)
         image = view.image.image
         assert image.shape == (run.n_steps, 48)           # the steps used, not the budget
         assert np.isfinite(image).any(axis=1).all()
-        assert (view.image, view.min_curve, view.median_curve, view.step_line) == items
+        assert (view.image, view.min_curve, view.median_curve, *view.step_lines) == items
     assert view.image.levels[1] == pytest.approx(run.entropy_max)
     x, y = view.min_curve.getData()
     assert len(x) == 24 and np.allclose(x[np.isfinite(x)], run.masked_min[:24][np.isfinite(x)])

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QFileDialog
 from diffuse.studio import theme
 from diffuse.studio.canvas import CellLayout, render_image, tooltip_html
 from diffuse.studio.heatmap import EntropyHeatmap
-from diffuse.studio.run_state import RunState
+from diffuse.studio.run_state import RunState, step_number
 
 # Each rule with a tau at which the demo model commits past the rule's floor at some step.
 RULES = {"entropy_exit": {"threshold": 1.5},
@@ -79,7 +79,7 @@ def test_the_heatmap_plots_committed_values_against_tau_and_the_split(qtbot, rul
     values = run.commit_entropy if rule.quantity == "entropy" else run.commit_confidence
     x, y = view.by_tau.getData()
     assert np.array_equal(np.sort(x), np.sort(values[run.by_threshold]))
-    assert np.array_equal(np.sort(y), np.sort(run.decided_step[run.by_threshold] + 0.5))
+    assert np.array_equal(np.sort(y), np.sort(step_number(run.decided_step[run.by_threshold])))
     x, _ = view.committed.getData()
     assert len(x) == int(((run.decided_step >= 0) & ~run.by_threshold).sum())
     n = run.n_steps

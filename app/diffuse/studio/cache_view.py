@@ -2,7 +2,8 @@
 
 Top: steps used x sequence positions (prompt included, its end marked), orange = recomputed
 (active), blue = K/V served from the inter-step cache, dark = not run; the legend is the title.
-Bottom: the active fraction per step; without the cache every step is at 1.
+Bottom: the active fraction per step; without the cache every step is at 1. Steps are numbered
+from 1 on both, as in every view (step_number).
 """
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
 from diffuse.studio import theme
-from diffuse.studio.run_state import RunState
+from diffuse.studio.run_state import RunState, step_number
+from diffuse.studio.view_base import RunView
 
 
-class CacheView(pg.GraphicsLayoutWidget):
+class CacheView(RunView, pg.GraphicsLayoutWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.run: RunState | None = None
         self.plot = self.addPlot(row=0, col=0)
         self.plot.invertY(True)
         self.plot.setLabel("left", "step")
@@ -32,6 +33,7 @@ class CacheView(pg.GraphicsLayoutWidget):
                           [theme.ACTIVE.red(), theme.ACTIVE.green(), theme.ACTIVE.blue()]],
                          np.uint8)
         self.image.setLookupTable(table)
+        self.image.setPos(0, step_number(0) - 0.5)       # row k centred on its step number
         self.plot.addItem(self.image)
         self.prompt_line = pg.InfiniteLine(angle=90, pen=pg.mkPen(theme.HIGHLIGHT, width=1.5))
         self.plot.addItem(self.prompt_line)
@@ -57,8 +59,7 @@ class CacheView(pg.GraphicsLayoutWidget):
         self.addItem(self.summary, row=2, col=0)
         self.set_run(None)
 
-    def set_run(self, run: RunState | None) -> None:
-        self.run = run
+    def clear_run(self, run: RunState | None) -> None:
         self._rows = 0
         # A live run has no events yet when it is shown: the first step brings its sizes.
         self.empty.show(True)
@@ -67,13 +68,8 @@ class CacheView(pg.GraphicsLayoutWidget):
         self.summary.setText("")
         for line in (self.step_line, self.fraction_marker, self.prompt_line):
             line.setVisible(False)
-        self.show_step(-1)
 
-    def show_step(self, step: int) -> None:
-        run = self.run
-        if run is None or not run.events:
-            return
-        k = run.clamp(step)
+    def draw_step(self, run: RunState, k: int) -> None:
         # The budget while the run goes (one range change, not one per step), then the steps
         # used: an early stop must not leave the data in a sliver.
         rows = run.n_steps if run.done else max(run.steps_allowed, run.n_steps)
@@ -83,16 +79,17 @@ class CacheView(pg.GraphicsLayoutWidget):
             self.empty.show(False)
             self.prompt_line.setValue(run.prompt_length)
             self.prompt_line.setVisible(True)
-            self.plot.setRange(xRange=(0, run.cache.shape[1]), yRange=(0, rows), padding=0.01)
+            first = step_number(0)
+            self.plot.setRange(xRange=(0, run.cache.shape[1]), yRange=(first - 0.5, first - 0.5 + rows),
+                               padding=0.01)
+            self.fraction.setXRange(first, step_number(max(rows - 1, 1)), padding=0.02)
         frac = run.active_fraction[:run.n_steps]
-        self.curve.setData(np.arange(run.n_steps), frac)
-        self.fraction.setXRange(0, max(rows - 1, 1), padding=0.02)
+        self.curve.setData(step_number(np.arange(run.n_steps)), frac)
         for line in (self.step_line, self.fraction_marker):
             line.setVisible(True)
-        self.step_line.setValue(k + 0.5)
-        self.fraction_marker.setValue(k)
+            line.setValue(step_number(k))
         mean = float(np.nanmean(frac)) if np.isfinite(frac).any() else float("nan")
         cache_on = run.options.get("cache") is not False     # None: the default, on
         self.summary.setText(
-            f"step {k + 1}: {frac[k]:.0%} of positions recomputed · run average {mean:.0%} · "
+            f"step {step_number(k)}: {frac[k]:.0%} of positions recomputed · run average {mean:.0%} · "
             f"cache {'on' if cache_on else 'off'} · prompt {run.prompt_length} positions")

@@ -25,7 +25,8 @@ from PySide6.QtWidgets import (QButtonGroup, QHBoxLayout, QLabel, QScrollArea, Q
                                QToolButton, QToolTip, QVBoxLayout, QWidget)
 
 from diffuse.studio import storage, theme
-from diffuse.studio.run_state import EDIT_MARK, FIT_PERCENTILES, TAU_MARK, RunState
+from diffuse.studio.run_state import EDIT_MARK, FIT_PERCENTILES, TAU_MARK, RunState, step_number
+from diffuse.studio.view_base import RunView
 
 MODES = ("entropy", "confidence")
 FLASH_MS = 450       # cells committed at the shown step flash, fading over this time
@@ -326,22 +327,22 @@ def tooltip_html(run: RunState, step: int, i: int) -> str:
                  else "entropy: not evaluated yet")
     lines.append(f"top-1 probability: {conf:.3f}" if np.isfinite(conf)
                  else "top-1 probability: not evaluated yet")
-    if decided >= 0 and decided <= event.step:      # counted from 1, like the header's "step k/n"
-        lines.append(f"decided at step {decided + 1}")
-        if run.by_threshold[i]:
-            lines.append(f"{TAU_MARK} committed by the threshold ({run.rule.condition()}), "
+    if decided >= 0 and decided <= event.step:
+        lines.append(f"decided at step {step_number(decided)}")
+        if run.by_threshold[i]:     # the condition holds "<": escaped, or the tooltip ends at it
+            lines.append(f"{TAU_MARK} committed by the threshold ({html.escape(run.rule.condition())}), "
                          f"past what the rule commits anyway")
     elif decided >= 0:
-        lines.append(f"will be decided at step {decided + 1}")
+        lines.append(f"will be decided at step {step_number(decided)}")
     else:
         lines.append("not decided")
-    for k, old in run.edits_until(step).get(i, []):      # counted from 1, like the header's "step k/n"
+    for k, old in run.edits_until(step).get(i, []):
         lines.append(f"<span style='color:{theme.EDITED.name()}'>{EDIT_MARK}</span> edited at step "
-                     f"{run.events[k].step + 1} (was {html.escape(repr(run.piece(old)))})")
+                     f"{step_number(k)} (was {html.escape(repr(run.piece(old)))})")
     return "<br>".join(lines)
 
 
-class DenoisingCanvas(QWidget):
+class DenoisingCanvas(RunView, QWidget):
     """The cells of one run at one step. Call `show_step`; it repaints only when asked."""
 
     hovered = Signal(int)
@@ -349,8 +350,7 @@ class DenoisingCanvas(QWidget):
     def __init__(self, parent=None, cell_w: int = 60, cell_h: int = 30):
         super().__init__(parent)
         self.cell_w, self.cell_h = cell_w, cell_h
-        self.run: RunState | None = None
-        self.step = -1
+        self._shown: int | None = None    # the step index drawn last (None: none of this run yet)
         self.mode = "entropy"
         self.fitted = False
         self.scale = ColorScale("entropy", False, (0.0, 1.0), (0.0, 1.0))   # color_scale of the shown runs
@@ -366,19 +366,18 @@ class DenoisingCanvas(QWidget):
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Minimum)
         self.setAttribute(Qt.WidgetAttribute.WA_OpaquePaintEvent)
 
-    def set_run(self, run: RunState | None) -> None:
-        self.run, self.step, self.diff, self.hover = run, -1, None, -1
+    def clear_run(self, run: RunState | None) -> None:
+        self.diff, self.hover, self._shown = None, -1, None
         self._relayout()
         self._rescale()
 
-    def show_step(self, step: int) -> None:
-        if self.run is not None and self.run.gen_length != self._layout.n:
+    def draw_step(self, run: RunState, k: int) -> None:
+        if run.gen_length != self._layout.n:     # a live run's size comes with its first step
             self._relayout()
-        if self.run is not None and self.run.events and (
-                self.run.clamp(step) != self.run.clamp(self.step)):
+        if self._shown is not None and k != self._shown:
             self._flash_start = time.monotonic()
             self._flash.start()
-        self.step = step
+        self._shown = k
         self._rescale()
 
     def _rescale(self) -> None:
@@ -524,9 +523,9 @@ class ColorLegend(QWidget):
         p.end()
 
 
-class CanvasPanel(QWidget):
-    """Canvas with its header: colour-mode and colour-scale switches, legend and a one-line
-    status. With `remember`, the mode and scale are kept in the settings."""
+class CanvasPanel(RunView, QWidget):
+    """Canvas with its header: colour-mode and colour-scale switches, legend and a status line
+    that wraps in a narrow window. With `remember`, the mode and scale are kept in the settings."""
 
     scale_changed = Signal(bool)        # fitted
     mode_changed = Signal(str)
@@ -538,7 +537,12 @@ class CanvasPanel(QWidget):
         self.canvas = DenoisingCanvas(cell_w=cell_w, cell_h=cell_h)
         self.status = QLabel()
         self.status.setObjectName("Muted")
+        self.status.setTextFormat(Qt.TextFormat.PlainText)     # rules' conditions hold "<"
+        # Wrapped, not cut: at 1366 pixels the canvas is narrower than a threshold rule's line.
+        # Two lines always, so that the canvas does not jump as the text grows and shrinks.
+        self.status.setWordWrap(True)
         self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.status.setMinimumHeight(2 * self.status.fontMetrics().lineSpacing())
         self.legend = ColorLegend()
         header = QHBoxLayout()
         if title:
@@ -606,25 +610,24 @@ class CanvasPanel(QWidget):
         if self.remember:
             storage.settings().setValue(key, value)
 
-    def set_run(self, run: RunState | None) -> None:
+    def clear_run(self, run: RunState | None) -> None:
         self.canvas.set_run(run)
-        self._update_header()
+        self.legend.set_scale(self.canvas.scale)
+        self.status.setText("")
 
-    def show_step(self, step: int) -> None:
-        self.canvas.show_step(step)
+    def draw_step(self, run: RunState, k: int) -> None:
+        self.canvas.show_step(self.step)
         self._update_header()
 
     def _update_header(self) -> None:
-        run = self.canvas.run
         self.legend.set_scale(self.canvas.scale)
+        run = self.run
         if run is None or not run.events:
-            self.status.setText("")
             return
-        k = run.clamp(self.canvas.step)
+        k = run.clamp(self.step)
         e = run.events[k]
         later = int(run.not_started(k).sum())
         masked = (f"{int(e.gen_mask.sum()) - later} masked in this block · {later} positions in later blocks"
                   if later else f"{int(e.gen_mask.sum())} of {run.gen_length} masked")
         self.status.setText(f"{run.step_label(k)} · block {e.block + 1}/{e.n_blocks} · {masked} · "
                             f"{run.commits_text(k)}")
-        self.status.setToolTip(self.status.text())     # the line may be cut in a narrow window

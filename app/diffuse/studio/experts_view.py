@@ -14,7 +14,8 @@ import numpy as np
 import pyqtgraph as pg
 
 from diffuse.studio import theme
-from diffuse.studio.run_state import RunState
+from diffuse.studio.run_state import RunState, step_number
+from diffuse.studio.view_base import RunView
 
 EXPERT_CMAP = "turbo"    # many distinguishable hues: neighbouring expert ids look different
 # What the view says instead of plots, in short lines (the view may be narrow)
@@ -69,10 +70,9 @@ def cell_ticks(n: int, most: int = 16) -> list[list[tuple[float, str]]]:
     return [[(i + 0.5, str(i)) for i in range(0, n, stride)]]
 
 
-class ExpertsView(pg.GraphicsLayoutWidget):
+class ExpertsView(RunView, pg.GraphicsLayoutWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.run: RunState | None = None
         self.usage = self.addPlot(row=0, col=0)
         self.usage.invertY(True)
         self.usage.setLabel("left", "layer")
@@ -111,8 +111,7 @@ class ExpertsView(pg.GraphicsLayoutWidget):
         self.empty = theme.EmptyState(self.usage, NO_RUN, also=(self.top1, self.touched, self.usage.titleLabel))
         self.set_run(None)
 
-    def set_run(self, run: RunState | None) -> None:
-        self.run = run
+    def clear_run(self, run: RunState | None) -> None:
         self._shape = None
         self.empty.note.setText(NO_RUN)
         self.empty.show(True)
@@ -123,7 +122,6 @@ class ExpertsView(pg.GraphicsLayoutWidget):
         self._label_dense(np.zeros(0, np.int64))
         self.prompt_line.setVisible(False)
         self.summary.setText("")
-        self.show_step(-1)
 
     def _label_dense(self, touched: np.ndarray) -> None:
         for item in self.dense_labels:
@@ -135,11 +133,7 @@ class ExpertsView(pg.GraphicsLayoutWidget):
             self.touched.addItem(item)
             self.dense_labels.append(item)
 
-    def show_step(self, step: int) -> None:
-        run = self.run
-        if run is None or not run.events:
-            return
-        k = run.clamp(step)
+    def draw_step(self, run: RunState, k: int) -> None:
         event = run.events[k]
         if event.experts is None:
             self.empty.note.setText(DENSE)     # said once, in the middle, not again below
@@ -174,5 +168,5 @@ class ExpertsView(pg.GraphicsLayoutWidget):
                                   width=np.maximum(touched, 0), height=0.8)
         self._label_dense(touched)
         self.summary.setText(
-            f"step {k + 1}: {len(event.active)} positions recomputed · {touched_text(touched, n_expert)} · "
+            f"step {step_number(k)}: {len(event.active)} positions recomputed · {touched_text(touched, n_expert)} · "
             f"busiest expert: {int(counts.max())} positions")

@@ -10,9 +10,14 @@ most certain and the median still-masked position after the step, and the rule's
 rule (entropy_bounded) also plots each step's sum of committed entropies less the largest
 against its budget. Right: the commits of each step, split into the rule's floor (the schedule's
 count, or its one position) and tau's extras, then the tokens editing replaced (LLaDA2.1), which
-the image also marks where they happened. Items are made once per run and fed with setData.
+the image also marks where they happened. All three share the step axis, numbered from 1 like
+every view (step_number), and the step cursor; the caption under them says what the shown step
+committed and why. The rule's legends and tau come from the run's options, so a live run explains
+its rule from its first step, as its replay does. Items are made once per run and fed with setData.
 """
 from __future__ import annotations
+
+import html
 
 import numpy as np
 import pyqtgraph as pg
@@ -20,19 +25,18 @@ from PySide6.QtCore import Qt, Signal
 
 from diffuse.studio import theme
 from diffuse.studio.canvas import color_scale, scale_name
-from diffuse.studio.run_state import EDIT_MARK, TAU_MARK, RunState
+from diffuse.studio.run_state import EDIT_MARK, TAU_MARK, RunState, step_number
+from diffuse.studio.view_base import RunView
 
 SIDE_WIDTH, COUNTS_WIDTH = 220, 110
 
 
-class EntropyHeatmap(pg.GraphicsLayoutWidget):
+class EntropyHeatmap(RunView, pg.GraphicsLayoutWidget):
     step_clicked = Signal(int)
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.run: RunState | None = None
         self.fitted = False
-        self.step = -1
         self._scale, self._side_hi, self._counts_hi = None, None, None
         self.plot = self.addPlot(row=0, col=0)
         self.plot.invertY(True)
@@ -40,6 +44,7 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         self.plot.setLabel("left", "step")
         self.plot.setMenuEnabled(False)
         self.image = pg.ImageItem(axisOrder="row-major")   # [step, position]
+        self.image.setPos(0, step_number(0) - 0.5)       # row k centred on its step number
         self.plot.addItem(self.image)
         self.bar = pg.ColorBarItem(values=(0, 1), colorMap=theme.ENTROPY_CMAP,
                                    label=self._bar_label(), interactive=False, width=14,
@@ -48,8 +53,6 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         # The colour bar draws its gradient over y in [0, 256]; the tau mark is placed in those units.
         self.bar_tau = pg.InfiniteLine(angle=0, pen=pg.mkPen(theme.HIGHLIGHT, width=2))
         self.bar.addItem(self.bar_tau)
-        self.step_line = pg.InfiniteLine(angle=0, pen=pg.mkPen(theme.ACCENT, width=1.5))
-        self.plot.addItem(self.step_line)
         self.block_lines: list[pg.InfiniteLine] = []
         self.edit_marks = pg.ScatterPlotItem(size=7, pen=pg.mkPen(theme.EDITED, width=1.5),
                                              brush=None, symbol="x")    # (position, step) of each edit
@@ -83,7 +86,15 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         self.counts.addItem(self.edit_bars)
         for col, stretch in enumerate((4, 2, 1)):      # a narrow view narrows the image least
             self.ci.layout.setColumnStretchFactor(col, stretch)
-        self.empty = theme.EmptyState(self.plot, also=(self.bar, self.side, self.counts))
+        # The shown step, across the three plots: the slider's step in the image, its commits
+        # against tau, and its split
+        self.step_lines = [pg.InfiniteLine(angle=0, pen=pg.mkPen(theme.ACCENT, width=1.5))
+                           for _ in range(3)]
+        for plot, line in zip((self.plot, self.side, self.counts), self.step_lines):
+            plot.addItem(line)
+        self.summary = theme.Caption(justify="left", color=theme.MUTED)
+        self.addItem(self.summary, row=1, col=0, colspan=3)
+        self.empty = theme.EmptyState(self.plot, also=(self.bar, self.side, self.counts, self.plot.titleLabel))
         self.scene().sigMouseClicked.connect(self._clicked)
         self.set_run(None)
 
@@ -107,8 +118,13 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         self.show_step(self.step)
 
     def _titles(self, run: RunState | None) -> None:
-        """The middle plot's axis and legend, in its rule's quantity; the counts' legend."""
+        """The image's legend (the step cursor, and tau's line on the colour bar under an entropy
+        tau); the middle plot's axis and legend, in its rule's quantity; the counts' legend."""
         rule = run.rule if run is not None else None
+        lines = [("shown step", theme.ACCENT)]
+        if rule is not None and rule.quantity == "entropy" and not rule.budget:
+            lines.insert(0, (f"τ {rule.tau:.3g}", theme.HIGHLIGHT))
+        self.plot.setTitle(theme.legend_html(lines, glyph="━"), size="8pt")
         confidence = rule is not None and rule.quantity == "confidence"
         self.side.setLabel("bottom", "top-1 probability" if confidence else "entropy (nats)")
         dots = [("committed", theme.MUTED)] + [(f"by τ {TAU_MARK}", theme.HIGHLIGHT)] * (rule is not None)
@@ -122,19 +138,20 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         else:
             counts = [("schedule" if rule.floor == "schedule" else "min 1", theme.MUTED),
                       ("τ", theme.HIGHLIGHT)]
-        if run is not None and run.edits:
+        if run is not None and run.events and run.edits:
             counts.append((f"edits {EDIT_MARK}", theme.EDITED))
         self.counts.setTitle(theme.legend_html(counts), size="8pt")
 
-    def set_run(self, run: RunState | None) -> None:
-        self.run = run
+    def clear_run(self, run: RunState | None) -> None:
+        """The rule's legends, axis and tau from the run's options (known before its first step);
+        the data and block marks wait for the steps."""
         self._rows = 0
         self._scale, self._side_hi, self._counts_hi = None, None, None   # what the plots show, set on change
         for line in self.block_lines:
             self.plot.removeItem(line)
         self.block_lines = []
-        rule = run.rule if run is not None and run.events else None
-        self._titles(run if run is not None and run.events else None)
+        rule = run.rule if run is not None else None
+        self._titles(run)
         self.tau_line.setVisible(rule is not None)
         self.bar_tau.setVisible(rule is not None and rule.quantity == "entropy" and not rule.budget)
         if rule is not None:
@@ -142,17 +159,20 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
             self.tau_line.setValue(rule.tau)
             self.tau_line.label.setFormat(text)
             self.tau_line.label.setText(text)    # now: a hidden label does not format itself
-        if run is None or not run.events:
-            self.image.clear()
-            for curve in (self.min_curve, self.median_curve, self.budget_curve):
-                curve.setData([], [])
-            for item in (self.committed, self.by_tau, self.edit_marks):
-                item.setData([], [])
-            for bars in (self.floor_bars, self.tau_bars, self.edit_bars):
-                bars.setOpts(x0=[], y=[], width=[])
-            self.step_line.setVisible(False)
-            self.empty.show(True)
-            return
+        self.image.clear()
+        for curve in (self.min_curve, self.median_curve, self.budget_curve):
+            curve.setData([], [])
+        for item in (self.committed, self.by_tau, self.edit_marks):
+            item.setData([], [])
+        for bars in (self.floor_bars, self.tau_bars, self.edit_bars):
+            bars.setOpts(x0=[], y=[], width=[])
+        for line in self.step_lines:
+            line.setVisible(False)
+        self.summary.setText("")
+        self.empty.show(True)
+
+    def _lay_out(self, run: RunState) -> None:
+        """What the first step tells: the blocks and the positions."""
         e = run.events[0]
         block = e.block_end - e.block_start
         for b in range(1, e.n_blocks):
@@ -161,14 +181,9 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
             self.plot.addItem(line)
             self.block_lines.append(line)
         self.plot.setLimits(xMin=0, xMax=run.gen_length)
-        self.show_step(-1)
+        self.empty.show(False)
 
-    def show_step(self, step: int) -> None:
-        self.step = step
-        run = self.run
-        if run is None or not run.events:
-            return
-        k = run.clamp(step)
+    def draw_step(self, run: RunState, k: int) -> None:
         # The range: the step budget while the run goes (one change per run, not one per step),
         # then the steps used, so that an early stop does not leave the data in a sliver.
         rows = run.n_steps if run.done else max(run.steps_allowed, run.n_steps)
@@ -182,16 +197,21 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         if rule is not None and rule.quantity == "entropy" and not rule.budget:     # tau in nats
             self.bar_tau.setValue(256.0 * min(max((rule.tau - scale.lo) / (scale.hi - scale.lo), 0.0), 1.0))
         if rows != self._rows:
+            if not self._rows:
+                self._lay_out(run)
             self._rows = rows
-            self.empty.show(False)
-            self.plot.setRange(xRange=(0, run.gen_length), yRange=(0, rows), padding=0.01)
+            first = step_number(0) - 0.5
+            self.plot.setRange(xRange=(0, run.gen_length), yRange=(first, first + rows), padding=0.01)
         self._show_commits(run)
-        self.step_line.setVisible(True)
-        self.step_line.setValue(k + 0.5)
+        for line in self.step_lines:
+            line.setVisible(True)
+            line.setValue(step_number(k))
+        # escaped: a LabelItem reads HTML, and a condition's "<" would end the text there
+        self.summary.setText(html.escape(f"{run.step_label(k)}: {run.commits_text(k)}"))
 
     def _show_commits(self, run: RunState) -> None:
         n = run.n_steps
-        steps = np.arange(n) + 0.5
+        steps = step_number(np.arange(n))
         confidence = run.rule is not None and run.rule.quantity == "confidence"
         if confidence:
             values, best, median = run.commit_confidence, run.masked_max_confidence, run.masked_median_confidence
@@ -202,9 +222,9 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         self.budget_curve.setData(run.budget_used[:n], steps, connect="finite")
         decided = (run.decided_step >= 0) & np.isfinite(values)
         floor = decided & ~run.by_threshold
-        self.committed.setData(values[floor], run.decided_step[floor] + 0.5)
+        self.committed.setData(values[floor], step_number(run.decided_step[floor]))
         tau = decided & run.by_threshold
-        self.by_tau.setData(values[tau], run.decided_step[tau] + 0.5)
+        self.by_tau.setData(values[tau], step_number(run.decided_step[tau]))
         side_hi = 1.0 if confidence else max(run.entropy_max, 1e-3)
         if side_hi != self._side_hi:    # a range change lays the axes out again
             self._side_hi = side_hi
@@ -226,13 +246,14 @@ class EntropyHeatmap(pg.GraphicsLayoutWidget):
         if len(run.edits) != len(self.edit_marks.data):      # new edits (a run only adds them)
             self._titles(run)
             k, g = (np.array([e[i] for e in run.edits], float) for i in (0, 1))
-            self.edit_marks.setData(g + 0.5, k + 0.5)
+            self.edit_marks.setData(g + 0.5, step_number(k))
 
     def _clicked(self, ev) -> None:
         if self.run is None or not self.run.events:
             return
         vb = self.plot.getViewBox()
         if vb.sceneBoundingRect().contains(ev.scenePos()):
-            y = vb.mapSceneToView(ev.scenePos()).y()
-            if 0 <= y < self.run.n_steps:
-                self.step_clicked.emit(int(y))
+            # the row under the click: rows are centred on their step numbers
+            k = int(np.floor(vb.mapSceneToView(ev.scenePos()).y() - step_number(0) + 0.5))
+            if 0 <= k < self.run.n_steps:
+                self.step_clicked.emit(k)

@@ -22,6 +22,12 @@ EDIT_MARK = "◣"     # the corner mark of a token replaced by editing (LLaDA2.1
 FIT_PERCENTILES = (5, 95)     # a fitted colour scale spends most colours on these percentiles
 
 
+def step_number(k):
+    """What every view calls step index k (an int or an array of them): steps are numbered from
+    1, in headers ("step 1/15"), captions, tooltips, plot axes and step cursors alike."""
+    return k + 1
+
+
 def options_text(options: dict) -> str:
     """Options as every view lists them: "steps 24, cache on, seed 0"; those left to the model
     (None) are not listed."""
@@ -44,7 +50,6 @@ class RunState:
         self.failed: str | None = None
         self.left_out = 0     # oldest chat messages left out of the prompt to fit the context
         self.cpu_percent: np.ndarray | None = None    # per core, over the run (set when it ends)
-        self.rule: ThresholdRule | None = None        # the scheduler's threshold rule, if it has one
         self._fitted: dict[str, np.ndarray] = {}    # fitted_values, by mode
 
     @classmethod
@@ -80,6 +85,12 @@ class RunState:
         return self.result is not None or self.failed is not None
 
     @property
+    def rule(self) -> ThresholdRule | None:
+        """The scheduler's threshold rule, if it has one: from the options, so a live run knows it
+        before its first step (the engine resolves "auto" options as the run starts)."""
+        return threshold_rule(self.options, self.recording.model.get("arch"))
+
+    @property
     def steps_allowed(self) -> int:
         return self.events[-1].steps_allowed if self.events else 0
 
@@ -87,7 +98,7 @@ class RunState:
         """"step k/n" for every view: n is the steps used once the run is over, the budget while
         it goes."""
         total = self.n_steps if self.done else max(self.steps_allowed, self.n_steps)
-        return f"step {self.events[step].step + 1}/{total}"
+        return f"step {step_number(step)}/{total}"
 
     def commits_text(self, step: int) -> str:
         """How many positions the step committed; under a threshold rule, how many the rule
@@ -137,7 +148,6 @@ class RunState:
         self.masked_median_confidence = np.full(s, np.nan)
         # Threshold rules (self.rule): of each step's commits, those the rule makes whatever tau
         # is (the schedule's count, or its one position) and those tau added; NaN: not known
-        self.rule = threshold_rule(self.options, self.recording.model.get("arch"))
         self.n_committed = np.zeros(s)
         self.n_edited = np.zeros(s)             # tokens replaced by editing at each step
         # Editing: (step index, generated position, the token it replaced), in step order
@@ -194,8 +204,8 @@ class RunState:
         still = conf[event.gen_mask & np.isfinite(conf)]
         if still.size:
             self.masked_max_confidence[k], self.masked_median_confidence[k] = still.max(), np.median(still)
-        if self.rule is not None:
-            self._split_commits(k, event, idx)
+        if (rule := self.rule) is not None:
+            self._split_commits(rule, k, event, idx)
         edited = np.asarray(event.edited, np.int64) - p
         if edited.size and k:      # what they were: the previous step's tokens (step 0 has none to edit)
             before = self.events[-2].gen_tokens[edited]
@@ -204,8 +214,8 @@ class RunState:
         self.n_steps += 1
         self._fitted = {}
 
-    def _split_commits(self, k: int, event: StepEvent, committed: np.ndarray) -> None:
-        rule, p = self.rule, self.prompt_length
+    def _split_commits(self, rule: ThresholdRule, k: int, event: StepEvent, committed: np.ndarray) -> None:
+        p = self.prompt_length
         values = (self.entropy if rule.quantity == "entropy" else self.confidence)[k, committed]
         self.n_passed[k] = int(rule.passes(values).sum())
         if rule.budget and values.size:

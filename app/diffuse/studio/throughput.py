@@ -5,7 +5,8 @@ you see what else loads the machine), until a run of this session ends: then its
 read by the engine thread at the run's start and end (a sub-second run falls between the
 samples). Per-step time is a stacked bar: network forward pass, then sampling. Tokens per second
 come in the two flavours that matter: buffer (every generated position, end-of-text padding
-included, the paper's figure) and useful (positions before the end of text).
+included, the paper's figure) and useful (positions before the end of text). Steps are numbered
+from 1, as in every view (step_number).
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from diffuse.studio import theme
-from diffuse.studio.run_state import RunState
+from diffuse.studio.run_state import RunState, step_number
+from diffuse.studio.view_base import RunView
 
 
 class Meter(QWidget):
@@ -61,10 +63,9 @@ def _metric(title: str, tip: str) -> tuple[QWidget, QLabel]:
     return box, value
 
 
-class ThroughputView(QWidget):
+class ThroughputView(RunView, QWidget):
     def __init__(self, parent=None, sample_ms: int = 500):
         super().__init__(parent)
-        self.run: RunState | None = None
         n_cpu = psutil.cpu_count() or 1
 
         self.cpu_plot = pg.PlotWidget()
@@ -90,7 +91,7 @@ class ThroughputView(QWidget):
                                         pen=None)
         self.ms_plot.addItem(self.fwd_bars)
         self.ms_plot.addItem(self.smp_bars)
-        self.step_marker = pg.InfiniteLine(angle=90, pen=pg.mkPen(theme.HIGHLIGHT, width=1))
+        self.step_marker = pg.InfiniteLine(angle=90, pen=pg.mkPen(theme.ACCENT, width=1.5))   # as every view's cursor
         self.ms_plot.addItem(self.step_marker)
 
         metrics = QGridLayout()
@@ -153,30 +154,22 @@ class ThroughputView(QWidget):
             self._cpu_of = run
             self._draw_cpu(run.cpu_percent, "whole run")     # its length: "total time"
 
-    def set_run(self, run: RunState | None) -> None:
-        self.run = run
-        if run is None or not run.events:
-            self.fwd_bars.setOpts(x=[], height=[])
-            self.smp_bars.setOpts(x=[], height=[], y0=[])
-            for label in (self.buffer_tps, self.useful_tps, self.ms_step, self.total_time):
-                label.setText("–")
-            self.steps_bar.set_fraction(0.0)
-            self.steps_label.setText("")
-            return
-        self.show_step(-1)
+    def clear_run(self, run: RunState | None) -> None:
+        self.fwd_bars.setOpts(x=[], height=[])
+        self.smp_bars.setOpts(x=[], height=[], y0=[])
+        for label in (self.buffer_tps, self.useful_tps, self.ms_step, self.total_time):
+            label.setText("–")
+        self.steps_bar.set_fraction(0.0)
+        self.steps_label.setText("")
 
-    def show_step(self, step: int) -> None:
-        run = self.run
-        if run is None or not run.events:
-            return
-        k = run.clamp(step)
+    def draw_step(self, run: RunState, k: int) -> None:
         n = run.n_steps
-        x = np.arange(n)
+        x = step_number(np.arange(n))
         fwd = run.forward_ms[:n]
         rest = np.maximum(run.step_ms[:n] - fwd, 0.0)
         self.fwd_bars.setOpts(x=x, height=fwd)
         self.smp_bars.setOpts(x=x, height=rest, y0=fwd)
-        self.step_marker.setValue(k)
+        self.step_marker.setValue(step_number(k))
         elapsed_s = run.step_ms[:k + 1].sum() / 1000.0
         res = run.result
         if res is not None and k == n - 1:
