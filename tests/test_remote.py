@@ -336,3 +336,35 @@ def test_refusals_quote_the_servers_message(fake, status, body, message):
         h.wfile.write(data)
     with pytest.raises(DiffuseError, match=message):
         hostile(fake, post).generate("Hi")
+
+
+def test_what_diffuse_serve_may_add_to_its_step_events_is_read(fake):
+    """Token texts, top-1 probabilities, the schedule's count, block bounds and cache positions (the
+    step-event fields the views read beyond today's) and the model facts in /v1/models."""
+    full = {"index": 0, "step": 0, "block": 0, "n_blocks": 2, "steps_allowed": 2, "tokens": [7, 9, 0, 0],
+            "mask": [False, False, True, True], "unmasked": [0, 1], "edited": [], "entropy": [0.5, 0.25, 1, 1],
+            "confidence": [0.9, None, 0.5, 0.5], "scheduled": 1, "block_start": -2, "block_end": 2,
+            "active": [0, 1], "cached": [2, 3], "pieces": {"7": "Hel", "9": "lo"}, "eos_ids": [5],
+            "forward_ms": 1, "sample_ms": 1, "total_ms": 2}
+    bare = {k: v for k, v in full.items() if k not in ("confidence", "scheduled", "block_start", "block_end",
+                                                         "pieces", "eos_ids")} | {"active": 2, "cached": 2}
+
+    def post(h):
+        sse(h)
+        for d in (full, bare):
+            h.wfile.write(b"data: " + json.dumps({"choices": [], "diffusion": d}).encode() + b"\n\n")
+        h.wfile.write(chunk("Hello", "stop") + b"data: [DONE]\n\n")
+    models = {"data": [{"id": "d", "owned_by": "diffuse", "diffuse": {"arch": "llada", "n_ctx_train": 4096,
+                                                                      "recipe": {"steps": 64}}}]}
+    m = RemoteModel.connect(fake(post, models=json.dumps(models).encode()).url)
+    assert (m.steps_sent, m.arch, m.n_ctx_train, m.recipe) == (True, "llada", 4096, {"steps": 64})
+    events = []
+    m.generate("Hi", on_step=lambda e: events.append((e, m.views_note())))
+    (first, note_full), (second, note_bare) = events
+    assert (first.block_start, first.block_end, first.scheduled) == (0, 2, 1) and note_full == ""
+    np.testing.assert_allclose(first.confidence, [0.9, np.nan, 0.5, 0.5], rtol=1e-6)
+    np.testing.assert_array_equal(first.cached, [2, 3])
+    assert m.tokenizer.decode([7, 9]) == "Hello" and m.tokenizer.eos_token_ids == {5}
+    assert (second.block_start, second.block_end, second.scheduled, len(second.active)) == (0, 2, -1, 0)
+    assert np.isnan(second.confidence).all()
+    assert all(what in note_bare for what in ("token texts", "top-1 probabilities", "Cache view"))
