@@ -248,3 +248,19 @@ def test_the_canvas_header_wraps_instead_of_cutting(qtbot, window, demo_run, tmp
     assert status.wordWrap() and status.text().endswith(run.commits_text(k))
     assert status.fontMetrics().horizontalAdvance(status.text()) > status.width()   # it did wrap
     assert panel.layout().minimumSize().width() <= panel.width()
+
+
+def test_the_views_share_one_guard(qtbot, recorded_run):
+    """set_run and show_step live in RunView alone; every view shows nothing for no run or a run
+    without steps, and the newest step for -1."""
+    from diffuse.studio.canvas import DenoisingCanvas
+    for kind in (*VIEWS, DenoisingCanvas):
+        assert issubclass(kind, RunView)
+        assert not {"set_run", "show_step"} & set(vars(kind)), kind
+        view = make(qtbot, kind)
+        run = RunState.from_recording(recorded_run("entropy_exit"))
+        for shown in (None, RunState(run.prompt, run.options, run.recording.model), run):
+            view.set_run(shown)
+            view.show_step(-1)
+            view.show_step(10**6)
+            assert view.run is shown and view.step == 10**6

@@ -594,7 +594,7 @@ class CanvasPanel(RunView, QWidget):
         changed = mode != self.canvas.mode
         self.canvas.set_mode(mode)
         self._remember("view/colour_mode", mode)
-        self._update_header()
+        self.legend.set_scale(self.canvas.scale)
         if changed:
             self.mode_changed.emit(mode)
 
@@ -603,7 +603,7 @@ class CanvasPanel(RunView, QWidget):
         if fitted != self.canvas.fitted:
             self.canvas.set_fitted(fitted)
             self._remember("view/colour_fitted", "true" if fitted else "false")
-            self._update_header()
+            self.legend.set_scale(self.canvas.scale)
             self.scale_changed.emit(fitted)
 
     def _remember(self, key: str, value: str) -> None:
@@ -616,15 +616,8 @@ class CanvasPanel(RunView, QWidget):
         self.status.setText("")
 
     def draw_step(self, run: RunState, k: int) -> None:
-        self.canvas.show_step(self.step)
-        self._update_header()
-
-    def _update_header(self) -> None:
+        self.canvas.show_step(self.step)      # as asked: -1 keeps the canvas on the newest step
         self.legend.set_scale(self.canvas.scale)
-        run = self.run
-        if run is None or not run.events:
-            return
-        k = run.clamp(self.step)
         e = run.events[k]
         later = int(run.not_started(k).sum())
         masked = (f"{int(e.gen_mask.sum()) - later} masked in this block · {later} positions in later blocks"
