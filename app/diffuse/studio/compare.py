@@ -2,16 +2,18 @@
 
 The two runs go one after the other on the same engine (running them at once would make each
 slower and the timing meaningless). Both take the loaded model and the main window's settings
-(the seed included), which the window shows, with the one setting A and B change: a threshold
-rule's comparison keeps the rule and sets its tau to one that never fires in A, so only tau's
-effect differs. Both canvases share one colour scale, mode and fit. When both are done it reports
-steps (those a threshold saved), time per step and whether the answers agree, as separate
-figures, and outlines the positions where the answers differ, in both canvases and texts.
-Results of another model than the loaded one are cleared when the model changes.
+with one seed (the Settings', or one drawn once for the pair and shown), and what the pair sets
+(compare_pairs: what each isolates, and the headline its runs support). One step slider moves
+both canvases, their step figures and answers together; past the end of the shorter run, that
+side shows its final state and says so. Both canvases share one colour scale, mode and fit. When
+both are done a headline states the pair's point as measured, over every figure, and the
+positions where the answers differ are outlined in both canvases and texts. Results of another
+model than the loaded one are cleared when the model changes. The window fits the screen.
 """
 from __future__ import annotations
 
 import html
+import random
 
 import numpy as np
 from PySide6.QtCore import Qt, QTimer
@@ -20,48 +22,33 @@ from PySide6.QtWidgets import (QComboBox, QGridLayout, QHBoxLayout, QLabel, QLin
 
 from diffuse.studio import theme
 from diffuse.studio.canvas import CanvasPanel, display_text
+from diffuse.studio.compare_pairs import PRESETS, Pair, answer_diff, headline, summary_lines
 from diffuse.studio.run_state import TAU_MARK, RunState, options_text
+from diffuse.studio.timeline import Timeline
 from diffuse.studio.workers import Engine
 
-# A: the rule with a tau that never fires (no entropy is below 0; no probability above 1), so
-# it commits what its schedule asks, by the same order; B: the same rule at the Settings' tau.
-PRESETS = {
-    "Inter-step cache: on vs off": ({"cache": True}, {"cache": False}),
-    "Entropy exit: τ off vs on": ({"scheduler": "entropy_exit", "threshold": 0.0},
-                                  {"scheduler": "entropy_exit"}),
-    "Confidence threshold (low_confidence_dynamic): τ off vs on": (
-        {"scheduler": "low_confidence_dynamic", "confidence_threshold": 1.0},
-        {"scheduler": "low_confidence_dynamic"}),
-    "Scheduler: low_confidence vs random": ({"scheduler": "low_confidence"},
-                                            {"scheduler": "random"}),
-    "Temperature: 0 vs 0.8": ({"temperature": 0.0}, {"temperature": 0.8}),
-    # The fast-decoding methods against the decoding they speed up: A is the plain method, B adds one.
-    "Fast-dLLM threshold vs the fixed schedule": ({"scheduler": "low_confidence"},
-                                                  {"scheduler": "confidence_threshold"}),
-    "Fast-dLLM factor rule vs the fixed schedule": ({"scheduler": "low_confidence"},
-                                                    {"scheduler": "confidence_factor"}),
-    "DualCache vs the paper's cache": ({"cache": True, "cache_policy": "active"},
-                                       {"cache": True, "cache_policy": "dual"}),
-    "PrefixCache vs no cache": ({"cache": False}, {"cache": True, "cache_policy": "prefix"}),
-    "DPad suffix window 8 vs the whole suffix": ({"suffix_window": -1}, {"suffix_window": 8}),
-    "Early end-of-text: none vs dInfer's": ({"eos_stop": "none"}, {"eos_stop": "holds_eos"}),
-}
+SIZE = (1400, 820)      # the most the window takes; less on a smaller screen
 
 
-
-
-def shared_text(model: str, options: dict, overrides: tuple[dict, dict]) -> str:
-    """The model and the settings both runs take from the main window; the values left to the
-    model ("auto") are not listed."""
-    varied = {k for over in overrides for k in over}
-    shared = options_text({k: v for k, v in options.items() if k not in varied})
+def shared_text(model: str, options: dict, pair: Pair, seed: int | None) -> str:
+    """The model and the settings both runs take from the main window (the values left to the
+    model, "auto", are not listed), what the pair sets for both, and the seed they share."""
+    shared = options_text({k: v for k, v in options.items() if k not in pair.varied | {"seed"}})
+    if options.get("seed") is not None:
+        seed_said = f"seed {options['seed']} (the Settings') for both"
+    elif seed is not None:
+        seed_said = f"seed {seed} for both, drawn for this pair (the Settings leave it unset)"
+    else:
+        seed_said = "one seed for both, drawn when the pair runs (the Settings leave it unset)"
+    extra = pair.shared_text()
     return (f"Model: {model or 'none loaded'} · both runs use the Settings tab: "
-            f"{shared or 'the model defaults'}")
+            f"{shared or 'the model defaults'} · {seed_said}{' · ' + extra if extra else ''}")
 
 
-def answer_html(run: RunState, diff: np.ndarray | None) -> str:
-    """The final tokens up to end of text, differing positions marked."""
-    e = run.events[-1]
+def answer_html(run: RunState, diff: np.ndarray | None, step: int = -1) -> str:
+    """The tokens at `step` (-1: the last) up to end of text, masks as ░, differing positions
+    marked."""
+    e = run.events[run.clamp(step)]
     out = []
     for i, (tid, masked) in enumerate(zip(e.gen_tokens.tolist(), e.gen_mask.tolist())):
         if not masked and tid in run.eos_ids:
@@ -75,37 +62,6 @@ def answer_html(run: RunState, diff: np.ndarray | None) -> str:
     return "".join(out)
 
 
-def _per_step_ms(res) -> float:
-    return res.total_ms / max(res.steps, 1)
-
-
-def summary_text(a: RunState, b: RunState) -> str:
-    """Steps, time per step and agreement, each on its own line: a run that takes more steps
-    to another answer is not "slower" by its total alone."""
-    ra, rb = a.result, b.result
-    lines = [f"Steps: A {ra.steps}/{ra.steps_allowed} · B {rb.steps}/{rb.steps_allowed}"]
-    saved = ra.steps - rb.steps
-    if saved:
-        more, who = ("B", saved) if saved > 0 else ("A", -saved)
-        lines[0] += f" · {more} needed {who} fewer ({who / max(ra.steps, rb.steps):.0%})"
-    for letter, run in (("A", a), ("B", b)):
-        if run.rule is not None and not np.isnan(run.n_extra[:run.n_steps]).all():
-            extra = run.n_extra[:run.n_steps]
-            n_steps = int((extra > 0).sum())
-            did = (f"τ committed {np.nansum(extra):.0f} positions past the rule's floor, at "
-                   f"{n_steps} step{'s' * (n_steps != 1)}" if n_steps else "τ never fired")
-            lines.append(f"{letter} ({run.rule.scheduler}, {run.rule.condition()}): {did}")
-    ms_a, ms_b = _per_step_ms(ra), _per_step_ms(rb)
-    ratio = f" (B {ms_b / ms_a:.2f}x A per step)" if ms_a > 0 else ""
-    lines.append(f"Time per step: A {ms_a:.1f} ms · B {ms_b:.1f} ms{ratio} · whole runs: "
-                 f"A {ra.total_ms / 1000:.2f} s, B {rb.total_ms / 1000:.2f} s")
-    diff = a.differs_from(b)
-    n = int(diff.sum())
-    lines.append(f"Answers: differ at {n} of {diff.shape[0]} positions (first at {int(np.argmax(diff))}), "
-                 f"outlined in both" if n else f"Answers: identical at all {diff.shape[0]} positions")
-    return "\n".join(lines)
-
-
 DIFF_LEGEND = (f"<span style='color:{theme.DIFF.name()}'>┅┅</span> the answers differ at this "
                f"position &nbsp; <span style='color:{theme.HIGHLIGHT.name()}'>{TAU_MARK}</span> "
                f"committed by τ &nbsp; <span style='color:{theme.HIGHLIGHT.name()}'>○</span> "
@@ -115,42 +71,70 @@ DIFF_LEGEND = (f"<span style='color:{theme.DIFF.name()}'>┅┅</span> the answe
 class _Side(QWidget):
     def __init__(self, letter: str):
         super().__init__()
+        self.letter = letter
+        self.run: RunState | None = None
         self.title = QLabel(letter)
         self.title.setObjectName("Title")
+        self.title.setWordWrap(True)
         self.canvas = CanvasPanel(cell_w=44, cell_h=24)
-        self.stats = QLabel()
+        self.step_info = QLabel()        # the shown step's figures, or where the run ended
+        self.step_info.setObjectName("Muted")
+        self.step_info.setWordWrap(True)
+        self.stats = QLabel()            # the whole run's
         self.stats.setObjectName("Muted")
+        self.stats.setWordWrap(True)
         self.text = QTextBrowser()
-        self.text.setMaximumHeight(150)
+        self.text.setMaximumHeight(96)
         self.shared: list[RunState] | None = None     # the runs its colour scale spans
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.title)
         layout.addWidget(self.canvas, 1)
+        layout.addWidget(self.step_info)
         layout.addWidget(self.stats)
         layout.addWidget(self.text)
 
-    def show_run(self, run: RunState, diff: np.ndarray | None = None) -> None:
+    def set_run(self, run: RunState | None) -> None:
+        self.run = run
+        self.canvas.set_run(run)
+        self.step_info.clear()
+        self.stats.setText("waiting…" if run is not None else "")
+        self.text.clear()
+
+    def show_step(self, step: int, diff: np.ndarray | None = None) -> None:
+        """Step `step` of the slider: this run's, or past its end its final state, said so."""
+        run = self.run
+        if run is None or not run.events:
+            return
         self.canvas.canvas.share_scale(self.shared)
-        self.canvas.show_step(-1)
         self.canvas.canvas.set_diff(diff)
+        shown = run.clamp(step)
+        self.canvas.show_step(shown)
+        if step > shown and run.done:
+            self.step_info.setText(f"{self.letter} ended after {run.n_steps} steps: past its "
+                                   f"end, its final state")
+        elif step > shown:
+            self.step_info.setText(f"{self.letter} is at step {run.n_steps}")
+        else:
+            cache = run.cache[shown]
+            rows = f"{(cache == 2).sum()} of {cache.size} rows computed"
+            if (cache == 1).any():
+                rows += f", {(cache == 1).sum()} from the cache"
+            self.step_info.setText(f"{run.step_label(shown)}: {run.step_ms[shown]:.1f} ms · {rows}")
         res = run.result
         if res is not None:
             self.stats.setText(
-                f"{res.steps}/{res.steps_allowed} steps · {res.total_ms / 1000:.2f} s · "
-                f"{res.total_ms / max(res.steps, 1):.0f} ms/step · "
+                f"whole run: {res.steps}/{res.steps_allowed} steps · {res.total_ms / 1000:.2f} s · "
                 f"{res.buffer_tokens_per_s:.1f} tok/s · {res.stop_reason}")
         else:
-            self.stats.setText(f"step {run.n_steps}…")
-        self.text.setHtml(answer_html(run, diff))
+            self.stats.setText("running…")
+        self.text.setHtml(answer_html(run, diff, shown))
 
     def clear(self) -> None:
         self.shared = None
         self.canvas.canvas.share_scale(None)
         self.canvas.canvas.set_diff(None)
-        self.canvas.set_run(None)
-        self.stats.clear()
-        self.text.clear()
+        self.set_run(None)
 
 
 class CompareWindow(QWidget):
@@ -159,18 +143,21 @@ class CompareWindow(QWidget):
     def __init__(self, engine: Engine, base_options, model_info, parent=None):
         super().__init__(parent, Qt.WindowType.Window)
         self.setWindowTitle("Diffuse Studio · compare")
-        self.resize(1400, 820)
         self.engine = engine
         self.base_options = base_options
         self.model_info = model_info
         self.runs: list[RunState] = []
         self._queue: list[RunState] = []
+        self.seed: int | None = None     # the seed the shown runs share
+        self.ran: Pair | None = None     # the pair of the shown runs (the menu may have moved on)
+        self.diff: np.ndarray | None = None
 
         self.prompt = QLineEdit()
         self.prompt.setPlaceholderText("Prompt for both runs")
         self.prompt.returnPressed.connect(self.start)
         self.preset = QComboBox()
         self.preset.addItems(list(PRESETS))
+        self.preset.setToolTip("What A and B differ in")
         self.preset.currentIndexChanged.connect(self._update_titles)
         self.run_button = QPushButton("Run both")
         self.run_button.setObjectName("Primary")
@@ -191,19 +178,33 @@ class CompareWindow(QWidget):
         for one, other in (self.sides, self.sides[::-1]):
             one.canvas.scale_changed.connect(other.canvas.set_fitted)
             one.canvas.mode_changed.connect(other.canvas.set_mode)
+        self.timeline = Timeline()      # one slider for both runs
+        self.timeline.slider.setToolTip("The step both sides show; drag to scrub through both runs")
+        self.timeline.slider.valueChanged.connect(self._show_step)
         self.diff_legend = QLabel(DIFF_LEGEND)
         self.diff_legend.setObjectName("Muted")
+        self.diff_legend.setWordWrap(True)
         grid = QGridLayout()
+        grid.setHorizontalSpacing(6)
         grid.addWidget(self.sides[0], 0, 0)
         grid.addWidget(self.sides[1], 0, 1)
+        self.headline = QLabel()       # the finished pair's point
+        self.headline.setObjectName("Title")
+        self.headline.setWordWrap(True)
+        self.headline.hide()
         self.summary = QLabel("Pick a comparison and run it; the two runs go one after the other.")
         self.summary.setWordWrap(True)
+        self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 6, 6, 6)      # two canvas headers side by side fit 1024 px
         layout.addLayout(top)
         layout.addWidget(self.context)
         layout.addLayout(grid, 1)
+        layout.addWidget(self.timeline)
         layout.addWidget(self.diff_legend)
+        layout.addWidget(self.headline)
         layout.addWidget(self.summary)
+        self._fit_to_screen()
 
         self._dirty = False
         self._timer = QTimer(self)
@@ -217,50 +218,75 @@ class CompareWindow(QWidget):
         self._update_titles()
         self._busy_changed(engine.busy)
 
-    def _overrides(self) -> tuple[dict, dict]:
+    def _fit_to_screen(self) -> None:
+        """At most SIZE, within the screen's free area (taskbars and docks left out) with room
+        for the title bar: every button stays on screen."""
+        area, least = self.screen().availableGeometry(), self.minimumSizeHint()
+        width = min(SIZE[0], max(int(area.width() * 0.96), least.width()), area.width())
+        height = min(SIZE[1], max(int(area.height() * 0.92), least.height()), area.height())
+        self.resize(width, height)
+        self.move(area.x() + (area.width() - width) // 2, area.y() + (area.height() - height) // 3)
+
+    def pair(self) -> Pair:
         return PRESETS[self.preset.currentText()]
 
     def _update_titles(self) -> None:
-        for side, letter, over in zip(self.sides, "AB", self._overrides()):
-            side.title.setText(f"{letter} · {options_text(over)}")
+        """The titles of the runs shown, with the tau each used (B's comes from the Settings or
+        the model); without runs, of the pair picked."""
+        pair = self.ran if self.runs else self.pair()
+        runs = self.runs or [None, None]
+        for side, letter, name, over, run in zip(self.sides, "AB", pair.names, (pair.a, pair.b), runs):
+            said = [letter, name] + ([options_text(over)] if options_text(over) != name else [])
+            if run is not None and run.events and run.rule is not None:
+                said.append(run.rule.condition())
+            side.title.setText(" · ".join(said))
         self.update_context()
-
-    def _title_runs(self) -> None:
-        """The titles with the tau each run used (B's comes from the Settings or the model)."""
-        for side, letter, over, run in zip(self.sides, "AB", self._overrides(), self.runs):
-            rule = f" · {run.rule.condition()}" if run.events and run.rule is not None else ""
-            side.title.setText(f"{letter} · {options_text(over)}{rule}")
 
     def update_context(self) -> None:
         """Show the model and shared settings now in force; drop results of another model."""
         model = self.model_info()
         name = model.get("name", "")
-        self.context.setText(shared_text(name, self.base_options(), self._overrides()))
+        self.context.setText(shared_text(name, self.base_options(), self.pair(), self.seed))
         shown = self.runs[0].recording.model if self.runs else model
         if shown.get("path") != model.get("path") and not any(r is self.engine.run
                                                               for r in self.runs):
-            self.runs, self._queue = [], []
+            self.runs, self._queue, self.diff = [], [], None
             for side in self.sides:
                 side.clear()
-            self.summary.setText(f"The results of {shown.get('name')} were cleared: the model "
-                                 f"is now {name or 'unloaded'}.")
+            self.timeline.reset()
+            self.timeline.set_count(0)
+            self._say("", f"The results of {shown.get('name')} were cleared: the model is now "
+                          f"{name or 'unloaded'}.")
+            self._update_titles()
+
+    def _say(self, point: str, text: str) -> None:
+        """The headline (the finished pair's point; none while running) and the lines under it."""
+        self.headline.setText(point)
+        self.headline.setVisible(bool(point))
+        self.summary.setText(text)
 
     def start(self) -> None:
         text = self.prompt.text().strip()
         if not text or self.engine.busy or self.engine.model is None:
             return
+        self.ran, base = self.pair(), dict(self.base_options())
+        # One seed for both, said in the context line: an unset one would be drawn per run
+        self.seed = base.get("seed")
+        if self.seed is None:
+            self.seed = random.randrange(2**31)
         self.update_context()
-        base = dict(self.base_options())
-        self.runs = [RunState(text, {**base, **over}, self.model_info(),
+        self.runs = [RunState(text, {**options, "seed": self.seed}, self.model_info(),
                               self.engine.model.tokenizer.decode)
-                     for over in self._overrides()]
+                     for options in self.ran.options(base)]
+        self.diff = None
         for side, run in zip(self.sides, self.runs):
             side.shared = self.runs
-            side.canvas.set_run(run)
-            side.text.clear()
-            side.stats.setText("waiting…")
+            side.set_run(run)
+        self.timeline.reset()
+        self.timeline.set_count(0)
         self._queue = list(self.runs)
-        self.summary.setText("Running A…")
+        self._update_titles()
+        self._say("", "Running A…")
         self.engine.start(self._queue.pop(0))
 
     def stop(self) -> None:
@@ -277,37 +303,43 @@ class CompareWindow(QWidget):
         if self._side_of(run) is not None:
             self._dirty = True
 
+    def _show_step(self, step: int) -> None:
+        for side in self.sides:
+            side.show_step(step, self.diff)
+        n = max((r.n_steps for r in self.runs), default=0)
+        self.timeline.label.setText(f"step {step + 1}/{n}" if n else "no run")
+
     def _refresh(self) -> None:
         if not self._dirty:
             return
         self._dirty = False
-        for side, run in zip(self.sides, self.runs):
-            if run.events:
-                side.show_run(run)
-        self._title_runs()
+        self.timeline.set_count(max(r.n_steps for r in self.runs))
+        self._show_step(self.timeline.step())
+        self._update_titles()
 
     def _finished(self, run: RunState) -> None:
         if self._side_of(run) is None:
             return
         self._refresh()
         if self._queue:
-            self.summary.setText("Running B…")
+            self._say("", "Running B…")
             self.engine.start(self._queue.pop(0))
             return
         a, b = self.runs
         if a.result is not None and b.result is not None and a.events and b.events:
-            diff = a.differs_from(b)
-            for side, r in zip(self.sides, self.runs):
-                side.show_run(r, diff)
-            self._title_runs()
-            self.summary.setText(summary_text(a, b))
+            self.diff = answer_diff(a, b)
+            self.timeline.run_ended(max(a.n_steps, b.n_steps), a.result.total_ms + b.result.total_ms)
+            self._show_step(self.timeline.step())
+            self._say(headline(a, b, self.ran),
+                      "\n".join(summary_lines(a, b, self.ran)))
         else:
-            self.summary.setText("Stopped before both runs finished.")
+            self.timeline.stop()
+            self._say("", "Stopped before both runs finished.")
 
     def _failed(self, run: RunState, message: str) -> None:
         if self._side_of(run) is not None:
             self._queue.clear()
-            self.summary.setText(f"Run failed: {message}")
+            self._say("", f"Run failed: {message}")
 
     def _busy_changed(self, busy: bool) -> None:
         self.run_button.setEnabled(not busy and self.engine.model is not None)
