@@ -223,7 +223,6 @@ class ServePanel(QWidget):
             w.setEnabled(not serving)
         self.copy_button.setEnabled(serving and not stopping)
         self.swap_button.setVisible(other and not stopping)
-        self.swap_button.setText(f"Serve {_name(self.model)} instead" if other else "")
         line = ""
         if self.model is None:
             self.status.setText("Load a model to serve it.")
