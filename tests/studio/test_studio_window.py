@@ -208,7 +208,7 @@ def test_compare_mode(qtbot, window, fake_model):
     cmp = window.compare_window
     cmp.prompt.setText("same prompt")
     cmp.preset.setCurrentIndex(1)                        # entropy_exit: tau off vs on
-    assert "entropy_exit" in cmp.sides[1].title.text()
+    assert "entropy_exit" in cmp.sides[1].title.toolTip()     # the title names it: "τ on"
     finished = []
     window.engine.run_finished.connect(finished.append)
     cmp.start()

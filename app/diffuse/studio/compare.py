@@ -84,7 +84,7 @@ class _Side(QWidget):
         self.stats.setObjectName("Muted")
         self.stats.setWordWrap(True)
         self.text = QTextBrowser()
-        self.text.setMaximumHeight(96)
+        self.text.setMaximumHeight(72)
         self.shared: list[RunState] | None = None     # the runs its colour scale spans
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -188,11 +188,12 @@ class CompareWindow(QWidget):
         grid.setHorizontalSpacing(6)
         grid.addWidget(self.sides[0], 0, 0)
         grid.addWidget(self.sides[1], 0, 1)
-        self.headline = QLabel()       # the finished pair's point
-        self.headline.setObjectName("Title")
+        self.headline = QLabel()       # the finished pair's point, in bold over its figures
+        self.headline.setStyleSheet("font-weight: bold;")
         self.headline.setWordWrap(True)
         self.headline.hide()
         self.summary = QLabel("Pick a comparison and run it; the two runs go one after the other.")
+        self.summary.setObjectName("Muted")
         self.summary.setWordWrap(True)
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         layout = QVBoxLayout(self)
@@ -236,10 +237,11 @@ class CompareWindow(QWidget):
         pair = self.ran if self.runs else self.pair()
         runs = self.runs or [None, None]
         for side, letter, name, over, run in zip(self.sides, "AB", pair.names, (pair.a, pair.b), runs):
-            said = [letter, name] + ([options_text(over)] if options_text(over) != name else [])
+            said = [letter, name]
             if run is not None and run.events and run.rule is not None:
                 said.append(run.rule.condition())
             side.title.setText(" · ".join(said))
+            side.title.setToolTip(f"{letter}: {options_text(over)} over the settings both share")
         self.update_context()
 
     def update_context(self) -> None:

@@ -77,10 +77,10 @@ PRESETS: dict[str, Pair] = {
         {"scheduler": "low_confidence_dynamic"}, STEPS, ("τ off", "τ on"), f"B's τ {_OTHER_STEPS}"),
     "Scheduler: low_confidence vs random": Pair(
         {"scheduler": "low_confidence"}, {"scheduler": "random"}, ANSWER,
-        ("the most confident first", "a random order"),
+        ("low_confidence: the most confident first", "random: a random order"),
         "the positions are decided in another order, so each sees other text"),
     "Temperature: 0 vs 0.8": Pair(
-        {"temperature": 0.0}, {"temperature": 0.8}, ANSWER, ("the most likely token", "sampled at 0.8"),
+        {"temperature": 0.0}, {"temperature": 0.8}, ANSWER, ("temperature 0: the most likely token", "temperature 0.8: sampled"),
         "B samples each token (with the seed's noise), A takes the most likely"),
     # The fast-decoding methods against the decoding they speed up: A is the plain method, B adds one.
     "Fast-dLLM threshold vs the fixed schedule": Pair(
@@ -95,10 +95,10 @@ PRESETS: dict[str, Pair] = {
     "PrefixCache vs no cache": _timed({"cache": False}, {"cache": True, "cache_policy": "prefix"},
                                       ("no cache", "PrefixCache"), _APPROX),
     "DPad suffix window 8 vs the whole suffix": _timed(
-        {"suffix_window": -1}, {"suffix_window": 8}, ("the whole suffix", "a window of 8"),
+        {"suffix_window": -1}, {"suffix_window": 8}, ("the whole suffix", "a suffix window of 8"),
         "B's positions do not see the masked suffix past 8 positions after the block"),
     "Early end-of-text: none vs dInfer's": Pair(
-        {"eos_stop": "none"}, {"eos_stop": "holds_eos"}, STEPS, ("every step", "dInfer's stop"),
+        {"eos_stop": "none"}, {"eos_stop": "holds_eos"}, STEPS, ("no early stop", "dInfer's stop"),
         "B stopped where A went on"),
 }
 
@@ -184,8 +184,8 @@ def tau_line(run: RunState) -> str | None:
     head = f"B ({rule.scheduler}, {rule.condition()}): "
     floor = "the schedule's count" if rule.floor == "schedule" else f"{rule.floor} position"
     if n_steps:
-        return (f"{head}τ decided {np.nansum(extra):.0f} positions beyond {floor}, at "
-                f"{n_steps} step{'s' * (n_steps != 1)}")
+        return (f"{head}τ decided {_n(int(np.nansum(extra)), 'position')} beyond {floor}, at "
+                f"{_n(n_steps, 'step')}")
     return f"{head}τ never fired: {closest_to_tau(run)}, so each step decided {floor} only"
 
 
@@ -292,7 +292,7 @@ def _steps_headline(a: RunState, b: RunState, names: dict) -> str:
     if saved > 0:
         floor = ("the schedule's count" if rule is not None and rule.floor == "schedule"
                  else "the one position the rule always decides")
-        by = (f", τ deciding {np.nansum(b.n_extra[:b.n_steps]):.0f} positions beyond {floor}"
+        by = (f", τ deciding {_n(int(np.nansum(b.n_extra[:b.n_steps])), 'position')} beyond {floor}"
               if fired else "")
         return (f"B ({names['B']}) took {_n(saved, 'fewer step')} than A ({names['A']}): {rb.steps} "
                 f"against {ra.steps} ({saved / ra.steps:.0%}){by}{why}.")
