@@ -59,8 +59,9 @@ def post(server, path: str, body: bytes, key: str | None = KEY) -> tuple[int, di
 
 def test_models_and_plain_chat(client, model):
     assert [m.id for m in client.models.list()] == ["diffuse-demo-3m"]
-    r = client.chat.completions.create(model="diffuse-demo-3m", messages=STORY, max_tokens=32, extra_body={"steps": 16})
-    expected = model.generate("Tell me a story.", gen_length=32, steps=16)
+    r = client.chat.completions.create(model="diffuse-demo-3m", messages=STORY, max_tokens=32, seed=3,
+                                       extra_body={"steps": 16})
+    expected = model.generate("Tell me a story.", gen_length=32, steps=16, seed=3)
     assert r.choices[0].message.content == expected.text
     assert r.choices[0].finish_reason == "stop"
     assert r.usage.prompt_tokens == len(expected.prompt_tokens)
@@ -69,10 +70,10 @@ def test_models_and_plain_chat(client, model):
 
 def test_completion_cut_at_max_tokens_and_stop(client, model):
     # 40 tokens is not a whole number of 32-position blocks: the buffer is 64, the answer 40 tokens.
-    r = client.completions.create(model="m", prompt="It was", max_tokens=40, extra_body={"steps": 32})
+    r = client.completions.create(model="m", prompt="It was", max_tokens=40, seed=3, extra_body={"steps": 32})
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 40
     first = r.choices[0].text.split(",")[0]
-    cut = client.completions.create(model="m", prompt="It was", max_tokens=40, stop=[","],
+    cut = client.completions.create(model="m", prompt="It was", max_tokens=40, stop=[","], seed=3,
                                     extra_body={"steps": 32})
     assert cut.choices[0].text == first and cut.choices[0].finish_reason == "stop"
     assert 0 < cut.usage.completion_tokens < 40
@@ -103,19 +104,20 @@ def test_defaults_are_the_model_files_recipe(model, tmp_path):
     the family's."""
     body = json.dumps({"prompt": "Once upon a time"}).encode()
     r = protocol.parse(body, "completion", model, 8)
-    assert r.options == diffuse.generation.default_options(model.arch, model.recipe)
+    # (the seed: a fresh one for each request, test_a_request_without_a_seed_reports_the_one_drawn)
+    assert r.options == {**diffuse.generation.default_options(model.arch, model.recipe), "seed": r.seed}
     assert model.recipe["temperature"] == r.options["temperature"] == 0.7
     assert model.generate(r.prompts[0], **r.options).useful_length > 0
     plain = tmp_path / "plain.gguf"
     recipe.write(DEMO, {}, plain)
     r = protocol.parse(body, "completion", diffuse.load(plain, threads=1), 8)
-    assert r.options == diffuse.generation.default_options(model.arch)
+    assert r.options == {**diffuse.generation.default_options(model.arch), "seed": r.seed}
 
 
 def test_stream_blocks_and_diffusion_events(client, server):
-    body = {"steps": 16, "block_length": 16, "scheduler": "low_confidence", "diffusion_events": True}
-    plain = client.completions.create(model="m", prompt="It was", max_tokens=64, extra_body={"steps": 16,
-                                                                                            "block_length": 16})
+    body = {"steps": 16, "block_length": 16, "scheduler": "low_confidence", "diffusion_events": True, "seed": 3}
+    plain = client.completions.create(model="m", prompt="It was", max_tokens=64, seed=3,
+                                      extra_body={"steps": 16, "block_length": 16})
     stream = client.completions.create(model="m", prompt="It was", max_tokens=64, stream=True,
                                        stream_options={"include_usage": True}, extra_body=body)
     pieces, steps, last_step_before_text = [], [], []
@@ -168,8 +170,8 @@ def test_concurrent_requests_are_batched(client, server):
 
 
 def test_a_request_joins_a_running_one_and_leaves_when_done(client, server):
-    long = dict(model="m", prompt="Long ago", max_tokens=64, extra_body={"steps": 64, "cache": False})
-    short = dict(model="m", prompt="It was", max_tokens=32, extra_body={"steps": 16, "cache": False})
+    long = dict(model="m", prompt="Long ago", max_tokens=64, seed=3, extra_body={"steps": 64, "cache": False})
+    short = dict(model="m", prompt="It was", max_tokens=32, seed=3, extra_body={"steps": 16, "cache": False})
     alone = [client.completions.create(**long).choices[0].text, client.completions.create(**short).choices[0].text]
     before = len(server.batcher.log)
     stream = client.completions.create(**{**long, "extra_body": {**long["extra_body"], "diffusion_events": True}},
@@ -250,6 +252,11 @@ def test_a_failing_request_fails_alone_and_its_stream_ends_clearly(client, serve
     (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', "temperature"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "tools": []}', "tools"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0.5}', "presence_penalty"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 2.5}', "temperature"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "metadata": "x"}', "metadata"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "store": "yes"}', "store"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "stream": true,'
+     b' "stream_options": {"include_obfuscation": 1}}', "stream_options.include_obfuscation"),
     (b'{"messages": "hi"}', "messages"),
     (b'[1, 2]', None),
 ])
@@ -433,3 +440,101 @@ def test_allowed_hosts(model):
             conn.close()
     finally:
         s.stop()
+
+
+TOOL = {"type": "function", "function": {"name": "add", "description": "add two numbers", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+
+
+def test_fields_clients_send_are_accepted(client):
+    """What the openai client, LangChain and llm send as a matter of course: ignored (user, metadata,
+    store, service_tier, ...) or honoured (tools the answer must not call, a text response_format)."""
+    r = client.chat.completions.create(
+        model="m", messages=STORY, max_completion_tokens=8, user="u1", metadata={"app": "test"}, store=False,
+        service_tier="auto", parallel_tool_calls=False, tools=[TOOL], tool_choice="none",
+        response_format={"type": "text"}, logit_bias=None, frequency_penalty=0, n=1, stream=True,
+        stream_options={"include_usage": True, "include_obfuscation": False}, extra_body={"steps": 8})
+    chunks = list(r)
+    assert chunks[-1].usage.completion_tokens > 0
+    assert all(c.choices[0].delta.tool_calls is None for c in chunks if c.choices)
+    r = client.completions.create(model="m", prompt="It was", max_tokens=8, user="u1", suffix=None, best_of=1,
+                                  extra_body={"steps": 8, "store": True, "safety_identifier": "h"})
+    assert r.choices[0].finish_reason
+
+
+@pytest.mark.parametrize("extra, param, code", [
+    ({"tools": [TOOL]}, "tools", "unsupported_parameter"),
+    ({"tools": [TOOL], "tool_choice": "required"}, "tools", "unsupported_parameter"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "add"}}}, "tools",
+     "unsupported_parameter"),
+    ({"tool_choice": "required"}, "tool_choice", "invalid_value"),
+    ({"tool_choice": "sometimes"}, "tool_choice", "invalid_value"),
+    ({"response_format": {"type": "json_object"}}, "response_format.type", "unsupported_value"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "A", "schema": {}}}},
+     "response_format.type", "unsupported_value"),
+    ({"response_format": "json"}, "response_format", "invalid_value"),
+    ({"temperature": 2.01}, "temperature", "decimal_above_max_value"),
+    ({"presence_penalty": 1}, "presence_penalty", "unsupported_value"),
+    ({"messages": [{"role": "tool", "tool_call_id": "1", "content": "3"}]}, "messages[0]", "unsupported_value"),
+    ({"reasoning_effort": "low"}, "reasoning_effort", "unknown_parameter"),
+])
+def test_what_this_server_cannot_honour_is_refused_in_openais_shape(client, extra, param, code):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**{"model": "m", "messages": STORY, "max_tokens": 8, **extra})
+    assert e.value.status_code == 400
+    assert e.value.body["param"] == param and e.value.body["code"] == code
+    assert e.value.body["type"] == "invalid_request_error" and e.value.body["message"]
+
+
+def test_temperature_up_to_openais_2(model):
+    body = {"prompt": "It was", "temperature": 2}
+    assert protocol.parse(json.dumps(body).encode(), "completion", model, 8).options["temperature"] == 2
+
+
+def test_models_retrieve(client):
+    assert client.models.retrieve("diffuse-demo-3m").id == "diffuse-demo-3m"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("gpt-4o")
+    assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
+    assert "gpt-4o" in e.value.body["message"]
+
+
+def test_a_request_without_a_seed_reports_the_one_drawn(client, server):
+    """Without a seed every request samples anew (it used seed 0: no client could regenerate); the
+    seed drawn comes back in the answer, the first stream chunk and the log, and repeats the answer."""
+    ask = dict(model="m", messages=STORY, max_tokens=32, temperature=1.0, extra_body={"steps": 16})
+    first, second = (client.chat.completions.create(**ask) for _ in range(2))
+    seeds = [first.model_extra["seed"], second.model_extra["seed"]]
+    assert seeds[0] != seeds[1] and all(isinstance(s, int) for s in seeds)
+    assert server.batcher.log[-1]["seed"] == seeds[1]
+    again = client.chat.completions.create(**ask, seed=seeds[0])
+    assert again.model_extra["seed"] == seeds[0]
+    assert again.choices[0].message.content == first.choices[0].message.content
+    stream = list(client.chat.completions.create(**ask, seed=seeds[1], n=2, stream=True))
+    assert stream[0].model_extra["seed"] == seeds[1] and all("seed" not in c.model_extra for c in stream[1:])
+    assert "".join(c.choices[0].delta.content or "" for c in stream
+                   if c.choices and c.choices[0].index == 0) == second.choices[0].message.content
+
+
+def test_health_needs_no_key_and_metrics_do(client, server):
+    client.completions.create(model="m", prompt="It was", max_tokens=8, extra_body={"steps": 8})
+    with urllib.request.urlopen(server.url.removesuffix("/v1") + "/health", timeout=30) as r:
+        assert r.status == 200 and json.loads(r.read()) == {"status": "ok", "waiting": 0, "running": 0,
+                                                            "max_batch": 8}
+    metrics = server.url.removesuffix("/v1") + "/metrics"
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(metrics, timeout=30)
+    assert e.value.code == 401
+    with urllib.request.urlopen(urllib.request.Request(metrics, headers={"Authorization": f"Bearer {KEY}"}),
+                                timeout=30) as r:
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = r.read().decode()
+    values = {line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
+              for line in text.splitlines() if line and not line.startswith("#")}
+    assert values['diffuse_requests_total{route="/v1/completions",status="200"}'] >= 1
+    assert values['diffuse_requests_total{route="/metrics",status="401"}'] == 1
+    assert values["diffuse_requests_in_flight"] == 1      # this scrape
+    assert values["diffuse_queue_depth"] == 0 and values["diffuse_max_batch"] == 8
+    assert values["diffuse_step_seconds_count"] >= 8 and values["diffuse_step_seconds_sum"] > 0
+    assert values['diffuse_step_seconds_bucket{le="+Inf"}'] == values["diffuse_step_seconds_count"]
+    assert values["diffuse_generated_tokens_total"] > 0 and values['diffuse_answers_total{status="ok"}'] >= 1

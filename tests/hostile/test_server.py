@@ -1,8 +1,9 @@
 """`diffuse serve` against hostile clients, all on 127.0.0.1 and bounded.
 
 Tried here: 2 slow clients (headers and body a byte at a time), a client gone mid-body, 4
-concurrent 4 MB prompts, 2 prompts with lone surrogates, 48 concurrent stop-string requests,
-4 foreign Host headers, 3 foreign Origin headers, 3 wrong content types."""
+concurrent 4 MB prompts, 6 concurrent 12 MB bodies of millions of tiny values, 2 prompts with lone
+surrogates, 48 concurrent stop-string requests, a stream client that stops reading, 4 foreign Host
+headers, 3 foreign Origin headers, 3 wrong content types."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import diffuse
-from diffuse.serve import Server
+from diffuse.serve import Server, protocol
 
 DEMO = Path(__file__).resolve().parents[2] / "models" / "diffuse-demo-3m.gguf"
 JSON = {"Content-Type": "application/json"}
@@ -152,10 +153,15 @@ def test_an_allowed_origin_gets_cors_headers(server):
     body = json.dumps({"prompt": "hi", "max_tokens": 4})
     status, headers, _ = request(server, "POST", "/v1/completions", body, {**JSON, "Origin": "http://localhost:3000"})
     assert status == 200 and headers["access-control-allow-origin"] == "http://localhost:3000"
+    # What the official JS SDK (openai-node) sends from a browser, its x-stainless-* headers included.
+    sdk = ("accept, authorization, content-type, openai-organization, openai-project, x-stainless-arch, "
+           "x-stainless-lang, x-stainless-os, x-stainless-package-version, x-stainless-retry-count, "
+           "x-stainless-runtime, x-stainless-runtime-version, x-stainless-timeout")
     preflight = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
-                 "Access-Control-Request-Headers": "authorization, content-type"}
+                 "Access-Control-Request-Headers": sdk}
     status, headers, _ = request(server, "OPTIONS", "/v1/completions", headers=preflight)
     assert status == 200 and "POST" in headers["access-control-allow-methods"]
+    assert headers["access-control-allow-headers"] == sdk
 
 
 def test_no_cors_headers_without_an_origin(server):
@@ -182,3 +188,60 @@ def test_every_request_is_logged_refused_ones_too(server):
     entries = server.log[before + first:]
     assert "Host header" in entries[0]["error"]
     assert entries[1]["prompt_tokens"] > 0 and entries[1]["completion_tokens"] > 0 and entries[1]["ms"] > 0
+
+
+def test_bodies_of_millions_of_values_are_refused_before_parsing():
+    """{"prompt": [[1],[1],...]} parsed is 330 MB of lists for 15 MB of JSON: refused by counting
+    its structure; six at once are read four at a time (the others wait, within the body timeout),
+    and the server answers others meanwhile."""
+    s = Server(diffuse.load(DEMO, threads=1), port=0)
+    s.start()
+    body = b'{"prompt": [' + b",".join([b"[1]"] * 3_000_000) + b"]}"
+    try:
+        def send(_):
+            return request(s, "POST", "/v1/completions", body, JSON)
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(send, range(6)))
+            assert request(s, "GET", "/v1/models")[0] == 200
+    finally:
+        s.stop()
+    for status, _, answer in answers:
+        assert status == 400 and answer["error"]["code"] == "too_many_values"
+
+
+@pytest.mark.parametrize("body, values", [
+    (b'{"a": [1, 2, [3, {"b": 4}]]}', 8), (b'{"p": "a, [b], {c}, \\"d, e\\" ,"}', 2), (b'["\\\\", ","]', 3)])
+def test_values_are_counted_outside_strings(body, values):
+    protocol.check_structure(body, values)
+    with pytest.raises(protocol.BadRequest):
+        protocol.check_structure(body, values - 1)
+
+
+def test_text_with_many_commas_is_judged_by_its_length_not_its_commas(server):
+    body = json.dumps({"prompt": "a," * 200_000, "max_tokens": 4})
+    status, _, answer = request(server, "POST", "/v1/completions", body, JSON)
+    assert status == 400 and answer["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_stream_client_that_stops_reading_is_cut_off():
+    """Its step events are dropped past a bound instead of piling up, and once it has read nothing
+    for write_stall seconds its connection is closed and its request cancelled."""
+    s = Server(diffuse.load(DEMO, threads=1), port=0, max_batch=8, write_stall=1)
+    s.log = []
+    s.request_listeners.append(s.log.append)
+    s.start()
+    try:
+        body = json.dumps({"prompt": "It was", "n": 8, "max_tokens": 240, "steps": 240, "block_length": 8,
+                           "stream": True, "diffusion_events": True}).encode()
+        with socket.socket() as c:
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            c.connect(("127.0.0.1", s.port))
+            c.sendall(HEAD + b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            deadline = time.monotonic() + 120
+            while not (s.log and s.batcher.log) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        assert s.log[0]["error"] == "the client read nothing for 1 s"
+        # (the sequences may all have ended while the socket's buffers still held their events)
+        assert s.batcher.log[0]["status"] in ("cancelled", "ok") and s.batcher.log[0]["steps_dropped"] > 0
+    finally:
+        s.stop()

@@ -41,8 +41,8 @@ from diffuse.serve.batcher import INTERNAL_ERROR, Batcher, Job, logger
 from diffuse.serve.metrics import Metrics
 
 MAX_BODY_BYTES = 16 << 20
-# Bytes of bodies held at once (read, or waiting to be parsed): past it a body is refused with 503
-# and Retry-After, which the openai clients honour. Four of the largest bodies.
+# Bytes of large bodies (LARGE_BODY_BYTES and more) held at once, read or waiting to be parsed:
+# four of the largest. A large body waits for room before it is read.
 MAX_BUFFERED_BYTES = 4 * MAX_BODY_BYTES
 PARSES = 2                   # bodies parsed (and prompts tokenised) at once, on worker threads
 RETRY_AFTER_S = 1
@@ -74,7 +74,7 @@ def create_app(model, batcher: Batcher, model_id: str, api_key: str | None = Non
     created = int(Path(model.path).stat().st_mtime)
     metrics = metrics or Metrics()
     large_bodies = [0]      # being parsed now
-    buffered = [0]          # bytes of bodies held now
+    budget = _Budget(MAX_BUFFERED_BYTES)
     parsing = asyncio.Semaphore(PARSES)
     model_object = {"id": model_id, "object": "model", "created": created, "owned_by": "diffuse"}
 
@@ -128,9 +128,9 @@ def create_app(model, batcher: Batcher, model_id: str, api_key: str | None = Non
                 raise protocol.BadRequest(f"the body must be JSON sent as Content-Type: application/json (got "
                                           f"{json.dumps(media_type or None)[:60]})",
                                           code="unsupported_media_type", status=415)
-            held = [0]
+            held = await _reserve(request, budget, body_timeout)
             try:
-                raw = await _body(request, body_timeout, buffered, held)
+                raw = await _body(request, body_timeout)
                 large = len(raw) >= LARGE_BODY_BYTES
                 large_bodies[0] += large
                 try:    # off the event loop: JSON parsing and tokenising (bounded by the context) take time
@@ -142,7 +142,7 @@ def create_app(model, batcher: Batcher, model_id: str, api_key: str | None = Non
                     if large and not large_bodies[0]:     # the last large body being parsed is done
                         await run_in_threadpool(_release_memory)
             finally:
-                buffered[0] -= held[0]
+                await budget.release(held)
             job = Job(parsed, asyncio.get_running_loop(), model)
             batcher.submit(job)
         except protocol.BadRequest as e:
@@ -308,16 +308,46 @@ except (AttributeError, OSError):
     _malloc_trim = None
 
 
-async def _body(request: HTTPRequest, timeout: float, buffered: list[int], held: list[int]) -> bytearray:
-    """The body, its bytes counted in buffered[0] (all requests') and held[0] (this one's) as they come."""
+class _Budget:
+    """Bytes that large bodies may hold at once: each reserves its size before it is read, and
+    waits while the others hold the rest (its sender waits too: the socket is not read)."""
+
+    def __init__(self, total: int):
+        self.total, self.used = total, 0
+        self._cond = asyncio.Condition()
+
+    async def reserve(self, n: int) -> None:
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.used + n <= self.total)
+            self.used += n
+
+    async def release(self, n: int) -> None:
+        if n:
+            async with self._cond:
+                self.used -= n
+                self._cond.notify_all()
+
+
+async def _reserve(request: HTTPRequest, budget: _Budget, timeout: float) -> int:
+    """Room in the budget for a large body (its Content-Length; the most a body may be when it is
+    sent in chunks); a small one needs none. Returns the bytes reserved."""
+    length = int(request.headers.get("content-length", MAX_BODY_BYTES))   # h11 has checked it is a number
+    if length > MAX_BODY_BYTES:
+        raise protocol.BadRequest(f"the body is larger than {MAX_BODY_BYTES >> 20} MiB", status=413)
+    if length < LARGE_BODY_BYTES:
+        return 0
+    try:
+        await asyncio.wait_for(budget.reserve(length), timeout)
+    except asyncio.TimeoutError:
+        raise protocol.BadRequest(f"the server was busy reading other large requests for {timeout:g} s; retry "
+                                  "shortly", code="server_busy", status=503, type="server_error") from None
+    return length
+
+
+async def _body(request: HTTPRequest, timeout: float) -> bytearray:
     async def read() -> bytearray:
         body = bytearray()
-        async for chunk in request.stream():
-            if buffered[0] + len(chunk) > MAX_BUFFERED_BYTES:
-                raise protocol.BadRequest("the server is busy reading other large requests; retry shortly",
-                                          code="server_busy", status=503, type="server_error")
-            buffered[0] += len(chunk)
-            held[0] += len(chunk)
+        async for chunk in request.stream():    # as long as its Content-Length (h11 checks), or chunked
             body += chunk
             if len(body) > MAX_BODY_BYTES:
                 raise protocol.BadRequest(f"the body is larger than {MAX_BODY_BYTES >> 20} MiB", status=413)
@@ -421,6 +451,14 @@ class _H11(H11Protocol):
             self._stall_timer.cancel()
             self._stall_timer = None
         super().resume_writing()
+
+    def shutdown(self) -> None:
+        """The server is stopping: a response its client is not reading could only end by uvicorn's
+        timeout (a logged error); cut it now."""
+        if self.flow is not None and self.flow.write_paused:
+            self.transport.abort()
+        else:
+            super().shutdown()
 
     def _stalled(self) -> None:
         self._stall_timer = None
