@@ -68,6 +68,9 @@ class GenerateResult:
     useful_length: int                 # decided (non-mask) tokens before the first end-of-text
     decided_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # (gen_length,)
     prefill_ms: float = 0.0            # block diffusion: the prompt's whole blocks, once (in total_ms)
+    # The options the run used, the model's defaults filled in. options["seed"] is the seed that
+    # ran, also when none was given (each run then draws one): passing it again repeats the run.
+    options: dict = field(default_factory=dict)
 
     @property
     def buffer_tokens_per_s(self) -> float:

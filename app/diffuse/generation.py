@@ -6,6 +6,8 @@ validates with the same table: the CLI flags and the Studio's settings panel are
 """
 from __future__ import annotations
 
+import secrets
+
 from diffuse import _core
 from diffuse._core import DiffuseError
 
@@ -67,20 +69,39 @@ def option(name: str) -> dict:
     return next(o for o in OPTIONS if o["name"] == name)
 
 
+# An unset seed is drawn afresh for every run, so that sampling again gives another answer; the
+# run's options report it (GenerateResult.options["seed"]) so that it can be repeated. Drawn below
+# 2^31, a small part of the engine's range: the Studio's seed field (a QSpinBox) holds it and a
+# JavaScript client reads it back exactly (JSON numbers are doubles there).
+RANDOM_SEEDS = 2**31
+
+
+def random_seed() -> int:
+    return secrets.randbelow(RANDOM_SEEDS)
+
+
 def default_options(arch: str, recipe: dict | None = None) -> dict:
     """A model's defaults: its family's ('llada' or 'dream', the engine's), overridden by the
-    recipe its file suggests (Model.recipe, see diffuse.recipe)."""
-    return resolve_options(arch, recipe)
+    recipe its file suggests (Model.recipe, see diffuse.recipe). The seed is None, unless the
+    recipe names one: every run that leaves it unset draws its own (resolve_options)."""
+    options = resolve_options(arch, recipe)
+    if "seed" not in (recipe or {}):
+        options["seed"] = None
+    return options
 
 
 def resolve_options(arch: str, recipe: dict | None = None, /, **given) -> dict:
     """The model's defaults (the family's, overridden by `recipe`), overridden by every option of
-    `given` that is not None, checked by the engine.
+    `given` that is not None, checked by the engine. A seed that neither gives is a fresh random
+    one (random_seed): the result holds the value that runs.
 
     Raises DiffuseError naming the first unknown option, wrong type or out-of-range value."""
     # None leaves an option to the defaults; an unknown name is still passed on, to be refused.
     given = {k: v for k, v in given.items() if v is not None or k not in OPTION_NAMES}
-    return dict(_core.check_options(arch, {**(recipe or {}), **given}))
+    options = {**(recipe or {}), **given}
+    if "seed" not in options:
+        options["seed"] = random_seed()
+    return dict(_core.check_options(arch, options))
 
 
 def schedule_check(opts: dict, arch: str, n_ctx: int | None = None,

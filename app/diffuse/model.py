@@ -126,7 +126,8 @@ class Model:
 
         Options (None = the model's default: its file's recipe, else the family's; see
         diffuse.generation.OPTIONS for kinds, ranges and help): gen_length, steps, block_length, scheduler, threshold, cache, keep_active,
-        refresh_every, temperature, top_k, top_p, alg_temp, cfg_scale, eps, seed. on_step(event)
+        refresh_every, temperature, top_k, top_p, alg_temp, cfg_scale, eps, seed (unset: a fresh
+        random one per run; result.options["seed"] says which, to repeat the run). on_step(event)
         runs once per step on the calling thread; returning False cancels; an exception ends the
         run and propagates here. expert_routing: see generate_batch.
         """
@@ -140,7 +141,8 @@ class Model:
         """Denoise several prompts together: one forward pass per step over every unfinished one.
 
         `options` apply to every prompt; `per_prompt[i]` (a dict) overrides them for prompt i, so
-        each sequence may have its own length, scheduler, seed... Every sequence keeps its own
+        each sequence may have its own length, scheduler, seed... (one without a seed draws its
+        own; its result's options hold it). Every sequence keeps its own
         schedule, cache and early stop. Events carry `sequence` (the prompt's index); on_step
         returning False cancels that sequence only. Results in prompt order; with greedy decoding
         each matches generate() of the same prompt up to float ties. expert_routing: MoE events
@@ -172,7 +174,8 @@ class Model:
                                     threads=_threads(threads), eos_ids=eos_ids, on_step=callback,
                                     expert_routing=self._routing(on_step, expert_routing))
         total_ms = (time.perf_counter() - t0) * 1000.0
-        return [self._result(out, prompt_ids, tok, eos_ids, total_ms) for out, prompt_ids in zip(outs, ids)]
+        return [self._result(out, prompt_ids, tok, eos_ids, total_ms, opts)
+                for out, prompt_ids, opts in zip(outs, ids, resolved)]
 
     def generate_stream(self, admit: Callable[[], Sequence[tuple[str | list[int], dict]]],
                         on_finish: Callable[[int, GenerateResult | DiffuseError], None], *, chat: bool = True,
@@ -196,7 +199,8 @@ class Model:
         eos_ids = list(tok.eos_token_ids) if tok is not None else []
         numbers = itertools.count()                 # ours: every admitted pair, refused ones too
         engine_numbers = itertools.count()          # the engine's: the pairs it was given
-        running: dict[int, tuple[int, list[int], float]] = {}   # engine's number -> (ours, prompt ids, start)
+        # engine's number -> (ours, prompt ids, options, start)
+        running: dict[int, tuple[int, list[int], dict, float]] = {}
 
         def engine_admit() -> list:
             items = []
@@ -208,16 +212,17 @@ class Model:
                 except DiffuseError as e:
                     on_finish(sequence, e)
                     continue
-                running[next(engine_numbers)] = (sequence, ids, time.perf_counter())
+                running[next(engine_numbers)] = (sequence, ids, resolved, time.perf_counter())
                 items.append((np.asarray(ids, dtype=np.int32), resolved))
             return items
 
         def engine_finished(index: int, out: dict) -> None:
-            sequence, ids, t0 = running.pop(index)
+            sequence, ids, resolved, t0 = running.pop(index)
             if out["stop_reason"] == "error":
                 on_finish(sequence, DiffuseError(out["error"]))
             else:
-                on_finish(sequence, self._result(out, ids, tok, eos_ids, (time.perf_counter() - t0) * 1000.0))
+                on_finish(sequence, self._result(out, ids, tok, eos_ids, (time.perf_counter() - t0) * 1000.0,
+                                                 resolved))
 
         callback = None
         if on_step is not None:
@@ -232,7 +237,8 @@ class Model:
         """Whether MoE events carry `experts`: asked for, or by default when someone listens."""
         return self.n_expert > 0 and (on_step is not None if expert_routing is None else bool(expert_routing))
 
-    def _result(self, out: dict, prompt_ids: list[int], tok, eos_ids: list[int], total_ms: float) -> GenerateResult:
+    def _result(self, out: dict, prompt_ids: list[int], tok, eos_ids: list[int], total_ms: float,
+                options: dict) -> GenerateResult:
         tokens = out["tokens"]
         eos = set(eos_ids)
         eos_at = [i for i, t in enumerate(tokens) if t in eos]
@@ -245,7 +251,7 @@ class Model:
             steps_allowed=out["steps_allowed"], stop_reason=out["stop_reason"], step_ms=out["step_ms"],
             forward_ms=out["forward_ms"], sample_ms=out["sample_ms"], total_ms=total_ms,
             gen_length=len(tokens), useful_length=useful, decided_step=out["decided_step"],
-            prefill_ms=out["prefill_ms"])
+            prefill_ms=out["prefill_ms"], options=dict(options))
 
     def _tokenizer_or_none(self):
         try:

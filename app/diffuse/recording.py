@@ -43,6 +43,7 @@ import numpy as np
 
 from diffuse._core import DiffuseError
 from diffuse.events import GenerateResult, StepEvent
+from diffuse.generation import OPTION_NAMES
 
 FORMAT = "diffuse-recording"
 VERSION = 1
@@ -115,6 +116,8 @@ class Recording:
     """A run as its listeners saw it. Pass `rec.add` as `on_step`, then call `rec.finish`."""
 
     prompt: str = ""
+    # The options that ran, as resolve_options gave them to the engine: the seed a run drew when
+    # none was given is here, so that the recording says how to repeat it.
     options: dict = field(default_factory=dict)
     model: dict = field(default_factory=dict)       # e.g. name, arch, path, n_vocab
     events: list[StepEvent] = field(default_factory=list)
@@ -200,7 +203,7 @@ class Recording:
             raise DiffuseError(f"{path}: damaged diffuse recording ({e})") from None
         result = None
         if meta["result"] is not None:
-            result = GenerateResult(**meta["result"],
+            result = GenerateResult(**meta["result"], options=_engine_options(meta["options"]),
                                     **{n: data[f"result_{n}"] for n in _RESULT_ARRAYS})
         return cls(prompt=meta["prompt"], options=meta["options"], model=meta["model"],
                    events=events, result=result, created=meta.get("created", 0.0),
@@ -244,7 +247,13 @@ class Recording:
             forward_ms=np.array([e.forward_ms for e in ev], np.float64),
             sample_ms=np.array([e.sample_ms for e in ev], np.float64),
             total_ms=float(ms.sum()), gen_length=gen.shape[0], useful_length=0,
-            decided_step=decided)
+            decided_step=decided, options=_engine_options(self.options))
+
+
+def _engine_options(options: dict) -> dict:
+    """A recording's options less what is not the engine's (the Studio keeps `chat` and `threads`
+    there too): a result's options."""
+    return {k: v for k, v in options.items() if k in OPTION_NAMES}
 
 
 def _events_from(data: dict[str, np.ndarray]) -> list[StepEvent]:
