@@ -194,7 +194,7 @@ def test_a_recording_gone_since_is_said_to_be_gone(qtbot, window, fake_model, re
     assert "recording gone" in again.view.toPlainText()
     assert "replay" not in again.view.toPlainText()
     with qtbot.assertNotEmitted(again.replay_requested):
-        again._link(QUrl(f"replay:{len(again.conversation.messages) - 1}"))
+        again._link(QUrl(f"replay:{again.conversation.messages[-1].id}"))
     assert again.conversation.messages[-1].meta["recording"] == path   # the link is kept
 
 

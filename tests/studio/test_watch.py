@@ -92,7 +92,7 @@ def test_replay_speed_and_the_chat_replay_link(qtbot, window, fake_model):
     answer = window.chat.conversation.messages[-1]
     qtbot.waitUntil(lambda: answer.meta["recording"] is not None, timeout=10000)   # once written
     assert "replay" in window.chat.view.toHtml()
-    window.chat._link(QUrl("replay:1"))                   # the answer's "▶ replay" link
+    window.chat._link(QUrl(f"replay:{window.chat.conversation.messages[1].id}"))   # the answer's "▶ replay" link
     replayed = window.run
     assert replayed is not run and replayed.n_steps == run.n_steps and replayed.done
     assert window.timeline.play_button.isChecked() and window.timeline.step() < 5

@@ -1,11 +1,14 @@
-"""Export a run as pictures: a PNG strip of chosen steps, or an animated GIF of every step.
+"""Export a run as pictures: a PNG strip of chosen steps, or an animated GIF of every step; and
+a chat conversation as Markdown (the branch on screen, to read) or JSON (every branch, as the app
+keeps it).
 
 Each picture says what it shows: a header with the prompt, the model, the options (seed
 included) and the colour scale with its numbers (and the threshold's mark, for a threshold
 rule); under it, each frame is the denoising canvas (`canvas.paint_cells`) under a one-line
 caption. Qt writes PNG; GIF needs Pillow (Qt has no GIF writer; without Pillow only the GIF
-export is refused). Files are written atomically. Drawing uses QImage only, so exports may run
-on a worker thread. `suggested_name` is the file name save dialogs offer.
+export is refused). Files are written atomically, never into the app's own folder (its
+conversations, recordings and settings are the inputs). Drawing uses QImage only, so exports may
+run on a worker thread. `suggested_name` is the file name save dialogs offer.
 """
 from __future__ import annotations
 
@@ -20,9 +23,10 @@ from PySide6.QtGui import QFontMetrics, QImage, QPainter
 
 from diffuse import DiffuseError
 from diffuse.recording import write_atomic
-from diffuse.studio import theme
+from diffuse.studio import storage, theme
 from diffuse.studio.canvas import (CellLayout, ColorScale, color_scale, paint_cells, paint_legend,
                                    scale_name)
+from diffuse.studio.conversations import Conversation
 from diffuse.studio.run_state import EDIT_MARK, TAU_MARK, RunState, options_text
 
 try:
@@ -187,3 +191,48 @@ def gif(run: RunState, path: str | Path, mode: str = "entropy", frame_ms: int = 
                    duration=durations, loop=0, optimize=False)
     write_atomic(path, buf.getvalue())
     return Path(path)
+
+
+CONVERSATION_FORMATS = {"md": "Markdown", "json": "JSON"}
+
+
+def conversation_name(conv: Conversation) -> str:
+    """A file name stem for the conversation: its date and its title's first words."""
+    when = time.strftime("%Y-%m-%d", time.localtime(conv.created))
+    words = re.sub(r"[^a-z0-9]+", "-", conv.title.lower()).strip("-")[:40].rstrip("-")
+    return f"{when}_{words or 'conversation'}"
+
+
+def conversation_markdown(conv: Conversation) -> str:
+    """The branch on screen as Markdown: the system prompt, then each turn under a heading;
+    an answer's heading names its model, seed and steps, so it can be repeated."""
+    lines = [f"# {conv.title}", "",
+             f"*Diffuse Studio conversation, {time.strftime('%Y-%m-%d %H:%M', time.localtime(conv.created))}*", ""]
+    if conv.system.strip():
+        lines += ["## System prompt", "", conv.system.strip(), ""]
+    for m in conv.branch():
+        if m.role == "user":
+            title = "You" + (" (run failed, not sent again)" if "failed" in m.meta else "")
+        else:
+            opts = m.meta.get("options") or {}
+            facts = [f"seed {opts['seed']}" if opts.get("seed") is not None else "",
+                     f"{m.meta['steps']}/{m.meta.get('steps_allowed', '?')} steps" if "steps" in m.meta else "",
+                     str(opts.get("scheduler") or "")]
+            title = " · ".join([m.meta.get("model") or "Answer"] + [f for f in facts if f])
+        lines += [f"## {title}", "", m.text if m.text.strip() else "*(no text)*", ""]
+    return "\n".join(lines)
+
+
+def save_conversation(conv: Conversation, path: str | Path) -> Path:
+    """Write `conv` to `path`, Markdown or JSON by its suffix, atomically; never into the app's
+    own folder, where it would replace the conversations and recordings it was made from."""
+    path = Path(path)
+    kind = path.suffix.lower().lstrip(".")
+    if kind not in CONVERSATION_FORMATS:
+        raise DiffuseError(f"{path}: a conversation exports as .md (Markdown) or .json")
+    home = storage.home_dir().resolve()
+    if path.resolve().is_relative_to(home):
+        raise DiffuseError(f"{path}: that is the app's own folder ({home}); pick another place")
+    data = conv.to_json() if kind == "json" else conversation_markdown(conv).encode("utf-8")
+    write_atomic(path, data)
+    return path

@@ -31,7 +31,7 @@ from diffuse.studio import export, first_run, storage, theme
 from diffuse.studio.bench_view import BenchWindow
 from diffuse.studio.cache_view import CacheView
 from diffuse.studio.canvas import CanvasPanel
-from diffuse.studio.chat import ChatPanel, fit_history
+from diffuse.studio.chat import ChatPanel, fit_history, system_support
 from diffuse.studio.compare import CompareWindow
 from diffuse.studio.conversations import Conversation, Message
 from diffuse.studio.experts_view import ExpertsView
@@ -78,6 +78,7 @@ class MainWindow(QMainWindow):
         self.resize(min(1560, int(screen.width() * 0.96)), min(940, int(screen.height() * 0.94)))
         self.engine = engine or Engine(self)
         self.runs = RunController(self.engine, self)   # who runs the model; the runs shown
+        self._probe: Job | None = None     # asks the model's template how it takes a system prompt
         self.compare_window: CompareWindow | None = None
         self.bench_window: BenchWindow | None = None
         self._dirty: set[str] = set()          # groups waiting to be redrawn: canvas, views
@@ -145,6 +146,9 @@ class MainWindow(QMainWindow):
         self.chat.generate_requested.connect(self.generate)
         self.chat.stop_requested.connect(self.stop)
         self.chat.replay_requested.connect(self.replay)
+        self.chat.export_requested.connect(self._export_conversation_clicked)
+        self.settings_panel.changed.connect(self._settings_changed)
+        self._settings_changed()
         self.canvas_panel.scale_changed.connect(self.heatmap.set_fitted)
         self.heatmap.set_fitted(self.canvas_panel.canvas.fitted)
         self.model_panel.model_loaded.connect(self.set_model)
@@ -190,6 +194,8 @@ class MainWindow(QMainWindow):
         self.png_action = self._action(file, "Export PNG strip…", self._png_clicked, "Ctrl+E")
         self.gif_action = self._action(file, "Export animated GIF…", self._gif_clicked,
                                        "Ctrl+Shift+E")
+        self._action(file, "Export conversation…", self._export_conversation_clicked,
+                     tip="Save the chat's conversation as Markdown or JSON")
         file.addSeparator()
         self._action(file, "Quit", self.close, "Ctrl+Q")
         run = bar.addMenu("&Run")
@@ -286,7 +292,8 @@ class MainWindow(QMainWindow):
         self.settings_panel.show_defaults(model.arch, model.n_ctx_train, model.recipe)
         if model.recipe_problem:
             self._show_status(model.recipe_problem)
-        self.chat.set_model_ready(True, name)
+        self._probe_system_support(model)
+        self.chat.set_model_ready(True, name, demo=Path(model.path) == storage.demo_model())
         self.serve_panel.set_model(model)
         if self.compare_window is not None:
             self.compare_window.update_context()
@@ -317,9 +324,29 @@ class MainWindow(QMainWindow):
             if tok.chat_template is None:
                 return run.prompt       # no chat template: the latest prompt alone
             gen = resolve_options(model.arch, model.recipe, gen_length=run.options.get("gen_length"))
-            ids, run.left_out = fit_history(tok, messages, gen["gen_length"], model.n_ctx_train)
+            # asked here too: the load's probe may not have answered yet
+            support = system_support(tok) if messages[0]["role"] == "system" else "system"
+            ids, run.left_out = fit_history(tok, messages, gen["gen_length"], model.n_ctx_train,
+                                            support)
             return ids
         return templated
+
+    def _probe_system_support(self, model) -> None:
+        """Find how the model's chat template takes a system prompt, off the GUI thread (a
+        template may take seconds), and let the chat say so."""
+        job = Job("checking the chat template", lambda progress, cancel: system_support(model.tokenizer))
+        job.finished.connect(self._probed)
+        job.failed.connect(self._probe_failed)
+        self._probe = job
+        job.start()
+
+    def _probed(self, support: str) -> None:
+        if self.sender() is self._probe:        # not an earlier model's late answer
+            self.chat.set_system_support(support)
+
+    def _probe_failed(self, message: str) -> None:
+        if self.sender() is self._probe:
+            self.chat.set_system_support("merged")
 
     def generate(self, text: str, messages: list[dict] | None = None) -> None:
         if self.engine.model is None:
@@ -415,6 +442,9 @@ class MainWindow(QMainWindow):
         self._show_status(f"served request #{entry['id']}: {entry['status']}, {entry['steps']} steps, "
                           f"{entry['completion_tokens']} tokens")
         self._mark_dirty()
+
+    def _settings_changed(self) -> None:
+        self.chat.set_seed(self.settings_panel.options().get("seed"))
 
     def _holder_changed(self, holder: str | None) -> None:
         """Another part took or freed the model: the chat's buttons, the model panel's swap
@@ -624,6 +654,32 @@ class MainWindow(QMainWindow):
         if path:
             self.export_png(path)
 
+    def _export_conversation_clicked(self) -> None:
+        conv = self.chat.conversation
+        if not conv.messages:
+            self._show_status("The conversation is empty: nothing to export.")
+            return
+        folder = storage.dialog_dir("exports")
+        filters = ";;".join(f"{name} (*.{suffix})" for suffix, name in export.CONVERSATION_FORMATS.items())
+        start = str(Path(folder) / f"{export.conversation_name(conv)}.md")
+        path, chosen = QFileDialog.getSaveFileName(self, "Export the conversation", start, filters)
+        if not path:
+            return
+        suffix = "json" if chosen.startswith("JSON") else "md"
+        if Path(path).suffix.lower() not in (".md", ".json"):
+            path += f".{suffix}"
+        storage.remember_dialog_dir("exports", path)
+        self.export_conversation(path)
+
+    def export_conversation(self, path: str | Path) -> None:
+        """The chat's conversation to `path` (.md or .json)."""
+        try:
+            export.save_conversation(self.chat.conversation, path)
+        except DiffuseError as e:
+            self._error(str(e))
+            return
+        self._show_status(f"conversation exported to {path}")
+
     def _gif_clicked(self) -> None:
         path = self._file_dialog(True, "Export an animated GIF", "gif", "GIF animations")
         if path:
@@ -704,7 +760,8 @@ class MainWindow(QMainWindow):
         ended = self.engine.shutdown(left_ms())
         if ended:   # the run's last steps and its end wait in the queue: taken now, they start its recording
             QCoreApplication.sendPostedEvents(self.engine)
-        for job in self.runs.saves + self.model_panel.jobs():
+        probe = [self._probe] if self._probe is not None else []
+        for job in self.runs.saves + self.model_panel.jobs() + probe:
             ended = job.wait(left_ms()) and ended
         for job in list(self.runs.saves):   # a written recording gets its chat link before the window goes
             QCoreApplication.sendPostedEvents(job)
