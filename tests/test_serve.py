@@ -524,6 +524,7 @@ def test_health_needs_no_key_and_metrics_do(client, server):
     metrics = server.url.removesuffix("/v1") + "/metrics"
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(metrics, timeout=30)
+    e.value.close()
     assert e.value.code == 401
     with urllib.request.urlopen(urllib.request.Request(metrics, headers={"Authorization": f"Bearer {KEY}"}),
                                 timeout=30) as r:
