@@ -126,3 +126,17 @@ def test_the_fastest_point_is_named_and_esc_closes(qtbot, bench):
     qtbot.waitUntil(lambda: QApplication.activeWindow() is bench, timeout=5000)
     qtbot.keyClick(bench, Qt.Key.Key_Escape)
     qtbot.waitUntil(lambda: not bench.isVisible(), timeout=5000)
+
+
+def test_every_point_of_a_sweep_uses_one_seed(qtbot, bench, monkeypatch):
+    seeds = []
+    real = bench.runs.engine.model.generate
+
+    def generate(prompt, **options):
+        seeds.append(options["seed"])
+        return real(prompt, **options)
+    monkeypatch.setattr(bench.runs.engine.model, "generate", generate)
+    _sweep(qtbot, bench, "Step budget", "2,4")
+    assert len(seeds) == 3 and len(set(seeds)) == 1        # warm-up and both points
+    assert f"Every point used seed {seeds[0]} (drawn for this sweep" in bench.status.text()
+

@@ -217,7 +217,7 @@ def test_the_system_prompt_is_saved_and_sent_first(qtbot, window, fake_model):
     chat.system_button.click()
     assert chat.system_box.isVisible() and chat.system_note.isVisible()
     chat.system_box.setPlainText("Answer in one line.")
-    assert "Answer in one line." in chat.system_button.text()
+    assert "●" in chat.system_button.text() and "Answer in one line." in chat.system_button.toolTip()
     chat.prompt.setPlainText("hello")
     with qtbot.waitSignal(window.engine.run_finished, timeout=10000):
         chat.submit()
@@ -227,7 +227,7 @@ def test_the_system_prompt_is_saved_and_sent_first(qtbot, window, fake_model):
     saved = json.loads(chat.store.path(chat.conversation.id).read_text())
     assert saved["system"] == "Answer in one line."
     chat.new_conversation()                    # per conversation
-    assert chat.system_box.toPlainText() == "" and "none" in chat.system_button.text()
+    assert chat.system_box.toPlainText() == "" and "●" not in chat.system_button.text()
 
 
 def test_a_template_without_a_system_turn_is_said(qtbot, window, fake_model):
@@ -300,3 +300,25 @@ def test_the_demo_models_empty_chat_frames_it_and_offers_prompts(qtbot, window, 
     chat.new_conversation()
     window.set_model(fake_model(path="elsewhere/real-model.gguf", step_delay=0))
     assert DEMO_ABOUT not in chat.view.toPlainText() and "No messages yet" in chat.view.toPlainText()
+
+
+def test_again_draws_a_new_seed_unless_the_settings_fix_one(qtbot, window, fake_model):
+    model = fake_model(step_delay=0)
+    window.set_model(model)
+    window.settings_panel.set_options(SMALL)
+    chat = window.chat
+    chat.prompt.setPlainText("hello")
+    with qtbot.waitSignal(window.engine.run_finished, timeout=10000):
+        chat.submit()
+    for _ in range(2):
+        with qtbot.waitSignal(window.engine.run_finished, timeout=10000):
+            chat.regenerate()
+    answers = chat.conversation.siblings(chat.conversation.branch()[-1])
+    seeds = [a.meta["options"]["seed"] for a in answers]
+    assert len(answers) == 3 and len(set(seeds)) == 3         # each as the engine drew it
+    assert [call["seed"] for call in model.calls] == seeds
+    assert f"seed {seeds[-1]}" in chat.view.toPlainText()
+    window.settings_panel.set_options({**SMALL, "seed": 5})
+    with qtbot.waitSignal(window.engine.run_finished, timeout=10000):
+        chat.regenerate()
+    assert model.calls[-1]["seed"] == 5 and "seed 5" in chat.view.toPlainText()

@@ -36,7 +36,7 @@ def test_one_holder_at_a_time_and_why_the_others_wait():
 
 def test_a_run_the_engine_is_still_ending_refuses_everyone():
     runs = RunController(SimpleNamespace(model=object(), busy=True))
-    assert "still ending" in runs.refusal("compare") and not runs.acquire("compare", lambda: None)
+    assert "Another run is going" in runs.refusal("compare") and not runs.acquire("compare", lambda: None)
 
 
 def test_a_sweep_keeps_the_chat_off_and_cancel_stops_it(qtbot, window, fake_model):

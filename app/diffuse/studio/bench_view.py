@@ -21,6 +21,7 @@ from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (QApplication, QComboBox, QHBoxLayout, QLabel, QLineEdit,
                                QPushButton, QVBoxLayout, QWidget)
 
+from diffuse.generation import random_seed
 from diffuse.studio import theme
 from diffuse.studio.job_box import JobBox
 from diffuse.studio.run_controller import RunController
@@ -95,6 +96,7 @@ class BenchWindow(QWidget):
         self.job: Job | None = None
         self.points: list[dict] = []      # appended by the job's thread, read on progress
         self.option = ""                  # the option the points sweep
+        self.seed_note = ""               # the seed every point used, said
 
         self.axis = QComboBox()
         self.axis.addItems(list(SWEEPS))
@@ -185,8 +187,15 @@ class BenchWindow(QWidget):
         prompt = self.prompt.text().strip() or "Why is the sky blue?"
         # The chat flag and threads of the settings panel are Model.generate arguments too.
         options = {k: v for k, v in self.base_options().items() if v is not None}
+        # One seed for every point: an unset one would be drawn per run, and the answers' agreement
+        # would measure the seeds, not the axis.
+        drawn = "seed" not in options
+        options.setdefault("seed", random_seed())
         self.points, self.option = [], option
         self._redraw()
+        self.seed_note = (f"Every point used seed {options['seed']}"
+                          f"{' (drawn for this sweep: the Settings leave it unset)' if drawn else ''}.")
+        self.status.setText(self.seed_note)
 
         def sweep(progress, cancel):
             model.generate(prompt, **{**options, "steps": 1})   # warm-up: the first call allocates buffers
@@ -247,7 +256,8 @@ class BenchWindow(QWidget):
         best = max(self.points, key=lambda p: p["tokens_per_s"], default=None)
         summary = (f"; fastest with {point_name(self.option, best['x'])}: {best['tokens_per_s']:.1f} "
                    f"tok/s, {best['ms_per_step']:.0f} ms/step" if best else "")
-        self._ended(f"{'Cancelled' if cancelled else 'Done'}: {n_points} point(s){summary}.")
+        self._ended(f"{'Cancelled' if cancelled else 'Done'}: {n_points} point(s){summary}. "
+                    f"{self.seed_note}")
 
     def _failed(self, message: str) -> None:
         self._ended(f"The sweep failed: {message}")

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from PySide6.QtCore import Qt, QTimer, QUrl, Signal
+from PySide6.QtCore import QTimer, QUrl, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QGridLayout, QHBoxLayout, QLabel, QMessageBox, QPlainTextEdit,
                                QPushButton, QTextBrowser, QToolButton, QVBoxLayout, QWidget)
@@ -158,7 +158,6 @@ class ChatPanel(QWidget):
         top.addWidget(self.picker, 1)
         top.addWidget(new)
         top.addWidget(delete)
-        top.addWidget(self.export_button)
 
         # The system prompt folds away: most turns do not need it on screen.
         self.system_button = QToolButton()
@@ -223,7 +222,10 @@ class ChatPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
         layout.addLayout(top)
-        layout.addWidget(self.system_button)
+        second = QHBoxLayout()      # beside the system prompt: the top row fits a 1024-pixel screen
+        second.addWidget(self.system_button, 1)
+        second.addWidget(self.export_button)
+        layout.addLayout(second)
         layout.addWidget(self.system_box)
         layout.addWidget(self.system_note)
         layout.addWidget(self.view, 1)
@@ -345,11 +347,11 @@ class ChatPanel(QWidget):
 
     def _system_toggled(self, shown: bool) -> None:
         text = " ".join(self.conversation.system.split())
-        summary = (self.system_button.fontMetrics().elidedText(text, Qt.TextElideMode.ElideRight, 200)
-                   if text else "none")
-        self.system_button.setText(f"{'▾' if shown else '▸'} System prompt: {summary}")
-        self.system_button.setToolTip(text or "Instructions sent before the conversation "
-                                              "(this conversation only)")
+        # The button's text stays short (the panel fits a 1024-pixel screen): ● says one is set.
+        self.system_button.setText(f"{'▾' if shown else '▸'} System prompt{' ●' if text else ''}")
+        self.system_button.setToolTip(f"System prompt: {text}" if text else
+                                      "No system prompt: instructions sent before the conversation "
+                                      "(this conversation only)")
         self.system_box.setVisible(shown)
         self.system_note.setVisible(shown)
 
@@ -634,10 +636,13 @@ class ChatPanel(QWidget):
         if len(versions) < 2:
             return ""
         k = versions.index(m)
-        style = "color:#5ad1c8; text-decoration:none"
-        prev = f"<a href='prev:{m.id}' style='{style}'>‹</a>" if k > 0 else "‹"
-        nxt = f"<a href='next:{m.id}' style='{style}'>›</a>" if k < len(versions) - 1 else "›"
-        return f" <span style='color:#8a90a2'>&nbsp;{prev} {k + 1}/{len(versions)} {nxt}</span>"
+        big = "font-size:large; font-weight:bold; text-decoration:none"    # a target a click finds
+
+        def arrow(kind: str, glyph: str, live: bool) -> str:
+            return (f"<a href='{kind}:{m.id}' style='color:#5ad1c8; {big}'>&nbsp;{glyph}&nbsp;</a>" if live
+                    else f"<span style='{big}'>&nbsp;{glyph}&nbsp;</span>")
+        return (f" <span style='color:#8a90a2'>{arrow('prev', '‹', k > 0)}{k + 1}/{len(versions)}"
+                f"{arrow('next', '›', k < len(versions) - 1)}</span>")
 
     def _edit_link(self, m: Message) -> str:
         return "" if self.busy else f" &nbsp;<a href='edit:{m.id}' style='color:#8a90a2'>edit</a>"

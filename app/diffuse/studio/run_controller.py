@@ -59,7 +59,7 @@ class RunController(QObject):
         if self.holder is not None and self.holder != holder:
             return f"{HOLDERS[self.holder]} is running: wait for it to end or stop it (Esc)"
         if self.holder is None and self.engine.busy:
-            return "The engine is still ending a run"
+            return "Another run is going on the engine: wait for it to end or stop it (Esc)"
         return ""
 
     def acquire(self, holder: str, stop: Callable[[], None]) -> bool:
