@@ -223,7 +223,8 @@ class ChatPanel(QWidget):
         layout.setContentsMargins(6, 6, 6, 6)
         layout.addLayout(top)
         second = QHBoxLayout()      # beside the system prompt: the top row fits a 1024-pixel screen
-        second.addWidget(self.system_button, 1)
+        second.addWidget(self.system_button)
+        second.addStretch(1)
         second.addWidget(self.export_button)
         layout.addLayout(second)
         layout.addWidget(self.system_box)
