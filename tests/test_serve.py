@@ -93,7 +93,9 @@ def test_the_readmes_curl_example_gets_an_answer(server):
     (under LLaDA's greedy defaults it answers end-of-text at once)."""
     body = {"model": "llada", "messages": [{"role": "user", "content": "Why is the sky blue?"}],
             "max_tokens": 64, "steps": 32, "scheduler": "entropy_exit"}
-    status, reply = post(server, "/chat/completions", json.dumps(body).encode())
+    # (a seed: without one each request draws its own, and the demo model answers end-of-text at
+    # once for some)
+    status, reply = post(server, "/chat/completions", json.dumps({**body, "seed": 1}).encode())
     assert status == 200 and reply["choices"][0]["message"]["content"].strip()
     assert reply["usage"]["completion_tokens"] > 0
 
@@ -274,7 +276,7 @@ def test_bad_requests_through_the_client_then_still_serving(client):
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="m", prompt="", max_tokens=16)
     # Parameters OpenAI clients send by default are fine at their neutral value.
-    assert client.completions.create(model="m", prompt="Still", max_tokens=8, presence_penalty=0,
+    assert client.completions.create(model="m", prompt="Still", max_tokens=8, presence_penalty=0, seed=1,
                                      logprobs=None, echo=False).choices[0].text
 
 
@@ -301,7 +303,7 @@ def test_disconnect_cancels_within_a_step(client, server):
     entry = server.batcher.log[-1]
     assert entry["status"] == "cancelled" and entry["steps"] < 192
     assert entry["steps_after_cancel"] <= 1
-    assert client.completions.create(model="m", prompt="After", max_tokens=8).choices[0].text
+    assert client.completions.create(model="m", prompt="After", max_tokens=8, seed=1).choices[0].text
 
 
 def test_a_plain_request_whose_client_leaves_is_cancelled(server):
@@ -341,7 +343,8 @@ def test_cli_serves_until_interrupted(launcher):
         try:
             url = re.search(r"at (http://\S+/v1),", proc.stderr.readline()).group(1)
             client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
-            assert client.completions.create(model="m", prompt="It was", max_tokens=8).usage.completion_tokens > 0
+            assert client.completions.create(model="m", prompt="It was", max_tokens=8,
+                                             seed=1).usage.completion_tokens > 0
             assert " POST /v1/completions 200 " in proc.stderr.readline()
             proc.send_signal(signal.SIGINT)     # Ctrl-C: uvicorn closes, then the command ends as interrupted
             assert proc.wait(timeout=15) == 130
@@ -452,7 +455,7 @@ def test_fields_clients_send_are_accepted(client):
     r = client.chat.completions.create(
         model="m", messages=STORY, max_completion_tokens=8, user="u1", metadata={"app": "test"}, store=False,
         service_tier="auto", parallel_tool_calls=False, tools=[TOOL], tool_choice="none",
-        response_format={"type": "text"}, logit_bias=None, frequency_penalty=0, n=1, stream=True,
+        response_format={"type": "text"}, logit_bias=None, frequency_penalty=0, n=1, seed=1, stream=True,
         stream_options={"include_usage": True, "include_obfuscation": False}, extra_body={"steps": 8})
     chunks = list(r)
     assert chunks[-1].usage.completion_tokens > 0

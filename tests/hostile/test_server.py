@@ -179,7 +179,7 @@ def test_only_json_bodies(server, content_type):
 def test_every_request_is_logged_refused_ones_too(server):
     before = len(server.log)
     request(server, "GET", "/v1/models", headers={"Host": "evil.example"})
-    request(server, "POST", "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 4}), JSON)
+    request(server, "POST", "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 4, "seed": 1}), JSON)
     # An entry is written once its response is sent: an earlier test's last one may land after
     # `before` was read, so the entries are found by what they are.
     seen = [(e["method"], e["path"], e["status"]) for e in server.log[before:]]

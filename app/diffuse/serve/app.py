@@ -154,8 +154,9 @@ def create_app(model, batcher: Batcher, model_id: str, api_key: str | None = Non
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         now = int(time.time())
         if parsed.stream:
+            # X-Accel-Buffering: nginx, when it proxies, passes each event on as it comes.
             return StreamingResponse(_stream(job, kind, rid, now, model_id), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await _collect(request, job, kind, rid, now, model_id)
 
     async def chat(request: HTTPRequest) -> Response:
