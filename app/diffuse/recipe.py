@@ -43,6 +43,8 @@ def key(name: str) -> str:
 def text(recipe: dict) -> str:
     """'gen_length 64, steps 64, temperature 0.7', in the option table's order; 'none' when empty."""
     def shown(v) -> str:
+        if v is None:   # the seed: drawn afresh for each run
+            return "random"
         return ("on" if v else "off") if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
     return ", ".join(f"{n} {shown(recipe[n])}" for n in OPTION_NAMES if n in recipe) or "none"
 

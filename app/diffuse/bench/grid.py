@@ -50,7 +50,8 @@ def quant_label(path: str) -> str:
 def run(axes: Axes, reps: int = 3, fixed: dict | None = None, ar_model: str | None = None,
         ar_backend: str = "auto", llama: LlamaBins | None = None, log=print) -> dict:
     """Run the grid; returns {machine, models, axes, runs, rows, ar, roofline} (the CLI adds the command)."""
-    fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
+    # seed 0 unless given: an unset seed would be a fresh one per run, and a grid's runs must repeat
+    fixed = {"seed": 0, **{k: v for k, v in (fixed or {}).items() if v is not None}}
     mach = machine.describe()
     runs, roof_points, roofs, ar, models = [], [], [], [], []
     for i, path in enumerate(axes.models):

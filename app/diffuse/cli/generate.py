@@ -45,6 +45,8 @@ def _checked(o: dict):
 
 
 def _shown(value) -> str:
+    if value is None:   # the seed: drawn afresh for each run and reported with its result
+        return "a fresh random one per run"
     if isinstance(value, bool):
         return "on" if value else "off"
     return f"{value:g}" if isinstance(value, float) else str(value)
