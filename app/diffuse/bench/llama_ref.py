@@ -9,7 +9,11 @@ llama.cpp is not part of diffuse. Build the programs once from the pinned sdist:
     cmake -S llama_cpp_python-0.3.36/vendor/llama.cpp -B /tmp/llama-build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF
     cmake --build /tmp/llama-build --target llama-bench llama-diffusion-cli llama-batched-bench -j
 
-and point `--llama-bin` (or DIFFUSE_LLAMA_BIN) at /tmp/llama-build/bin.
+and point `--llama-bin` (or DIFFUSE_LLAMA_BIN) at /tmp/llama-build/bin. On a virtual machine that
+lists AMX in /proc/cpuinfo without enabling it, a native build dies with "Illegal instruction" in
+ggml's AMX mat-mul: name the instruction sets instead (`-DGGML_NATIVE=OFF -DGGML_AVX=ON
+-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON`, plus `-DGGML_AVX512=ON
+-DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON` where the CPU has them), which leaves AMX out.
 """
 from __future__ import annotations
 
