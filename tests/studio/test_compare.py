@@ -146,6 +146,54 @@ def test_the_cache_pair_is_about_time_per_step_over_the_same_steps(qtbot, window
     cmp.close()
 
 
+def test_a_pair_holds_the_model_from_a_to_b_so_no_chat_starts_between(qtbot, window, fake_model):
+    # the engine is free between A's end and B's start: the run controller is not
+    window.set_model(fake_model(step_delay=0.02))
+    window.open_compare()
+    cmp = window.compare_window
+    cmp.prompt.setText("Tell me about Mr. Darcy.")
+    between = []
+
+    def try_a_chat(busy: bool) -> None:
+        a = cmp.runs[0]
+        if not busy and a.done and cmp.runs[1].result is None and not between:
+            between.append(window.runs.refusal("chat"))
+            window.generate("asked between A and B")
+            between.append(window.live)
+    window.engine.busy_changed.connect(try_a_chat)
+    cmp.start()
+    assert window.runs.holder == "compare" and cmp.stop_button.isEnabled()
+    assert not window.chat.generate_button.isEnabled()
+    assert "A comparison is running" in window.chat.generate_button.toolTip()
+    assert not window.generate_action.isEnabled()
+    qtbot.waitUntil(lambda: cmp.headline.isVisible(), timeout=60000)
+    assert between[0].startswith("A comparison is running") and between[1] is None
+    assert "A comparison is running" in window.chat.view.toPlainText()
+    assert window.chat.conversation.messages == []
+    a, b = cmp.runs
+    assert a.result is not None and b.result is not None
+    assert window.runs.holder is None and window.chat.generate_button.isEnabled()
+    assert not cmp.stop_button.isEnabled() and cmp.run_button.isEnabled()
+    cmp.close()
+
+
+def test_compare_waits_for_a_chat_run_and_says_why(qtbot, window, fake_model):
+    window.set_model(fake_model(step_delay=0.05))
+    window.open_compare()
+    cmp = window.compare_window
+    cmp.prompt.setText("Tell me about Mr. Darcy.")
+    window.chat.prompt.setPlainText("Tell me about Mr. Darcy.")
+    window.chat.submit()
+    assert window.runs.holder == "chat"
+    assert not cmp.run_button.isEnabled() and "A chat answer is running" in cmp.run_button.toolTip()
+    cmp.start()                        # Enter in the prompt box: refused, nothing queued
+    assert cmp.runs == [] and window.runs.holder == "chat"
+    with qtbot.waitSignal(window.engine.run_finished, timeout=20000):
+        pass
+    assert cmp.run_button.isEnabled() and cmp.run_button.toolTip() == "Run A, then B"
+    cmp.close()
+
+
 def test_the_titles_keep_the_pair_that_ran_when_the_menu_moves_on(qtbot, window, demo_model):
     cmp = open_compare(window, demo_model, "Inter-step cache: on vs off")
     run_pair(qtbot, cmp)

@@ -23,9 +23,9 @@ from PySide6.QtWidgets import (QComboBox, QGridLayout, QHBoxLayout, QLabel, QLin
 from diffuse.studio import theme
 from diffuse.studio.canvas import CanvasPanel, display_text
 from diffuse.studio.compare_pairs import PRESETS, Pair, answer_diff, headline, summary_lines
+from diffuse.studio.run_controller import RunController
 from diffuse.studio.run_state import TAU_MARK, RunState, options_text
 from diffuse.studio.timeline import Timeline
-from diffuse.studio.workers import Engine
 
 SIZE = (1400, 820)      # the most the window takes; less on a smaller screen
 
@@ -138,12 +138,14 @@ class _Side(QWidget):
 
 
 class CompareWindow(QWidget):
-    """Needs the shared engine and a callable giving the current generation options."""
+    """Needs the window's run controller (a pair holds the model across both of its runs) and
+    callables giving the current generation options and the model's facts."""
 
-    def __init__(self, engine: Engine, base_options, model_info, parent=None):
+    def __init__(self, runs: RunController, base_options, model_info, parent=None):
         super().__init__(parent, Qt.WindowType.Window)
         self.setWindowTitle("Diffuse Studio · compare")
-        self.engine = engine
+        self.controller = runs          # (self.runs is the pair of RunStates shown)
+        self.engine = engine = runs.engine
         self.base_options = base_options
         self.model_info = model_info
         self.runs: list[RunState] = []
@@ -215,9 +217,9 @@ class CompareWindow(QWidget):
         engine.run_stepped.connect(self._stepped)
         engine.run_finished.connect(self._finished)
         engine.run_failed.connect(self._failed)
-        engine.busy_changed.connect(self._busy_changed)
+        self.controller.holder_changed.connect(self._holder_changed)
         self._update_titles()
-        self._busy_changed(engine.busy)
+        self._holder_changed()
 
     def _fit_to_screen(self) -> None:
         """At most SIZE, within the screen's free area (taskbars and docks left out) with room
@@ -269,7 +271,7 @@ class CompareWindow(QWidget):
 
     def start(self) -> None:
         text = self.prompt.text().strip()
-        if not text or self.engine.busy or self.engine.model is None:
+        if not text or self.engine.model is None or not self.controller.acquire("compare", self.stop):
             return
         self.ran, base = self.pair(), dict(self.base_options())
         # One seed for both, said in the context line: an unset one would be drawn per run
@@ -289,7 +291,7 @@ class CompareWindow(QWidget):
         self._queue = list(self.runs)
         self._update_titles()
         self._say("", "Running A…")
-        self.engine.start(self._queue.pop(0))
+        self.controller.start("compare", self._queue.pop(0))
 
     def stop(self) -> None:
         self._queue.clear()
@@ -325,8 +327,9 @@ class CompareWindow(QWidget):
         self._refresh()
         if self._queue:
             self._say("", "Running B…")
-            self.engine.start(self._queue.pop(0))
+            self.controller.start("compare", self._queue.pop(0))
             return
+        self.controller.release("compare")
         a, b = self.runs
         if a.result is not None and b.result is not None and a.events and b.events:
             self.diff = answer_diff(a, b)
@@ -341,11 +344,15 @@ class CompareWindow(QWidget):
     def _failed(self, run: RunState, message: str) -> None:
         if self._side_of(run) is not None:
             self._queue.clear()
+            self.controller.release("compare")
             self._say("", f"Run failed: {message}")
 
-    def _busy_changed(self, busy: bool) -> None:
-        self.run_button.setEnabled(not busy and self.engine.model is not None)
-        self.stop_button.setEnabled(busy and bool(self.runs))
+    def _holder_changed(self, *_) -> None:
+        """Run both only while nothing else holds the model, with the reason in the tooltip."""
+        refused = self.controller.refusal("compare")
+        self.run_button.setEnabled(not refused and self.engine.model is not None)
+        self.run_button.setToolTip(refused or "Run A, then B")
+        self.stop_button.setEnabled(self.controller.holder == "compare")
 
     def keyPressEvent(self, event) -> None:
         if event.key() == Qt.Key.Key_Escape:       # as a dialog closes

@@ -687,7 +687,7 @@ class MainWindow(QMainWindow):
 
     def open_compare(self) -> None:
         if self.compare_window is None:
-            self.compare_window = CompareWindow(self.engine, self.settings_panel.options,
+            self.compare_window = CompareWindow(self.runs, self.settings_panel.options,
                                                 self.model_info, self)
             self.settings_panel.changed.connect(self.compare_window.update_context)
         self.compare_window.prompt.setText(self.run.prompt if self.run else "")
