@@ -13,18 +13,18 @@ model than the loaded one are cleared when the model changes. The window fits th
 from __future__ import annotations
 
 import html
-import random
 
 import numpy as np
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (QComboBox, QGridLayout, QHBoxLayout, QLabel, QLineEdit,
                                QPushButton, QTextBrowser, QVBoxLayout, QWidget)
 
+from diffuse.generation import random_seed
 from diffuse.studio import theme
 from diffuse.studio.canvas import CanvasPanel, display_text
 from diffuse.studio.compare_pairs import PRESETS, Pair, answer_diff, headline, summary_lines
 from diffuse.studio.run_controller import RunController
-from diffuse.studio.run_state import TAU_MARK, RunState, options_text
+from diffuse.studio.run_state import TAU_MARK, RunState, options_text, step_number
 from diffuse.studio.timeline import Timeline
 
 SIZE = (1400, 820)      # the most the window takes; less on a smaller screen
@@ -277,7 +277,7 @@ class CompareWindow(QWidget):
         # One seed for both, said in the context line: an unset one would be drawn per run
         self.seed = base.get("seed")
         if self.seed is None:
-            self.seed = random.randrange(2**31)
+            self.seed = random_seed()
         self.update_context()
         self.runs = [RunState(text, {**options, "seed": self.seed}, self.model_info(),
                               self.engine.model.tokenizer.decode)
@@ -311,7 +311,7 @@ class CompareWindow(QWidget):
         for side in self.sides:
             side.show_step(step, self.diff)
         n = max((r.n_steps for r in self.runs), default=0)
-        self.timeline.label.setText(f"step {step + 1}/{n}" if n else "no run")
+        self.timeline.label.setText(f"step {step_number(step)}/{n}" if n else "no run")
 
     def _refresh(self) -> None:
         if not self._dirty:
