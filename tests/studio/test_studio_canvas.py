@@ -129,6 +129,25 @@ def test_mode_buttons_switch_the_canvas(qtbot, run):
     assert panel.mode_buttons.button(0).isChecked()
 
 
+def test_two_canvas_panels_fit_side_by_side_in_1024_px_the_legend_shrinking(qtbot, run):
+    # Compare puts two side by side with 6 px margins and spacing: each gets (1024 - 18) / 2
+    panel = CanvasPanel(cell_w=44, cell_h=24)
+    qtbot.addWidget(panel)
+    panel.set_run(run)
+    panel.set_fitted(True)
+    assert panel.minimumSizeHint().width() <= (1024 - 3 * 6) // 2 - 60     # room for the window's frame
+    legend = panel.legend
+    assert legend.minimumWidth() <= 120 and legend.sizeHint().width() > legend.minimumWidth()
+    panel.resize(panel.minimumSizeHint().width(), 300)
+    panel.show()
+    qtbot.waitUntil(lambda: legend.width() < legend.sizeHint().width())
+    # narrow, it draws the short caption; the tooltip keeps the whole one
+    assert legend.fontMetrics().horizontalAdvance(legend.caption()) > legend.width()
+    assert legend.caption(short=True) == "entropy · fitted 5–95%"
+    assert legend.toolTip().startswith("entropy (nats) · fitted 5–95%: ")
+    legend.grab()           # paints without error at that width
+
+
 def test_empty_canvas_paints_a_hint(qtbot):
     panel = CanvasPanel()
     qtbot.addWidget(panel)

@@ -495,10 +495,17 @@ def paint_legend(p: QPainter, rect: QRectF, scale: ColorScale, font_size: float 
 class ColorLegend(QWidget):
     """The colour scale in the canvas header: gradient, numbers, and which scale it is."""
 
+    WIDTH, LEAST = 210, 120    # it shrinks so that two canvas headers fit side by side in 1024 px
+
     def __init__(self, parent=None):
         super().__init__(parent)
         self.scale = ColorScale("entropy", False, (0.0, 1.0), (0.0, 1.0))
-        self.setFixedSize(210, 38)
+        self.setFixedHeight(38)
+        self.setMinimumWidth(self.LEAST)
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
+
+    def sizeHint(self) -> QSize:
+        return QSize(self.WIDTH, 38)
 
     @property
     def mode(self) -> str:
@@ -510,8 +517,13 @@ class ColorLegend(QWidget):
             self.setToolTip(f"{self.caption()}: {scale.numbers()}")
             self.update()
 
-    def caption(self) -> str:
-        what = "entropy (nats)" if self.scale.mode == "entropy" else "top-1 probability"
+    def caption(self, short: bool = False) -> str:
+        """What the colours are and which scale; `short` for a narrow legend (the tooltip
+        then has the rest)."""
+        if self.scale.mode == "entropy":
+            what = "entropy" if short else "entropy (nats)"
+        else:
+            what = "top-1 prob." if short else "top-1 probability"
         return f"{what} · {scale_name(self.scale.fitted)}"
 
     def paintEvent(self, event) -> None:
@@ -519,7 +531,10 @@ class ColorLegend(QWidget):
         p.fillRect(self.rect(), theme.BG)
         paint_legend(p, QRectF(0, 0, self.width(), 25), self.scale)
         p.setPen(theme.MUTED)
-        p.drawText(QRectF(0, 25, self.width(), 13), Qt.AlignmentFlag.AlignCenter, self.caption())
+        caption, metrics = self.caption(), p.fontMetrics()
+        if metrics.horizontalAdvance(caption) > self.width():
+            caption = metrics.elidedText(self.caption(short=True), Qt.TextElideMode.ElideRight, self.width())
+        p.drawText(QRectF(0, 25, self.width(), 13), Qt.AlignmentFlag.AlignCenter, caption)
         p.end()
 
 
