@@ -68,8 +68,12 @@ def test_the_live_views_follow_a_served_request(qtbot, window, model):
     window.set_model(model)
     panel = window.serve_panel
     panel.port.setValue(0)
+    assert window.serve_label.text() == ""
     panel.switch.setChecked(True)
     try:
+        # the status bar says the server's state, wherever the side panel is
+        assert window.serve_label.text() == f"serving diffuse-demo-3m at {panel.server.url}"
+        assert window.serve_label.isVisibleTo(window)
         body = json.dumps({"prompt": "It was", "max_tokens": 16, "steps": 8}).encode()
         request = urllib.request.Request(panel.server.url + "/completions", data=body,
                                          headers={"Content-Type": "application/json"})
@@ -93,6 +97,7 @@ def test_the_live_views_follow_a_served_request(qtbot, window, model):
     finally:
         panel.stop()
         qtbot.waitUntil(lambda: not panel.serving(), timeout=10000)
+    assert window.serve_label.text() == ""
 
 
 def test_refused_requests_are_logged_with_their_reason(qtbot, panel, model):

@@ -133,6 +133,10 @@ class MainWindow(QMainWindow):
         self.run_label = QLabel("")
         self.statusBar().addWidget(self.model_label, 1)
         self.statusBar().addPermanentWidget(self.run_label)
+        # whether the Studio's server serves, and what; elided, a long model id never widens the window
+        self.serve_label = theme.ElidedLabel(self.serve_panel.state_line())
+        self.statusBar().addPermanentWidget(self.serve_label, 1)
+        self.serve_panel.state_changed.connect(self.serve_label.setText)
         self._make_actions()
 
         self.engine.run_started.connect(self._run_started)
