@@ -264,3 +264,26 @@ def test_the_views_share_one_guard(qtbot, recorded_run):
             view.show_step(-1)
             view.show_step(10**6)
             assert view.run is shown and view.step == 10**6
+
+
+def test_a_live_run_before_its_first_step_is_starting_not_missing(qtbot, demo_run):
+    """Between Generate and the first step (a long prompt's prefill takes seconds on a real model)
+    the views say the run is starting; "No run yet" is for no run."""
+    from diffuse.studio.canvas import DenoisingCanvas
+    rec = demo_run(**SMALL, **RUNS["entropy_exit"])
+    heatmap, cache, experts, panel = (make(qtbot, kind) for kind in (EntropyHeatmap, CacheView, ExpertsView,
+                                                                      CanvasPanel))
+    notes = lambda: [v.empty.note.toPlainText() for v in (heatmap, cache, experts)]   # noqa: E731
+    painted = lambda: panel.canvas.empty_text("idle")                                   # noqa: E731
+    assert notes()[:2] == ["No run yet", "No run yet"] and "mixture-of-experts" in notes()[2]
+    views = live(rec, [heatmap, cache, experts, panel])
+    run = next(views)
+    assert not run.events and notes() == ["starting…"] * 3 and painted() == "starting…"
+    assert all(v.empty.note.isVisible() for v in (heatmap, cache, experts))
+    next(views)                                          # the first step: drawn, no note
+    assert not heatmap.empty.note.isVisible() and not cache.empty.note.isVisible()
+    assert "dense" in experts.empty.note.toPlainText()   # the demo model has no experts
+    for view in (heatmap, cache, experts, panel):
+        view.set_run(None)
+    assert notes()[:2] == ["No run yet", "No run yet"] and "mixture-of-experts" in notes()[2]
+    assert painted() == "idle" and isinstance(panel.canvas, DenoisingCanvas)

@@ -62,7 +62,7 @@ class CacheView(RunView, pg.GraphicsLayoutWidget):
     def clear_run(self, run: RunState | None) -> None:
         self._rows = 0
         # A live run has no events yet when it is shown: the first step brings its sizes.
-        self.empty.show(True)
+        self.empty.show(True, self.empty_text(self.empty.idle))
         self.image.clear()
         self.curve.setData([], [])
         self.summary.setText("")

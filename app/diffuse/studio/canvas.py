@@ -437,8 +437,8 @@ class DenoisingCanvas(RunView, QWidget):
         run = self.run
         if run is None or not run.events:
             p.setPen(theme.MUTED)
-            p.drawText(self.rect(), Qt.AlignmentFlag.AlignCenter,
-                       "Generate, or open a recorded run, to watch the denoising here")
+            p.drawText(self.rect(), Qt.AlignmentFlag.AlignCenter | Qt.TextFlag.TextWordWrap,
+                       self.empty_text("Generate, or open a recorded run, to watch the denoising here"))
         else:
             paint_cells(p, self._layout, run, run.clamp(self.step), self.mode, self.diff,
                         self.hover, QRectF(event.rect()), self.scale, self.flash())

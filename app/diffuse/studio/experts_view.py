@@ -113,8 +113,7 @@ class ExpertsView(RunView, pg.GraphicsLayoutWidget):
 
     def clear_run(self, run: RunState | None) -> None:
         self._shape = None
-        self.empty.note.setText(NO_RUN)
-        self.empty.show(True)
+        self.empty.show(True, self.empty_text(self.empty.idle))
         self.usage_image.clear()
         self.top1_image.clear()
         self.touched_bars.setOpts(x0=[], y=[], width=[])
@@ -136,8 +135,7 @@ class ExpertsView(RunView, pg.GraphicsLayoutWidget):
     def draw_step(self, run: RunState, k: int) -> None:
         event = run.events[k]
         if event.experts is None:
-            self.empty.note.setText(DENSE)     # said once, in the middle, not again below
-            self.empty.show(True)
+            self.empty.show(True, DENSE)     # said once, in the middle, not again below
             return
         experts = np.asarray(event.experts)
         # experts per layer: the model's count when the run states it (at least every id seen)

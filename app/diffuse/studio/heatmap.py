@@ -169,7 +169,7 @@ class EntropyHeatmap(RunView, pg.GraphicsLayoutWidget):
         for line in self.step_lines:
             line.setVisible(False)
         self.summary.setText("")
-        self.empty.show(True)
+        self.empty.show(True, self.empty_text(self.empty.idle))
 
     def _lay_out(self, run: RunState) -> None:
         """What the first step tells: the blocks and the positions."""

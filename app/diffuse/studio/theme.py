@@ -140,9 +140,13 @@ class EmptyState:
         self.plot, self.also = plot, also
         self.note = pg.TextItem(message, color=MUTED, anchor=(0.5, 0.5))
         plot.addItem(self.note, ignoreBounds=True)
+        self.idle = message             # what it says without a run
         self.empty: bool | None = None
 
-    def show(self, empty: bool) -> None:
+    def show(self, empty: bool, message: str | None = None) -> None:
+        """Hide the data and say `message` (by default what was said last), or show the data."""
+        if message is not None:
+            self.note.setText(message)
         if empty == self.empty:         # views call this on every step
             return
         self.empty = empty

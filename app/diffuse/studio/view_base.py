@@ -2,11 +2,14 @@
 
 A live run is shown before its first step arrives (its options, and so its rule, are known from
 the start; its sizes come with the first step), so `set_run` clears and `show_step` draws only
-once the run has a step. Subclasses implement `clear_run` and `draw_step`.
+once the run has a step; until then a view says the run is starting (`empty_text`), not that
+there is none. Subclasses implement `clear_run` and `draw_step`.
 """
 from __future__ import annotations
 
 from diffuse.studio.run_state import RunState
+
+STARTING = "starting…"      # a run shown before its first step
 
 
 class RunView:
@@ -25,6 +28,11 @@ class RunView:
         run = self.run
         if run is not None and run.events:
             self.draw_step(run, run.clamp(step))
+
+    def empty_text(self, idle: str) -> str:
+        """What the view says while it has no step to draw: `idle` without a run, else that the
+        run is starting."""
+        return idle if self.run is None else STARTING
 
     def clear_run(self, run: RunState | None) -> None:
         """Forget what the previous run drew; show what `run` (None: no run) says before its
