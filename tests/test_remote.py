@@ -43,27 +43,88 @@ def remote_model(server):
 
 # ---- diffuse serve ---------------------------------------------------------------------------
 
-def test_steps_from_diffuse_serve_are_the_local_runs_steps(model, remote_model):
+def assert_same_steps(model, remote_model, remote_events: list, local_events: list) -> None:
+    """The server's step events, rebuilt by the client, are the local run's with the prompt left
+    out: every field a live view reads, token texts and end-of-text ids included."""
+    assert remote_events
+    for r, e in zip(remote_events, local_events, strict=False):
+        p = e.prompt_length            # the remote event is the answer alone
+        assert (r.step, r.block, r.n_blocks, r.steps_allowed, r.prompt_length, r.scheduled) == \
+               (e.step, e.block, e.n_blocks, e.steps_allowed, 0, e.scheduled)
+        assert (r.block_start, r.block_end) == (max(e.block_start - p, 0), e.block_end - p)
+        np.testing.assert_array_equal(r.tokens, e.gen_tokens)
+        np.testing.assert_array_equal(r.mask, e.gen_mask)
+        np.testing.assert_array_equal(r.unmasked, np.asarray(e.unmasked) - p)
+        np.testing.assert_array_equal(r.edited, np.asarray(e.edited) - p)
+        np.testing.assert_allclose(r.entropy, e.entropy[p:], atol=1e-4)    # rounded to 4 places on the wire
+        np.testing.assert_allclose(r.confidence, e.confidence[p:], atol=1e-4)
+        answer = np.asarray(e.active) >= p      # the prompt's positions stay on the server
+        np.testing.assert_array_equal(r.active, np.asarray(e.active)[answer] - p)
+        np.testing.assert_array_equal(r.cached, np.asarray(e.cached)[np.asarray(e.cached) >= p] - p)
+        if e.experts is None:
+            assert r.experts is None
+        else:
+            np.testing.assert_array_equal(r.experts, np.asarray(e.experts)[:, answer])
+    decided = {int(t) for r in remote_events for t in r.tokens[~r.mask]}
+    assert decided and all(remote_model.tokenizer.decode([t]) == model.tokenizer.decode([t]) for t in decided)
+    assert remote_model.tokenizer.eos_token_ids == set(model.tokenizer.eos_token_ids)
+    assert remote_model.views_note() == ""       # nothing the views read is missing
+
+
+@pytest.mark.parametrize("options", [
+    dict(gen_length=32, steps=8, seed=5),
+    # tau commits past the schedule's count, the cache serves most positions, blocks of 16
+    dict(gen_length=64, steps=32, block_length=16, scheduler="entropy_exit", cache=True, seed=1, temperature=0.0),
+    dict(gen_length=64, steps=32, preset="fast-dllm-threshold-dual-cache", seed=2),
+])
+def test_steps_from_diffuse_serve_are_the_local_runs_steps(model, remote_model, options):
     assert remote_model.steps_sent and remote_model.id == "diffuse-demo-3m"
-    options = dict(gen_length=32, steps=8, seed=5)
     local_events, remote_events = [], []
-    local = model.generate("Tell me a story.", on_step=local_events.append, **options)
-    result = remote_model.generate("Tell me a story.", on_step=remote_events.append, **options)
+    preset = diffuse.generation.preset(options.pop("preset")) if "preset" in options else {}
+    local = model.generate("Tell me a story.", on_step=local_events.append, **preset, **options)
+    result = remote_model.generate("Tell me a story.", on_step=remote_events.append, **preset, **options)
     assert result.text == local.text and result.useful_length == local.useful_length
     # The server ends an answer once its text is final (end-of-text decided and all before it),
     # which may be before the last step: the steps it ran are the local run's first ones.
     assert 0 < len(remote_events) == result.steps <= local.steps and result.steps_allowed == local.steps_allowed
     assert result.stop_reason == ("eos" if result.steps < local.steps else local.stop_reason)
     np.testing.assert_array_equal(result.tokens, local_events[result.steps - 1].gen_tokens)
-    for r, e in zip(remote_events, local_events):
-        p = e.prompt_length            # the remote event is the answer alone
-        assert (r.step, r.block, r.n_blocks, r.steps_allowed, r.prompt_length) == \
-               (e.step, e.block, e.n_blocks, e.steps_allowed, 0)
-        assert (r.block_start, r.block_end) == (e.block_start - p, e.block_end - p)
-        np.testing.assert_array_equal(r.tokens, e.gen_tokens)
-        np.testing.assert_array_equal(r.mask, e.gen_mask)
-        np.testing.assert_array_equal(r.unmasked, np.asarray(e.unmasked) - p)
-        np.testing.assert_allclose(r.entropy, e.entropy[p:], atol=1e-4)    # rounded to 4 places on the wire
+    assert_same_steps(model, remote_model, remote_events, local_events)
+    if {**preset, **options}.get("cache"):
+        assert any(len(e.cached) for e in remote_events)
+
+
+def test_the_models_facts_are_listed(model, remote_model):
+    assert (remote_model.arch, remote_model.n_ctx_train, remote_model.recipe, remote_model.n_expert) == \
+           (model.arch, model.n_ctx_train, model.recipe, 0)
+
+
+@pytest.mark.parametrize("family, options", [
+    ("llada-moe", dict(gen_length=32, steps=8, seed=3, cache=True)),      # experts (the Experts view)
+    ("sdar", dict(gen_length=16, steps=8, seed=3)),          # block diffusion: block 0 begins in the prompt
+    ("llada2", dict(gen_length=64, preset="llada2.1-speed")),       # experts and editing
+])
+def test_moe_block_diffusion_and_editing_over_the_network(tiny_gguf, family, options):
+    model = diffuse.load(tiny_gguf(family, "f32"), threads=1)
+    server = Server(model, port=0, max_batch=2)
+    server.start()
+    try:
+        remote_model = RemoteModel.connect(server.url, timeout=60)
+        assert remote_model.n_expert == model.n_expert
+        if "preset" in options:
+            options = {**diffuse.generation.preset(options.pop("preset")), **options}
+        local_events, remote_events = [], []
+        model.generate("Hello there", chat=False, on_step=local_events.append, **options)
+        remote_model.generate("Hello there", chat=False, on_step=remote_events.append, **options)
+        assert_same_steps(model, remote_model, remote_events, local_events)
+        if model.n_expert:
+            assert all(r.experts is not None and r.experts.shape[1] == len(r.active) > 0 for r in remote_events)
+        if family == "sdar":
+            assert local_events[0].block_start < local_events[0].prompt_length
+        if family == "llada2":
+            assert sum(len(r.edited) for r in remote_events) > 0
+    finally:
+        server.stop()
 
 
 def test_completion_and_options_reach_diffuse_serve(model, remote_model):
@@ -338,9 +399,10 @@ def test_refusals_quote_the_servers_message(fake, status, body, message):
         hostile(fake, post).generate("Hi")
 
 
-def test_what_diffuse_serve_may_add_to_its_step_events_is_read(fake):
-    """Token texts, top-1 probabilities, the schedule's count, block bounds and cache positions (the
-    step-event fields the views read beyond today's) and the model facts in /v1/models."""
+def test_step_event_fields_are_read_and_their_absence_named(fake):
+    """Token texts, top-1 probabilities, the schedule's count, block bounds and cache positions, and
+    the model facts in /v1/models, are read; a server that leaves them out (an older diffuse serve)
+    is named in the views' note for what it lacks."""
     full = {"index": 0, "step": 0, "block": 0, "n_blocks": 2, "steps_allowed": 2, "tokens": [7, 9, 0, 0],
             "mask": [False, False, True, True], "unmasked": [0, 1], "edited": [], "entropy": [0.5, 0.25, 1, 1],
             "confidence": [0.9, None, 0.5, 0.5], "scheduled": 1, "block_start": -2, "block_end": 2,

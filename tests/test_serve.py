@@ -139,7 +139,7 @@ def test_stream_blocks_and_diffusion_events(client, server):
     assert len(pieces) >= 2 and last_step_before_text[0] < steps[-1]["step"]
     ev = steps[-1]
     assert len(ev["tokens"]) == len(ev["mask"]) == len(ev["entropy"]) == 64
-    assert ev["active"] + ev["cached"] > 0 and ev["total_ms"] > 0
+    assert len(ev["active"]) + len(ev["cached"]) > 0 and ev["total_ms"] > 0
     assert [e["step"] for e in steps] == list(range(len(steps)))
 
 
@@ -211,7 +211,7 @@ def test_what_is_held_back_is_the_end_that_may_begin_a_stop_string(model, text, 
     assert AnswerText(model.tokenizer, [], 8, stops)._held(text) == held
 
 
-def test_a_failing_request_fails_alone_and_its_stream_ends_clearly(client, server):
+def test_a_failing_request_fails_alone_and_its_stream_ends_clearly(client, server, model):
     """One request's failure (here a step listener that raises for it) never fails those batched with it."""
     doomed = []
 
@@ -221,7 +221,7 @@ def test_a_failing_request_fails_alone_and_its_stream_ends_clearly(client, serve
 
     server.batcher.step_listeners.append(breaks_one)
     try:
-        doomed[:] = [server.batcher.model.encode_prompt("Doomed", chat=False)]
+        doomed[:] = [model.encode_prompt("Doomed", chat=False)]
         long = dict(model="m", max_tokens=64, extra_body={"steps": 64, "cache": False})
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             fine = [pool.submit(client.completions.create, prompt=f"Fine {i}", **long) for i in range(2)]
@@ -521,9 +521,23 @@ def test_a_request_without_a_seed_reports_the_one_drawn(client, server):
 
 def test_health_needs_no_key_and_metrics_do(client, server):
     client.completions.create(model="m", prompt="It was", max_tokens=8, extra_body={"steps": 8})
-    with urllib.request.urlopen(server.url.removesuffix("/v1") + "/health", timeout=30) as r:
-        assert r.status == 200 and json.loads(r.read()) == {"status": "ok", "waiting": 0, "running": 0,
-                                                            "max_batch": 8}
+    logged = []
+    server.request_listeners.append(logged.append)
+    try:
+        health = server.url.removesuffix("/v1") + "/health"
+        for _ in range(3):     # a proxy's checks: counted in /metrics, not logged
+            with urllib.request.urlopen(health, timeout=30) as r:
+                assert r.status == 200 and json.loads(r.read()) == {"status": "ok", "waiting": 0, "running": 0,
+                                                                    "max_batch": 8}
+        with pytest.raises(urllib.error.HTTPError) as e:       # a check that fails is logged
+            urllib.request.urlopen(urllib.request.Request(health, headers={"Host": "evil.example"}), timeout=30)
+        e.value.close()
+        deadline = time.monotonic() + 30     # logged once the answer has gone
+        while not logged and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        server.request_listeners.remove(logged.append)
+    assert [(entry["path"], entry["status"]) for entry in logged] == [("/health", 400)]
     metrics = server.url.removesuffix("/v1") + "/metrics"
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(metrics, timeout=30)
@@ -537,6 +551,7 @@ def test_health_needs_no_key_and_metrics_do(client, server):
               for line in text.splitlines() if line and not line.startswith("#")}
     assert values['diffuse_requests_total{route="/v1/completions",status="200"}'] >= 1
     assert values['diffuse_requests_total{route="/metrics",status="401"}'] == 1
+    assert values['diffuse_requests_total{route="/health",status="200"}'] == 3
     assert values["diffuse_requests_in_flight"] == 1      # this scrape
     assert values["diffuse_queue_depth"] == 0 and values["diffuse_max_batch"] == 8
     assert values["diffuse_step_seconds_count"] >= 8 and values["diffuse_step_seconds_sum"] > 0

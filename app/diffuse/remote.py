@@ -33,7 +33,7 @@ from diffuse.events import GenerateResult, StepEvent
 
 KEY_ENV = ("DIFFUSE_API_KEY", "OPENAI_API_KEY")    # where a key is looked for, first found wins
 TIMEOUT_S = 120.0             # to connect, for each read, and between two events of a stream
-MAX_EVENT_BYTES = 8 << 20     # one server-sent event (a step event of 4096 positions is ~150 kB)
+MAX_EVENT_BYTES = 8 << 20     # one server-sent event (diffuse serve's step event of 1024 positions: ~25 kB)
 MAX_STREAM_BYTES = 512 << 20  # one answer's whole stream: its step events are kept for the views
 MAX_REPLY_BYTES = 4 << 20     # a JSON answer that is not a stream (/v1/models, errors)
 READ_CHUNK = 64 << 10
@@ -286,11 +286,12 @@ class RemoteModel:
         self.owned_by = str(entry.get("owned_by") or "")
         self.served = served or (self.id,)
         self.steps_sent = self.owned_by == "diffuse"    # diffuse serve streams step events
-        # What diffuse serve may tell of its model in the entry's "diffuse" object (arch, n_ctx_train,
-        # recipe, mask_token_id, eos_ids): the Studio's settings show its defaults from it.
+        # What diffuse serve tells of its model in the entry's "diffuse" object (arch, n_ctx_train,
+        # recipe, n_expert, eos_ids): the Studio's settings show its defaults from it.
         info = entry.get("diffuse") if isinstance(entry.get("diffuse"), dict) else {}
         self.arch: str | None = info.get("arch") if isinstance(info.get("arch"), str) else None
         self.n_ctx_train: int = info.get("n_ctx_train") if isinstance(info.get("n_ctx_train"), int) else 0
+        self.n_expert: int = info.get("n_expert") if isinstance(info.get("n_expert"), int) else 0
         self.recipe: dict = info.get("recipe") if isinstance(info.get("recipe"), dict) else {}
         self.tokenizer = RemoteTokenizer()
         self.tokenizer.learn(info)
@@ -398,7 +399,9 @@ def _is_messages(prompt) -> bool:
 
 class RemoteTokenizer:
     """What a client knows of the server's tokenizer: the token texts and end-of-text ids its step
-    events sent (diffuse serve's `pieces` and `eos_ids`); the views and the live view decode with it."""
+    events sent (diffuse serve's `pieces` and `eos_ids`); the views and the live view decode with it.
+    Each answer's events bring the texts of all of its tokens and its end-of-text ids, so the
+    latest answer's are right also after the server switched models."""
 
     chat_template = None        # the server applies its own
 
@@ -411,8 +414,8 @@ class RemoteTokenizer:
         pieces, eos = d.get("pieces", {}), d.get("eos_ids", [])
         if isinstance(pieces, dict):
             self.pieces.update({int(k): str(v) for k, v in pieces.items()})
-        if isinstance(eos, list):
-            self.eos_token_ids.update(int(t) for t in eos)
+        if isinstance(eos, list) and eos:
+            self.eos_token_ids = {int(t) for t in eos}
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         """The token texts as sent (an id the server sent no text for shows as <id>)."""
@@ -480,6 +483,11 @@ class _Answer:
                 raise ValueError("positions or lengths that do not fit the answer")
             start, end = _block_bounds(d, block, n_blocks, n)
             active, cached = _positions(d.get("active"), n), _positions(d.get("cached"), n)
+            experts = None
+            if d.get("experts") is not None:      # MoE: (n_layer, len(active), k)
+                experts = np.asarray(d["experts"], np.int32)
+                if experts.ndim != 3 or experts.shape[1] != len(active):
+                    raise ValueError("experts that do not fit the active positions")
             self.model.tokenizer.learn(d)
             self.model.unsent = {k for k in STEP_EXTRAS if k not in d or (k == "active" and not isinstance(d[k], list))}
             return StepEvent(step=int(d["step"]), block=block, n_blocks=n_blocks,
@@ -487,7 +495,8 @@ class _Answer:
                              block_end=end, tokens=tokens, mask=mask, unmasked=unmasked, entropy=entropy,
                              confidence=confidence, active=active, cached=cached,
                              forward_ms=float(d["forward_ms"]), sample_ms=float(d["sample_ms"]),
-                             total_ms=float(d["total_ms"]), scheduled=int(d.get("scheduled", -1)), edited=edited)
+                             total_ms=float(d["total_ms"]), scheduled=int(d.get("scheduled", -1)), edited=edited,
+                             experts=experts)
         except (KeyError, TypeError, ValueError, OverflowError) as e:
             raise DiffuseError(f"{self.model.url}: a step event that is not diffuse serve's "
                                f"({type(e).__name__}: {str(e)[:80]})") from None
@@ -524,7 +533,8 @@ def _block_bounds(d: dict, block: int, n_blocks: int, n: int) -> tuple[int, int]
 
 
 def _positions(value, n: int) -> np.ndarray:
-    """Positions the server sent as a list; a count (what diffuse serve sends today) names none."""
+    """Positions the server sent as a list; a count (what diffuse serve sent before it sent lists)
+    names none."""
     if isinstance(value, list):
         out = np.asarray(value, np.int32)
         if out.ndim != 1 or ((out < 0) | (out >= n)).any():

@@ -6,6 +6,7 @@ surrogates, 48 concurrent stop-string requests, a stream client that stops readi
 headers, 3 foreign Origin headers, 3 wrong content types."""
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import http.client
 import json
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import diffuse
-from diffuse.serve import Server, protocol
+from diffuse.serve import Server, batcher, protocol
 
 DEMO = Path(__file__).resolve().parents[2] / "models" / "diffuse-demo-3m.gguf"
 JSON = {"Content-Type": "application/json"}
@@ -245,3 +246,39 @@ def test_a_stream_client_that_stops_reading_is_cut_off():
         assert s.batcher.log[0]["status"] in ("cancelled", "ok") and s.batcher.log[0]["steps_dropped"] > 0
     finally:
         s.stop()
+
+
+def test_step_events_waiting_for_a_slow_reader_are_bounded_in_bytes(server, monkeypatch):
+    """Past MAX_QUEUED_STEP_BYTES of unread step events new ones are dropped (a long answer's events
+    are large: the count alone would let them pile up); the next one read still brings the texts
+    of every token decided meanwhile."""
+    monkeypatch.setattr(batcher, "MAX_QUEUED_STEP_BYTES", 6000)
+    model = server.model
+    body = json.dumps({"prompt": "It was", "max_tokens": 128, "steps": 128, "seed": 1, "stream": True,
+                       "diffusion_events": True}).encode()
+    req = protocol.parse(body, "completion", model, 8)
+    events = []
+    model.generate(req.prompts[0], chat=False, on_step=events.append, **req.options_of(0))
+    loop = asyncio.new_event_loop()
+    try:
+        job = batcher.Job(req, loop, model)
+        read, steps = [], []
+
+        async def read_all():
+            while not job.events.empty():
+                read.append(await job.next_event())
+        for i, ev in enumerate(events):
+            job.step(0, ev)
+            if i % 16 == 15:       # the client reads now and then
+                loop.run_until_complete(read_all())
+            steps.append(job.step_bytes_put - job.step_bytes_read)
+        loop.run_until_complete(read_all())
+    finally:
+        loop.close()
+    sizes = [len(item[2]) for item in read if item[0] == "step"]
+    assert job.steps_dropped > 0 and max(steps) < 6000 + max(sizes)
+    sent = [json.loads(item[2]) for item in read if item[0] == "step"]
+    pieces = {int(t) for d in sent for t in d["pieces"]}
+    last = sent[-1]
+    assert {t for t, m in zip(last["tokens"], last["mask"]) if not m} <= pieces
+    assert sent[0]["eos_ids"] == sorted(model.tokenizer.eos_token_ids) and all("eos_ids" not in d for d in sent[1:])

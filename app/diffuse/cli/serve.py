@@ -117,7 +117,6 @@ def run(args: argparse.Namespace) -> int:
     api_key, origins = _api_key(args), _origins(args.cors_origin)
     hosts = tuple(name.strip() for names in args.allowed_hosts for name in names.split(",") if name.strip())
     model = load(args.model, threads=args.threads, tokenizer=args.tokenizer)
-    model.tokenizer   # a file without a usable tokenizer is refused now, not at the first request
     server = Server(model, host=args.host, port=args.port, api_key=api_key, max_batch=args.max_batch,
                     allowed_hosts=hosts, cors_origins=origins)
     server.request_listeners.append(_log)

@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit
@@ -64,19 +65,43 @@ def _error(e: protocol.BadRequest) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=headers or None)
 
 
-def create_app(model, batcher: Batcher, model_id: str, api_key: str | None = None,
+@dataclass(frozen=True)
+class Served:
+    """The model that answers new requests, with what /v1/models says of it: its file's name, and
+    in "diffuse" its facts, so that a client can show the served model's defaults (diffuse.remote)."""
+    model: object
+    id: str
+    created: int
+
+    @classmethod
+    def of(cls, model) -> Served:
+        path = Path(model.path)
+        try:
+            created = int(path.stat().st_mtime)
+        except OSError:        # the file went after the model was loaded: it still runs from memory
+            created = int(time.time())
+        return cls(model, path.stem, created)
+
+    def entry(self) -> dict:
+        m = self.model
+        return {"id": self.id, "object": "model", "created": self.created, "owned_by": "diffuse",
+                "diffuse": {"arch": m.arch, "n_ctx_train": m.n_ctx_train, "recipe": m.recipe, "n_expert": m.n_expert,
+                            "eos_ids": sorted(m.tokenizer.eos_token_ids)}}
+
+
+def create_app(served: Callable[[], Served], batcher: Batcher, api_key: str | None = None,
                hosts: Callable[[dict], bool] | None = None, cors_origins: tuple[str, ...] = (),
                body_timeout: float = BODY_TIMEOUT_S, log: Callable[[dict], None] | None = None,
                metrics: Metrics | None = None):
-    """The ASGI app. hosts(scope) says whether the request's Host header names this server (None:
-    any); cors_origins are the web origins allowed to use it ("*": every one); log gets one entry
-    per request, refused ones included; metrics counts them for GET /metrics."""
-    created = int(Path(model.path).stat().st_mtime)
+    """The ASGI app. served() is the model that answers a request arriving now (read once per
+    request: a switch leaves the requests already accepted on their model); hosts(scope) says
+    whether the request's Host header names this server (None: any); cors_origins are the web
+    origins allowed to use it ("*": every one); log gets one entry per request, refused ones
+    included, but for successful /health checks; metrics counts them all for GET /metrics."""
     metrics = metrics or Metrics()
     large_bodies = [0]      # being parsed now
     budget = _Budget(MAX_BUFFERED_BYTES)
     parsing = asyncio.Semaphore(PARSES)
-    model_object = {"id": model_id, "object": "model", "created": created, "owned_by": "diffuse"}
 
     def authorise(request: HTTPRequest) -> None:
         if api_key is None:
@@ -92,18 +117,19 @@ def create_app(model, batcher: Batcher, model_id: str, api_key: str | None = Non
             authorise(request)
         except protocol.BadRequest as e:
             return _error(e)
-        return JSONResponse({"object": "list", "data": [model_object]})
+        return JSONResponse({"object": "list", "data": [served().entry()]})
 
     async def model_info(request: HTTPRequest) -> Response:
+        now = served()
         try:
             authorise(request)
-            if request.path_params["model_id"] != model_id:
+            if request.path_params["model_id"] != now.id:
                 raise protocol.BadRequest(f"The model '{request.path_params['model_id'][:200]}' does not exist "
-                                          f"(this server has one: '{model_id}')", param="model",
+                                          f"(this server has one: '{now.id}')", param="model",
                                           code="model_not_found", status=404)
         except protocol.BadRequest as e:
             return _error(e)
-        return JSONResponse(model_object)
+        return JSONResponse(now.entry())
 
     async def health(request: HTTPRequest) -> Response:
         """For a proxy's or an orchestrator's checks: no key needed, nothing about the model."""
@@ -121,6 +147,7 @@ def create_app(model, batcher: Batcher, model_id: str, api_key: str | None = Non
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def completions(request: HTTPRequest, kind: str) -> Response:
+        now = served()     # the model that answers this request, whatever is served by the time it runs
         try:
             authorise(request)
             media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
@@ -135,7 +162,7 @@ def create_app(model, batcher: Batcher, model_id: str, api_key: str | None = Non
                 large_bodies[0] += large
                 try:    # off the event loop: JSON parsing and tokenising (bounded by the context) take time
                     async with parsing:
-                        parsed = await run_in_threadpool(protocol.parse, raw, kind, model, batcher.max_batch)
+                        parsed = await run_in_threadpool(protocol.parse, raw, kind, now.model, batcher.max_batch)
                 finally:
                     raw = None
                     large_bodies[0] -= large
@@ -143,7 +170,7 @@ def create_app(model, batcher: Batcher, model_id: str, api_key: str | None = Non
                         await run_in_threadpool(_release_memory)
             finally:
                 await budget.release(held)
-            job = Job(parsed, asyncio.get_running_loop(), model)
+            job = Job(parsed, asyncio.get_running_loop(), now.model)
             batcher.submit(job)
         except protocol.BadRequest as e:
             request.scope["diffuse.error"] = e.message
@@ -152,12 +179,12 @@ def create_app(model, batcher: Batcher, model_id: str, api_key: str | None = Non
             return Response(status_code=CLOSED)
         request.scope["diffuse.job"] = job
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        now = int(time.time())
+        created = int(time.time())
         if parsed.stream:
             # X-Accel-Buffering: nginx, when it proxies, passes each event on as it comes.
-            return StreamingResponse(_stream(job, kind, rid, now, model_id), media_type="text/event-stream",
+            return StreamingResponse(_stream(job, kind, rid, created, now.id), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await _collect(request, job, kind, rid, now, model_id)
+        return await _collect(request, job, kind, rid, created, now.id)
 
     async def chat(request: HTTPRequest) -> Response:
         return await completions(request, "chat")
@@ -235,7 +262,9 @@ class _Front:
             raise
         finally:
             self.metrics.ended(scope["path"], status or CLOSED)
-            if self.log is not None:
+            # A proxy's health checks come every few seconds (8,640 lines a day at 10 s): the ones
+            # that pass are counted in /metrics only; a failing one is logged like any request.
+            if self.log is not None and not (scope["path"] == "/health" and status == 200):
                 self.log(_log_entry(scope, status, started))
 
     def refusal(self, scope) -> protocol.BadRequest | None:
@@ -396,10 +425,13 @@ async def _stream(job: Job, kind: str, rid: str, created: int, model_id: str):
     which the engine sees at the sequence's next step."""
     seed = [job.request.seed]
 
-    def sse(choices: list[dict], **extra) -> str:
+    def sse(choices: list[dict], step: str | None = None, **extra) -> str:
         if seed:
             extra["seed"] = seed.pop()
-        return f"data: {json.dumps(protocol.envelope(kind, rid, created, model_id, choices, True, **extra))}\n\n"
+        text = json.dumps(protocol.envelope(kind, rid, created, model_id, choices, True, **extra))
+        if step is not None:      # a step event, made JSON on the engine's thread: the envelope's last field
+            text = f'{text[:-1]}, "diffusion": {step}}}'
+        return f"data: {text}\n\n"
     try:
         if kind == "chat":
             yield "".join(sse([protocol.delta(kind, i, "", role=True)]) for i in range(job.request.n_sequences))
@@ -408,7 +440,7 @@ async def _stream(job: Job, kind: str, rid: str, created: int, model_id: str):
             if item[0] == "text":
                 yield sse([protocol.delta(kind, item[1], item[2])])
             elif item[0] == "step":
-                yield sse([], diffusion=item[2])
+                yield sse([], step=item[2])
             elif item[0] == "finish":
                 yield sse([protocol.delta(kind, item[1], None, item[2])])
             elif item[0] == "error":     # an error event, then the stream's usual end
@@ -564,13 +596,14 @@ class Server:
                  write_stall: float = WRITE_STALL_S):
         if max_batch < 1:
             raise DiffuseError(f"max_batch must be at least 1 (got {max_batch})")
-        self.batcher = Batcher(model, max_batch)
+        model.tokenizer   # a file without a usable tokenizer is refused now, not at the first request
+        self._served = Served.of(model)
+        self.batcher = Batcher(max_batch)
         self.metrics = Metrics()
         self.batcher.step_listeners.append(lambda job, index, ev: self.metrics.step(ev.total_ms / 1000))
         self.batcher.listeners.append(self.metrics.finished)
-        self.model_id = Path(model.path).stem     # what /v1/models lists; any name is accepted in requests
         self.request_listeners: list[Callable[[dict], None]] = []
-        self.app = create_app(model, self.batcher, self.model_id, api_key=api_key,
+        self.app = create_app(lambda: self._served, self.batcher, api_key=api_key,
                               hosts=host_check(host, tuple(allowed_hosts)), cors_origins=tuple(cors_origins),
                               body_timeout=body_timeout, log=self._logged, metrics=self.metrics)
         try:
@@ -594,6 +627,24 @@ class Server:
                 listener(entry)
             except Exception:
                 logger.exception("a request log listener failed")
+
+    @property
+    def model(self):
+        """The model that answers new requests."""
+        return self._served.model
+
+    @property
+    def model_id(self) -> str:
+        """What /v1/models lists (the file's name); any name is accepted in requests."""
+        return self._served.id
+
+    def switch_model(self, model) -> None:
+        """Serve `model` from the next request on, without a restart (no connection is refused):
+        the requests already accepted finish on the model they were accepted for, whose stream
+        takes no new ones; the new model's starts once it has ended. A model whose tokenizer cannot
+        be loaded raises DiffuseError, and the server serves on as before."""
+        model.tokenizer   # loaded now: refused here, not at the first request
+        self._served = Served.of(model)
 
     @property
     def url(self) -> str:

@@ -1,7 +1,9 @@
 """The request queue and the one thread that runs the model.
 
 The thread keeps one `Model.generate_stream` going while there are requests: one forward pass per
-step over every running sequence. At each step boundary, waiting requests join the running ones
+step over every running sequence. Each job runs on the model it was parsed for: after the server
+switches models, the stream of the old one takes no new jobs and ends with its last answer, and the
+next stream runs the new one. At each step boundary, waiting requests join the running ones
 (in arrival order, while all fit in --max-batch sequences), and a request whose sequences have all
 ended leaves at once with its answer. Each step, the text of each answer that has become final is
 handed to its request's event-loop queue; a request whose client went away is cancelled at its
@@ -11,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
+import json
 import logging
 import threading
 import time
@@ -24,10 +28,13 @@ from diffuse.events import GenerateResult
 from diffuse.serve import protocol
 
 LOG_LENGTH = 500    # request log entries kept for late readers (the Studio panel, tests)
-# Step events waiting for a stream's client to read them: past this many, new ones are dropped
-# (the `step` numbers show the gap). A client reads as fast as the steps come unless it stalls;
-# text, finish and end events are never dropped (an answer's text is bounded by its max_tokens).
+# Step events waiting for a stream's client to read them: past this many, or this many bytes, new
+# ones are dropped (the `step` numbers show the gap). A client reads as fast as the steps come
+# unless it stalls; text, finish and end events are never dropped (an answer's text is bounded by
+# its max_tokens). An event of a 1024-position answer is ~25 kB; of a large MoE model without the
+# cache, whose every position is recomputed, its experts make it 0.4-0.7 MB (docs/serving.md).
 MAX_QUEUED_STEPS = 64
+MAX_QUEUED_STEP_BYTES = 8 << 20
 INTERNAL_ERROR = "internal error while making this answer (the server's log has the details)"
 logger = logging.getLogger("diffuse.serve")
 
@@ -96,7 +103,7 @@ class AnswerText:
 class Job:
     """One HTTP request's sequences (prompts x n) and the queue its handler reads.
 
-    Items put on `events`: ("text", index, str), ("step", index, dict), ("finish", index, reason),
+    Items put on `events`: ("text", index, str), ("step", index, JSON text), ("finish", index, reason),
     ("end", usage dict) and ("error", protocol.BadRequest). The engine thread writes; the event
     loop reads them with next_event().
     """
@@ -104,11 +111,13 @@ class Job:
 
     def __init__(self, request: protocol.Request, loop: asyncio.AbstractEventLoop, model):
         self.id = next(self._ids)
-        self.request, self.loop = request, loop
+        self.request, self.loop, self.model = request, loop, model     # the model it was parsed for
         self.events: asyncio.Queue = asyncio.Queue()
         tok = model.tokenizer
         self.answers = [AnswerText(tok, tok.eos_token_ids, request.max_tokens, request.stop)
                         for _ in range(request.n_sequences)]
+        # Per answer, the token ids whose text its client was sent (None: no step event yet)
+        self.pieces_sent: list[set[int] | None] = [None] * request.n_sequences
         self.results: list = [None] * request.n_sequences   # GenerateResult or DiffuseError, as each ends
         self.cancelled = False            # the client went away (set from the event loop)
         self.error: str | None = None     # why this job failed (its sequences then stop; the others run on)
@@ -117,14 +126,15 @@ class Job:
         self.batch = 0                    # most sequences in one forward pass with this job's
         self.queued_at = time.perf_counter()
         self.started_at = 0.0             # when its sequences joined the stream
-        self.steps_put = 0                # step events queued (the engine's thread counts) ...
-        self.steps_read = 0               # ... and read (the event loop's)
+        self.steps_put = self.step_bytes_put = 0     # step events queued (the engine's thread counts) ...
+        self.steps_read = self.step_bytes_read = 0   # ... and read (the event loop's)
         self.steps_dropped = 0            # not queued: its client was not reading
 
     async def next_event(self) -> tuple:
         item = await self.events.get()
         if item[0] == "step":
             self.steps_read += 1
+            self.step_bytes_read += len(item[2])
         return item
 
     def cancel(self) -> None:
@@ -152,9 +162,12 @@ class Job:
         if self.error is not None:
             return False
         if self.request.diffusion_events:
-            if self.steps_put - self.steps_read < MAX_QUEUED_STEPS:
+            if (self.steps_put - self.steps_read < MAX_QUEUED_STEPS
+                    and self.step_bytes_put - self.step_bytes_read < MAX_QUEUED_STEP_BYTES):
+                text = self._step_event(index, ev)
                 self.steps_put += 1
-                self._put("step", index, protocol.step_event(index, ev))
+                self.step_bytes_put += len(text)
+                self._put("step", index, text)
             else:
                 self.steps_dropped += 1
         answer = self.answers[index]
@@ -165,10 +178,24 @@ class Job:
             self._put("text", index, new)
         return answer.finish_reason is None
 
-    def finish(self, results: list, mask_id: int) -> dict:
+    def _step_event(self, index: int, ev) -> str:
+        """The wire's step event as JSON (made here, where its size can bound the queue), with the
+        texts of the answer's decided tokens not sent before (also those of steps dropped for a slow
+        reader), and the end-of-text ids in the first."""
+        tok, sent = self.model.tokenizer, self.pieces_sent[index]
+        first = sent is None
+        if first:
+            sent = self.pieces_sent[index] = set()
+        new = [t for t in np.unique(ev.gen_tokens[~ev.gen_mask]).tolist() if t not in sent]
+        sent.update(new)
+        event = protocol.step_event(index, ev, {t: tok.decode([t]) for t in new},
+                                    sorted(tok.eos_token_ids) if first else None)
+        return json.dumps(event, separators=(",", ":"))
+
+    def finish(self, results: list) -> dict:
         """The last text of each answer; returns the usage, which `end` then hands out."""
         for index, (answer, r) in enumerate(zip(self.answers, results)):
-            if new := answer.update(r.tokens, r.tokens == mask_id, final=True):
+            if new := answer.update(r.tokens, r.tokens == self.model.mask_token_id, final=True):
                 self._put("text", index, new)
             self._put("finish", index, answer.finish_reason)
         n_prompt = sum(len(p) for p in self.request.prompts)   # each prompt once, as OpenAI counts
@@ -186,11 +213,12 @@ class Job:
 
 
 class Batcher:
-    """Runs the jobs on the model: one stream that each job joins at a step boundary, while its
-    sequences fit beside the running ones in max_batch, and leaves as soon as they have ended."""
+    """Runs the jobs on their model: one stream that each job joins at a step boundary, while its
+    sequences fit beside the running ones in max_batch, and leaves as soon as they have ended. A
+    job for another model than the stream's waits for the stream to end (jobs start in order)."""
 
-    def __init__(self, model, max_batch: int):
-        self.model, self.max_batch = model, max_batch
+    def __init__(self, max_batch: int):
+        self.max_batch = max_batch
         self.log: collections.deque[dict] = collections.deque(maxlen=LOG_LENGTH)
         self.listeners: list[Callable[[dict], None]] = []             # each finished request's log entry
         self.step_listeners: list[Callable[[Job, int, object], None]] = []   # (job, index, StepEvent), every step
@@ -231,10 +259,11 @@ class Batcher:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        while self._wait():
+        while (model := self._wait()) is not None:
             self._admitted = 0
             try:
-                self.model.generate_stream(self._admit, self._finished, on_step=self._step, chat=False)
+                model.generate_stream(functools.partial(self._admit, model), self._finished, on_step=self._step,
+                                      chat=False)
             except Exception as e:    # the engine failed (NaN logits, a bug of ours): every job hears it,
                 # the waiting ones too: a failure before admitting would otherwise retry them forever
                 if isinstance(e, DiffuseError):
@@ -250,8 +279,9 @@ class Batcher:
                     self._record(job, None, "error")
                     job.fail(message)
 
-    def _wait(self) -> bool:
-        """Wait for work; False once closed (every waiting job then told so)."""
+    def _wait(self):
+        """Wait for work: the model of the oldest job, which the next stream runs; None once closed
+        (every waiting job then told so)."""
         with self._cond:
             while not self._pending and not self._closed:
                 self._cond.wait()
@@ -259,11 +289,13 @@ class Batcher:
                 for job in self._pending:
                     job.shut_out()
                 self._pending.clear()
-            return not self._closed
+                return None
+            return self._pending[0].model
 
-    def _admit(self) -> list[tuple[list[int], dict]]:
+    def _admit(self, model) -> list[tuple[list[int], dict]]:
         """A step boundary: the waiting jobs that fit beside the running sequences, oldest first
-        (a job that does not fit holds back the ones behind it, so none waits forever)."""
+        (a job that does not fit holds back the ones behind it, so none waits forever), while they
+        are for the stream's model (one for another holds back the rest until the stream ends)."""
         items = []
         with self._cond:
             while self._pending and not self._closed:
@@ -272,7 +304,7 @@ class Batcher:
                     self._pending.popleft()
                     job.fail("cancelled")
                     continue
-                if len(self._running) + job.request.n_sequences > self.max_batch:
+                if job.model is not model or len(self._running) + job.request.n_sequences > self.max_batch:
                     break
                 self._pending.popleft()
                 job.started_at = time.perf_counter()
@@ -314,7 +346,7 @@ class Batcher:
                 if isinstance(r, DiffuseError):   # refused by the engine (protocol.parse checks first)
                     raise r
             if job.error is None:
-                u = job.finish(job.results, self.model.mask_token_id)
+                u = job.finish(job.results)
         except Exception as e:     # (on the engine's thread: raised, it would end every job's stream)
             job.fail_with(e)
         if job.error is not None:

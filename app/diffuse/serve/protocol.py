@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from diffuse import DiffuseError
 from diffuse.generation import OPTION_NAMES, default_options, preset, resolve_options
 
@@ -412,13 +414,30 @@ def envelope(kind: str, rid: str, created: int, model_id: str, choices: list[dic
     return {"id": rid, "object": obj[stream], "created": created, "model": model_id, "choices": choices, **extra}
 
 
-def step_event(index: int, ev) -> dict:
-    """One denoising step of answer `index`, positions relative to the answer; NaN entropy -> null."""
+def step_event(index: int, ev, pieces: dict[int, str], eos_ids: list[int] | None = None) -> dict:
+    """One denoising step of answer `index`, enough for every live view of a client (diffuse.remote
+    rebuilds the StepEvent): positions relative to the answer, NaN -> null. The prompt stays on the
+    server: `active`, `cached` (and the rows of MoE `experts`) list the answer's positions only, and
+    `block_start` is negative when the block began in the prompt. `pieces` are the texts of the
+    tokens this event brings that the client has not had; `eos_ids` come with an answer's first event."""
     p = ev.prompt_length
-    entropy = [None if math.isnan(x) else round(x, 4) for x in ev.entropy[p:].tolist()]
-    return {"index": index, "step": ev.step, "block": ev.block, "n_blocks": ev.n_blocks,
-            "steps_allowed": ev.steps_allowed, "tokens": ev.gen_tokens.tolist(), "mask": ev.gen_mask.tolist(),
-            "unmasked": [int(i) - p for i in ev.unmasked], "edited": [int(i) - p for i in ev.edited],
-            "entropy": entropy, "active": len(ev.active),
-            "cached": len(ev.cached), "forward_ms": round(ev.forward_ms, 3), "sample_ms": round(ev.sample_ms, 3),
-            "total_ms": round(ev.total_ms, 3)}
+    active, cached = np.asarray(ev.active, np.int64), np.asarray(ev.cached, np.int64)
+    d = {"index": index, "step": ev.step, "block": ev.block, "n_blocks": ev.n_blocks,
+         "steps_allowed": ev.steps_allowed, "scheduled": int(ev.scheduled),
+         "block_start": int(ev.block_start) - p, "block_end": int(ev.block_end) - p,
+         "tokens": ev.gen_tokens.tolist(), "mask": ev.gen_mask.tolist(),
+         "unmasked": [int(i) - p for i in ev.unmasked], "edited": [int(i) - p for i in ev.edited],
+         "entropy": _rounded(ev.entropy[p:]), "confidence": _rounded(ev.confidence[p:]),
+         "active": (active[active >= p] - p).tolist(), "cached": (cached[cached >= p] - p).tolist(),
+         "pieces": {str(t): text for t, text in pieces.items()},
+         "forward_ms": round(ev.forward_ms, 3), "sample_ms": round(ev.sample_ms, 3), "total_ms": round(ev.total_ms, 3)}
+    if eos_ids is not None:
+        d["eos_ids"] = eos_ids
+    if ev.experts is not None:
+        d["experts"] = np.asarray(ev.experts)[:, active >= p].tolist()
+    return d
+
+
+def _rounded(values) -> list[float | None]:
+    """Entropies and probabilities to 4 places (what a view can show), NaN (not evaluated) as null."""
+    return [None if math.isnan(x) else round(x, 4) for x in values.tolist()]
