@@ -54,7 +54,7 @@ def test_the_server_keeps_serving_while_the_studio_switches_models(qtbot, panel,
     panel.swap_button.click()
     qtbot.waitUntil(lambda: panel.serving() and panel.served_model is tiny, timeout=20000)
     assert panel.server.port == port and panel.server.url == url        # the same address
-    assert "switching the server from diffuse-demo-3m" in panel.log.toPlainText()
+    assert "now serving llada-f32; requests already accepted finish on diffuse-demo-3m" in panel.log.toPlainText()
     assert complete(url)["model"] == panel.server.model_id != "diffuse-demo-3m"
     assert not panel.swap_button.isVisibleTo(panel)
     assert lines[-1].startswith(f"serving {panel.server.model_id} at")

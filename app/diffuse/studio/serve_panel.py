@@ -5,7 +5,8 @@ and starts them, and stopping returns at once: a timer notices when the threads 
 
 Loading another model in the Studio does not stop the server: it keeps serving the file it was
 started with (clients keep working), the log says so, and "Serve the loaded model instead"
-restarts it on the same port with the new one when the user chooses.
+switches it to the new one without a restart (Server.switch_model: the requests being served
+finish on the old model, and no connection is refused).
 """
 from __future__ import annotations
 
@@ -55,8 +56,6 @@ class ServePanel(QWidget):
         self.model = None               # the Studio's loaded model
         self.server = None
         self.served_model = None        # the model the server was started with
-        self._serves_loaded = False     # read on the batcher's thread: a plain bool
-        self._restart = False           # start again once the stopping server has ended
         self._state_line = ""
         self.switch = QCheckBox("Serve the loaded model")
         self.switch.setToolTip("an OpenAI-compatible API (/v1/completions, /v1/chat/completions) "
@@ -97,8 +96,8 @@ class ServePanel(QWidget):
         self.copy_button = QPushButton("Copy snippet")
         self.copy_button.clicked.connect(self._copy)
         self.swap_button = QPushButton("Serve the loaded model instead")
-        self.swap_button.setToolTip("restart the server on the same address with the model the Studio "
-                                    "has loaded; requests being served are cancelled")
+        self.swap_button.setToolTip("serve the model the Studio has loaded from the next request on, "
+                                    "without a restart; requests being served finish on the old one")
         self.swap_button.clicked.connect(self.serve_loaded)
         for edit in (self.host.textChanged, self.port.valueChanged, self.api_key.textChanged,
                      self.max_batch.valueChanged):
@@ -140,15 +139,19 @@ class ServePanel(QWidget):
         self._show_state()
 
     def serve_loaded(self) -> None:
-        """Restart the server on the same address with the loaded model."""
+        """Serve the loaded model from the next request on; the requests being served finish on
+        the old one."""
         if not self.serving() or self.served_model is self.model:
             return
-        self._note(f"switching the server from {_name(self.served_model)} to {_name(self.model)}")
-        self.port.blockSignals(True)
-        self.port.setValue(self.server.port)     # the same port, also when it was picked (0)
-        self.port.blockSignals(False)
-        self.stop()
-        self._restart = True
+        try:
+            self.server.switch_model(self.model)
+        except DiffuseError as e:
+            self._note(f"cannot serve {_name(self.model)}: {e}")
+            return
+        self._note(f"now serving {_name(self.model)}; requests already accepted finish on "
+                   f"{_name(self.served_model)}")
+        self.served_model = self.model
+        self.snippet.setPlainText(client_snippet(self.server.url, self.server.model_id, self.api_key.text() or None))
         self._show_state()
 
     def start(self) -> bool:
@@ -175,7 +178,6 @@ class ServePanel(QWidget):
 
     def stop(self) -> None:
         """Cancel the requests being served and close, without waiting for the threads."""
-        self._restart = False
         if self.server is not None and self.server.running():
             self.server.stop(wait=0)
             self._poll.start()
@@ -205,16 +207,12 @@ class ServePanel(QWidget):
             self._poll.stop()
             self._note("stopped serving")
             self.served_model = None
-            restart, self._restart = self._restart, False
             self._show_state()
-            if restart:
-                self.start()
 
     def _show_state(self) -> None:
         serving = self.serving()
         stopping = self._poll.isActive()
         other = serving and self.served_model is not self.model      # the Studio loaded another
-        self._serves_loaded = serving and not other
         self.switch.blockSignals(True)
         self.switch.setChecked(serving and not stopping)
         self.switch.blockSignals(False)
@@ -227,8 +225,7 @@ class ServePanel(QWidget):
         if self.model is None:
             self.status.setText("Load a model to serve it.")
         elif stopping:
-            self.status.setText("Restarting with the loaded model…" if self._restart else
-                                "Stopping: the requests being served are cancelled at their next step…")
+            self.status.setText("Stopping: the requests being served are cancelled at their next step…")
             line = "server stopping"
         elif other:
             self.status.setText(f"Serving {self.server.model_id} at {self.server.url}: not the model "
@@ -255,8 +252,9 @@ class ServePanel(QWidget):
 
     def _stepped(self, job, index: int, event) -> None:
         """On the batcher's thread: only the first answer of each request is shown (a request with
-        n answers would otherwise fight itself for the views)."""
-        if index == 0 and self._following and self._serves_loaded:
+        n answers would otherwise fight itself for the views), and only a request on the loaded
+        model (the views decode with its tokenizer)."""
+        if index == 0 and self._following and job.model is self.model:
             self.served_step.emit(job, event)
 
     def _copy(self) -> None:
