@@ -97,7 +97,7 @@ def test_the_live_views_follow_a_served_request(qtbot, window, model):
     finally:
         panel.stop()
         qtbot.waitUntil(lambda: not panel.serving(), timeout=10000)
-    assert window.serve_label.text() == ""
+    qtbot.waitUntil(lambda: window.serve_label.text() == "", timeout=10000)    # once stopped
 
 
 def test_refused_requests_are_logged_with_their_reason(qtbot, panel, model):

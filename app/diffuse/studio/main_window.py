@@ -19,7 +19,7 @@ import PySide6
 from PySide6.QtCore import QCoreApplication, Qt, QTimer, Signal, qVersion
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (QApplication, QFileDialog, QLabel, QMainWindow, QMessageBox,
-                               QScrollArea, QSplitter, QTabWidget, QVBoxLayout, QWidget)
+                               QScrollArea, QSizePolicy, QSplitter, QTabWidget, QVBoxLayout, QWidget)
 
 import diffuse
 from diffuse import DiffuseError
@@ -50,6 +50,7 @@ REFRESH_MS = 25
 PLOTS_INTERVAL_S = 0.1   # the plots, chat and status during a run: 10 redraws a second are plenty
 RECENT_RUNS = 15       # recordings listed under File > Recorded runs
 CLOSE_WAIT_S = 0.5     # how long closing may block the GUI for a step or a job to return
+SERVE_LABEL_PX = 420   # the server state in the status bar
 
 
 def _scrolled(page: QWidget) -> QScrollArea:
@@ -133,9 +134,12 @@ class MainWindow(QMainWindow):
         self.run_label = QLabel("")
         self.statusBar().addWidget(self.model_label, 1)
         self.statusBar().addPermanentWidget(self.run_label)
-        # whether the Studio's server serves, and what; elided, a long model id never widens the window
+        # whether the Studio's server serves, and what: whole where there is room, elided where not
+        # (it never widens the window), at most SERVE_LABEL_PX (the status messages keep the rest)
         self.serve_label = theme.ElidedLabel(self.serve_panel.state_line())
-        self.statusBar().addPermanentWidget(self.serve_label, 1)
+        self.serve_label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
+        self.serve_label.setMaximumWidth(SERVE_LABEL_PX)
+        self.statusBar().addPermanentWidget(self.serve_label)
         self.serve_panel.state_changed.connect(self.serve_label.setText)
         self._make_actions()
 
