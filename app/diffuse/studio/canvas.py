@@ -626,6 +626,7 @@ class CanvasPanel(RunView, QWidget):
             storage.settings().setValue(key, value)
 
     def clear_run(self, run: RunState | None) -> None:
+        self.canvas.no_steps = self.no_steps
         self.canvas.set_run(run)
         self.legend.set_scale(self.canvas.scale)
         self.status.setText("")

@@ -43,7 +43,9 @@ SYSTEM_NOTES = {
               "the first message.",
     "none": "This model has no chat template: only the latest message is sent, without the "
             "system prompt.",
+    "server": "Sent as the system message: the server applies its model's chat template.",
 }
+STREAM_RENDER_MS = 100     # a streamed answer is redrawn at most this often
 
 
 def _text_html(text: str) -> str:
@@ -130,6 +132,7 @@ class ChatPanel(QWidget):
         self.conversation = Conversation()
         self._pending: str | None = None       # the answer being denoised, as it stands
         self._pending_left_out = 0             # messages its prompt left out
+        self._streamed = False                 # the pending answer comes as text, not steps
         self._progress_of: tuple | None = None  # (run, step) the pending answer shows
         self._asking: Message | None = None    # the user's message of the run going
         self._editing: Message | None = None   # the question being edited in the prompt box
@@ -176,6 +179,10 @@ class ChatPanel(QWidget):
         self._system_timer.setSingleShot(True)
         self._system_timer.setInterval(SYSTEM_SAVE_MS)
         self._system_timer.timeout.connect(self._save)
+        self._stream_timer = QTimer(self)       # redraws an answer streaming in as text
+        self._stream_timer.setSingleShot(True)
+        self._stream_timer.setInterval(STREAM_RENDER_MS)
+        self._stream_timer.timeout.connect(self.render)
 
         self.view = QTextBrowser()
         self.view.setOpenLinks(False)
@@ -412,7 +419,7 @@ class ChatPanel(QWidget):
         self.hint.setText(self._ready_hint)     # a note of the last action is old news
         self._error = None
         self._asking = message
-        self._pending, self._pending_left_out = "", 0
+        self._pending, self._pending_left_out, self._streamed = "", 0, False
         self.render()
         self.generate_requested.emit(message.text, self.conversation.chat_messages())
 
@@ -515,6 +522,15 @@ class ChatPanel(QWidget):
             self._pending, self._pending_left_out = run.text_at(run.clamp(step)), run.left_out
             self.render()
 
+    def add_text(self, piece: str) -> None:
+        """Text of the answer going, as a server that sends no steps streams it."""
+        if self._pending is None:       # no answer asked for (a late piece of a finished one)
+            return
+        self._pending += piece
+        self._streamed = True
+        if not self._stream_timer.isActive():
+            self._stream_timer.start()
+
     def add_answer(self, run: RunState) -> tuple[Conversation, Message]:
         """Save the run's answer after its question; returns where it is, for `link_recording`."""
         after = self._asking
@@ -609,7 +625,8 @@ class ChatPanel(QWidget):
             parts.append(self._notice(left_out_note(self._pending_left_out)))
         if self._pending is not None:
             body = _text_html(self._pending or MASK_GLYPH * 3)
-            parts.append(self._bubble("Denoising…", "#f2a541", "#1a1d25", body))
+            parts.append(self._bubble("Answering…" if self._streamed else "Denoising…", "#f2a541",
+                                      "#1a1d25", body))
         if self._error:
             parts.append(self._bubble("Run failed", "#ff5c7a", "#2a1a20",
                                       html.escape(self._error)))

@@ -38,12 +38,14 @@ from diffuse.studio.experts_view import ExpertsView
 from diffuse.studio.heatmap import EntropyHeatmap
 from diffuse.studio.model_panel import ModelPanel
 from diffuse.studio.panes import PaneToggle
+from diffuse.studio.remote_dialog import connect_to_server
 from diffuse.studio.run_controller import RunController
 from diffuse.studio.run_state import RunState
 from diffuse.studio.serve_panel import ServePanel
 from diffuse.studio.settings_panel import SettingsPanel
 from diffuse.studio.throughput import ThroughputView
 from diffuse.studio.timeline import Timeline
+from diffuse.studio.view_base import STARTING
 from diffuse.studio.workers import Engine, Job, cpu_busy
 
 REFRESH_MS = 25
@@ -193,6 +195,10 @@ class MainWindow(QMainWindow):
         file = bar.addMenu("&File")
         self.open_action = self._action(file, "Open run…", self._open_clicked, "Ctrl+O",
                                         "Replay a recorded run (.npz)")
+        self.connect_action = self._action(
+            file, "Connect to server…", self._connect_clicked,
+            tip="Run a model of an OpenAI-compatible server: diffuse serve shows every step, "
+                "llama.cpp, vLLM or SGLang stream the answer's text")
         self.recent_menu = file.addMenu("Recorded runs")
         self.recent_menu.setToolTipsVisible(True)
         self.recent_menu.aboutToShow.connect(self._list_recent_runs)
@@ -266,7 +272,11 @@ class MainWindow(QMainWindow):
         refused = self.runs.refusal("chat")
         self.generate_action.setEnabled(not busy and not refused and self.engine.model is not None)
         self.generate_action.setToolTip(refused or "Generate an answer to the chat's prompt")
-        self.compare_action.setEnabled(self.engine.model is not None)
+        steps = self.engine.model is not None and getattr(self.engine.model, "steps_sent", True)
+        self.compare_action.setEnabled(steps)
+        self.compare_action.setToolTip("Compare two settings on one prompt" if steps or self.engine.model is None
+                                       else "The server sends no steps: there is nothing to compare")
+        self.connect_action.setEnabled(not self.runs.busy and not busy)
         self.open_action.setEnabled(not busy)
         self.recent_menu.setEnabled(not busy)
 
@@ -293,16 +303,31 @@ class MainWindow(QMainWindow):
     # -- model and runs -----------------------------------------------------------------------
 
     def set_model(self, model) -> None:
+        """A model loaded from a file, or a server's (remote_dialog.StudioRemoteModel): the
+        server applies its own chat template, and one that sends text only streams it to the
+        chat while the views say why they stay empty."""
         self.engine.model = model
+        remote = getattr(model, "remote", False)
         name = Path(model.path).name
-        self.model_label.setText(f"{name} · {model.arch}")
-        # Auto means the model's defaults: the recipe in its file over its family's.
-        self.settings_panel.show_defaults(model.arch, model.n_ctx_train, model.recipe)
+        self.model_label.setText(model.status_text() if remote else f"{name} · {model.arch}")
+        # Auto means the model's defaults: the recipe in its file over its family's. A server
+        # that does not say its family keeps its own defaults, which no note claims to know.
+        self.settings_panel.show_defaults(model.arch or None, model.n_ctx_train or None, model.recipe)
         if model.recipe_problem:
             self._show_status(model.recipe_problem)
-        self._probe_system_support(model)
+        note = model.views_note() if remote else ""
+        for view in (self.canvas_panel, self.heatmap, self.cache_view, self.throughput, self.experts_view):
+            view.set_no_steps("" if getattr(model, "steps_sent", True) else note)
+        if remote:
+            self._probe = None          # a file's template probe still going answers for nothing
+            self.chat.set_system_support("server")
+            model.text_arrived.connect(self._text_arrived)
+            if note:
+                self._show_status(note)
+        else:
+            self._probe_system_support(model)
+            self.serve_panel.set_model(model)     # the Studio serves files, not another server's model
         self.chat.set_model_ready(True, name, demo=Path(model.path) == storage.demo_model())
-        self.serve_panel.set_model(model)
         if self.compare_window is not None:
             self.compare_window.update_context()
         self._update_actions()
@@ -326,6 +351,8 @@ class MainWindow(QMainWindow):
             return run.prompt
         model = self.engine.model
         messages = messages or [{"role": "user", "content": run.prompt}]
+        if getattr(model, "remote", False):
+            return messages         # the server applies its own template and fits its context
 
         def templated():
             tok = model.tokenizer
@@ -375,6 +402,20 @@ class MainWindow(QMainWindow):
         run = RunState(text, options, info, decode)
         self.runs.start_live(run, self._prompt_for(run, messages), self.engine.stop)
 
+    def _text_arrived(self, piece: str) -> None:
+        """Text of a run on a server that sends no steps: the chat's answer streams it."""
+        if self.live is not None:
+            self.chat.add_text(piece)
+
+    def _connect_clicked(self) -> None:
+        """File > Connect to server…: a server's model takes the place of the loaded one."""
+        if self.runs.busy or self.engine.busy:
+            self._show_status("Stop the run before connecting to a server.")
+            return
+        model = connect_to_server(self)
+        if model is not None and not (self.runs.busy or self.engine.busy):
+            self.set_model(model)
+
     def _run_started(self, run: RunState) -> None:
         if run is self.live:
             self.runs.shown_before = self.run
@@ -422,7 +463,8 @@ class MainWindow(QMainWindow):
         """A step of a request being served: the live views follow the newest request that starts
         while neither a run of the user's nor an earlier followed request is going."""
         if self.served is None or self.served[1].done:
-            if self.live is not None or event.step != 0:
+            # the views decode with the Studio's model: not a server's model it connected to
+            if self.live is not None or event.step != 0 or getattr(self.engine.model, "remote", False):
                 return
             req, tok = job.request, self.engine.model.tokenizer
             run = RunState(tok.decode(req.prompt_of(0)), req.options_of(0), self.model_info(), tok.decode)
@@ -525,7 +567,8 @@ class MainWindow(QMainWindow):
         """The canvas and the timeline's label at the slider's step."""
         run = self.run
         if run is None or not run.events:
-            self.timeline.label.setText("no run" if run is None else "starting…")
+            self.timeline.label.setText("no run" if run is None else "text only, no steps"
+                                        if self.canvas_panel.no_steps else STARTING)
             return
         step = run.clamp(self.timeline.step())
         behind = run.n_steps - 1 - step

@@ -1,4 +1,4 @@
-"""Server → "Connect to server…": run an OpenAI-compatible server's model in the Studio.
+"""File → "Connect to server…": run an OpenAI-compatible server's model in the Studio.
 
 `StudioRemoteModel` is what the Studio's run path runs in place of a local model: the engine
 thread calls its `generate(prompt, on_step=..., **options)`, as for diffuse.Model. Against
@@ -46,6 +46,7 @@ class StudioRemoteModel(QObject):
         self.arch, self.n_ctx_train, self.recipe = model.arch or "", model.n_ctx_train, model.recipe
         self.recipe_problem = None
         self.n_vocab, self.n_expert = 0, 0
+        self.steps_sent = model.steps_sent     # diffuse serve: the views draw its runs
         self.tokenizer = model.tokenizer
         self._cancel = threading.Event()
 

@@ -134,12 +134,13 @@ class Caption(pg.LabelItem):
 class EmptyState:
     """A message in a plot while there is nothing to show: its axes and `also` (a colour bar,
     a second plot) are hidden, since bare axes show pyqtgraph's default range (-0.5...0.5),
-    which reads as data. Keep the message short: a plot may be narrow."""
+    which reads as data. A message wider than the plot wraps."""
 
     def __init__(self, plot: pg.PlotItem, message: str = "No run yet", also: tuple = ()):
         self.plot, self.also = plot, also
         self.note = pg.TextItem(message, color=MUTED, anchor=(0.5, 0.5))
         plot.addItem(self.note, ignoreBounds=True)
+        plot.vb.sigResized.connect(self._wrap)
         self.idle = message             # what it says without a run
         self.empty: bool | None = None
 
@@ -147,6 +148,7 @@ class EmptyState:
         """Hide the data and say `message` (by default what was said last), or show the data."""
         if message is not None:
             self.note.setText(message)
+            self._wrap()
         if empty == self.empty:         # views call this on every step
             return
         self.empty = empty
@@ -158,6 +160,15 @@ class EmptyState:
         if empty:
             self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
             self.note.setPos(0.5, 0.5)
+
+    def _wrap(self, *_) -> None:
+        """A message wider than the plot wraps to its width (a plot may be narrow)."""
+        text = self.note.textItem
+        text.setTextWidth(-1)
+        room = self.plot.vb.width() - 8
+        if 0 < room < text.boundingRect().width():
+            text.setTextWidth(room)
+        self.note.updateTextPos()
 
 
 class ElidedLabel(QLabel):

@@ -17,6 +17,7 @@ class RunView:
 
     run: RunState | None = None
     step: int = -1          # the step asked for; -1 (or past the end): the newest
+    no_steps = ""           # why the loaded model's runs bring no steps (a server that sends text only)
 
     def set_run(self, run: RunState | None) -> None:
         self.run, self.step = run, -1
@@ -29,10 +30,16 @@ class RunView:
         if run is not None and run.events:
             self.draw_step(run, run.clamp(step))
 
+    def set_no_steps(self, why: str) -> None:
+        """Say `why` while there is no step to draw ("": say the usual)."""
+        self.no_steps = why
+        if self.run is None or not self.run.events:
+            self.clear_run(self.run)
+
     def empty_text(self, idle: str) -> str:
-        """What the view says while it has no step to draw: `idle` without a run, else that the
-        run is starting."""
-        return idle if self.run is None else STARTING
+        """What the view says while it has no step to draw: why none will come, else `idle`
+        without a run, else that the run is starting."""
+        return self.no_steps or (idle if self.run is None else STARTING)
 
     def clear_run(self, run: RunState | None) -> None:
         """Forget what the previous run drew; show what `run` (None: no run) says before its

@@ -148,6 +148,8 @@ class Engine(QObject):
 
     def stop(self) -> None:
         self._worker.stop_flag.set()
+        # A remote model's run may bring no steps to refuse (a server that sends text only)
+        getattr(self.model, "cancel", lambda: None)()
 
     def shutdown(self, timeout_ms: int = -1) -> bool:
         """Stop any run and end the thread; False if the current step outlasts `timeout_ms`
