@@ -75,6 +75,9 @@ def test_model_defaults_are_shown(qtbot):
     d = default_options("llada")
     assert panel.defaults_note["steps"].text() == f"model default: {d['steps']}"
     assert panel.defaults_note["block_length"].isVisible()
+    assert d["seed"] is None and panel.defaults_note["seed"].text() == "random: a new one each run"
+    panel.show_defaults("llada", recipe={"seed": 7})      # a file's recipe may name one
+    assert panel.defaults_note["seed"].text() == "model default: 7"
     panel.show_defaults(None)
     assert not panel.defaults_note["steps"].isVisible()
 

@@ -338,10 +338,15 @@ class SettingsPanel(QWidget):
         for key, note in self.defaults_note.items():
             if key in defaults:
                 value = defaults[key]
-                shown = f"{value:g}" if isinstance(value, float) else str(value)
-                note.setText(f"model default: {shown}")
-                note.setToolTip("suggested by the model's file (its recipe)" if key in self.recipe
-                                else f"the {FAMILY_NAMES.get(arch, arch)} family's default")
+                if value is None:       # the seed, unless the recipe names one
+                    note.setText("random: a new one each run")
+                    note.setToolTip("each run draws its own seed and reports it with the answer, "
+                                    "so that a run can be repeated exactly")
+                else:
+                    shown = f"{value:g}" if isinstance(value, float) else str(value)
+                    note.setText(f"model default: {shown}")
+                    note.setToolTip("suggested by the model's file (its recipe)" if key in self.recipe
+                                    else f"the {FAMILY_NAMES.get(arch, arch)} family's default")
                 note.show()
             else:
                 note.hide()
