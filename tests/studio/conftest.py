@@ -354,7 +354,9 @@ def demo_run(demo_model):
     m = demo_model
 
     def make(prompt="Tell me about Mr. Darcy.", **options) -> Recording:
-        rec = Recording(prompt=prompt, options=resolve_options(m.arch, m.recipe, **options),
+        # resolved once: the recording's options (the drawn seed too) are the run's
+        options = resolve_options(m.arch, m.recipe, **options)
+        rec = Recording(prompt=prompt, options=options,
                         model={"name": DEMO.name, "arch": m.arch, "path": str(DEMO),
                                "n_vocab": m.n_vocab, "n_ctx_train": m.n_ctx_train,
                                "mask_token_id": m.mask_token_id,

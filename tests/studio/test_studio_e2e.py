@@ -62,6 +62,8 @@ def test_dream_entropy_exit_in_compare_mode(qtbot, window, tiny_gguf):
     assert a.options["cache"] is True and b.options["cache"] is False
     assert np.nanmin(a.active_fraction[:a.n_steps]) < 1.0          # the cache served positions
     assert np.allclose(b.active_fraction[:b.n_steps], 1.0)
+    # the cache pair runs every step on both sides, and its headline is the time per step
+    assert "per step" in cmp.headline.text() and a.result.steps == b.result.steps
     summary = cmp.summary.text().splitlines()
     assert summary[0].startswith(f"Steps: A {a.result.steps}/") and summary[-2].startswith("Time per step: A")
     assert summary[-1].startswith("Answers: ")

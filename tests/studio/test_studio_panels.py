@@ -216,10 +216,14 @@ def test_multi_turn_regenerate_copy_clear(qtbot, recorded_run):
     assert req.args[0] == "two"
     assert [m["role"] for m in req.args[1]] == ["user", "assistant", "user"]
     chat.link_recording(*chat.add_answer(finished_run(recorded_run)), "/tmp/r.npz")
+    # Again keeps the old answer, in a branch beside the new one
+    assert [m.role for m in chat.conversation.messages] == ["user", "assistant", "user", "assistant", "assistant"]
+    answer = chat.conversation.branch()[-1]
+    assert answer is chat.conversation.messages[-1]
     chat.copy_answer()
-    assert QGuiApplication.clipboard().text() == chat.conversation.messages[-1].text
+    assert QGuiApplication.clipboard().text() == answer.text
     with qtbot.waitSignal(chat.replay_requested) as replay:
-        chat._link(QUrl("replay:3"))
+        chat._link(QUrl(f"replay:{answer.id}"))           # links name the message
     assert replay.args == ["/tmp/r.npz"]
     chat.clear()                                          # asks first
     next(b for b in chat.confirm_box.buttons() if b.text() == "Clear").click()

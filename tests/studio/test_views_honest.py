@@ -125,8 +125,8 @@ def test_files_of_the_same_name_are_told_apart(qtbot, model_panel, tmp_path, tin
         with qtbot.waitSignal(model_panel.scanned, timeout=10000):
             model_panel.add_folder(folder)
     names = {model_panel.table.item(r, 0).text() for r in range(model_panel.table.rowCount())}
-    assert {n for n in names if "model.gguf" in n} == {"● model.gguf (work/a)",
-                                                       "● model.gguf (home/a)"}
+    # shown without .gguf (the column's room goes to the name), told apart by their folders
+    assert {n for n in names if n.startswith("● model ")} == {"● model (work/a)", "● model (home/a)"}
     tips = {model_panel.table.item(r, 0).toolTip().splitlines()[0]
             for r in range(model_panel.table.rowCount())}
     assert {str((a / "model.gguf").resolve()), str((b / "model.gguf").resolve())} <= tips
@@ -219,10 +219,15 @@ def test_file_dialogs_open_in_the_users_folders_and_remember_each_kind(
     model_panel = window.model_panel
     qtbot.waitUntil(lambda: model_panel._scan is None, timeout=10000)
     model_panel.select_path(DEMO)
-    monkeypatch.setattr(mp.QInputDialog, "getItem", staticmethod(lambda *a: ("Q8_0", True)))
+    # the offers name each type with its size ("Q8_0 · about 3.6 MiB")
+    monkeypatch.setattr(mp.QInputDialog, "getItem", staticmethod(
+        lambda parent, title, text, items, *a: (next(i for i in items if i.startswith("Q8_0 ")), True)))
     monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(pick("")))
+    before = len(asked)
     model_panel._quantise_clicked()
+    assert len(asked) == before + 1                   # the save dialog opened
     out = Path(asked[-1])
+    assert out.name == "diffuse-demo-3m-q8_0.gguf"
     assert out.parent == storage.models_dir() and out.parent.is_relative_to(studio_home)
     assert not out.resolve().is_relative_to(Path(diffuse.__file__).parent)
 
