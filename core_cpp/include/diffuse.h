@@ -315,7 +315,7 @@ std::vector<float> head_matmul(int ggml_type, const uint8_t * w, size_t w_bytes,
                                bool own, int n_threads);
 
 // One block-diffusion step on its own: `width` new rows against `depth` cached rows (prefilled
-// first), logits for each new row. Wall time of each of `reps` passes after a warm-up, ms.
+// first), logits for each new row (a full-attention model's rows attend over all of them). Wall time of each of `reps` passes after a warm-up, ms.
 // The new rows are distinct tokens except the last `masked`, which hold the mask token (a decoding
 // step's block: committed tokens, then masks). logit_rows: logits of the last `logit_rows` rows
 // only (1: the work of llama.cpp's prompt pass, which separates the output head's share); 0: every
