@@ -25,6 +25,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace diffuse {
@@ -303,8 +304,18 @@ namespace diffuse {
 // repack: place W in ggml's interleaved CPU layout when it can be (as the model loader does).
 double bench_matmul(int ggml_type, int64_t k, int64_t m, int64_t n, int n_threads, int reps, bool repack);
 
+// The output head's product both ways on this machine, W (m, k) of `ggml_type` (random, plain layout),
+// x (k, n) F32, n <= 32: best wall times (s) of ggml's mat-mul and of the engine's few-row head
+// product, alternated run by run.
+std::pair<double, double> bench_head(int ggml_type, int64_t k, int64_t m, int64_t n, int n_threads, int reps);
+
+// y = W x, row-major (n, m): W given as m rows of `ggml_type` blocks (k values each), x as n rows of
+// k floats; by the engine's few-row head product (own) or by ggml's mat-mul. For parity tests.
+std::vector<float> head_matmul(int ggml_type, const uint8_t * w, size_t w_bytes, int64_t m, int64_t k, const float * x, int64_t n,
+                               bool own, int n_threads);
+
 // One block-diffusion step on its own: `width` new rows against `depth` cached rows (prefilled
-// first), logits for each new row. Wall time of each of `reps` passes after a warm-up, ms.
+// first), logits for each new row (a full-attention model's rows attend over all of them). Wall time of each of `reps` passes after a warm-up, ms.
 // The new rows are distinct tokens except the last `masked`, which hold the mask token (a decoding
 // step's block: committed tokens, then masks). logit_rows: logits of the last `logit_rows` rows
 // only (1: the work of llama.cpp's prompt pass, which separates the output head's share); 0: every

@@ -129,6 +129,7 @@ void ForwardRunner::run(const std::vector<SequenceRows> & seqs, int n_threads, f
         shape.n_out.push_back((int) s.out_rows.size());
         shape.masked.push_back(s.attn_block > 0);
     }
+    shape.own_head = model_.head_choice().own(model_.weights().output, shape.total_out(), n_threads);
 
     if (!ctx_ || !(shape == shape_)) {
         shape_ = std::move(shape);

@@ -1,6 +1,7 @@
 #include "graph.h"
 
 #include "forward.h"
+#include "head_product.h"
 
 #include "ggml.h"
 
@@ -212,7 +213,8 @@ ggml_tensor * GraphBuilder::moe(int il, const LayerWeights & L, ggml_tensor * x)
 
 ggml_tensor * GraphBuilder::head(ggml_tensor * x) {
     x = norm(x, w.output_norm);
-    ggml_tensor * logits = ggml_mul_mat(ctx, w.output, x);   // (n_vocab, n_out)
+    ggml_tensor * logits = shape_.own_head ? head_product_op(ctx, w.output, x)    // (n_vocab, n_out)
+                                           : ggml_mul_mat(ctx, w.output, x);
     name(logits, "logits");
     ggml_set_output(logits);
     in_.logits = logits;

@@ -24,8 +24,10 @@ struct BatchShape {
     std::vector<uint64_t> caches;   // KVCache ids, one per sequence
     std::vector<int> n_q, n_kv, n_out;
     std::vector<uint8_t> masked;    // 1: attention through a mask (block-causal), 0: over all n_kv rows
+    bool own_head = false;          // the head by head_product (head_product.h), not ggml's mat-mul
     bool operator==(const BatchShape & o) const {
-        return caches == o.caches && n_q == o.n_q && n_kv == o.n_kv && n_out == o.n_out && masked == o.masked;
+        return caches == o.caches && n_q == o.n_q && n_kv == o.n_kv && n_out == o.n_out && masked == o.masked &&
+               own_head == o.own_head;
     }
     int total_q() const;
     int total_out() const;

@@ -4,6 +4,7 @@
 #include "architectures.h"
 #include "diffuse.h"
 #include "gguf_file.h"
+#include "head_product.h"
 
 #include <atomic>
 #include <map>
@@ -99,6 +100,7 @@ public:
     const ArchInfo & arch() const { return *arch_; }
     int64_t layer_matmul_params() const { return layer_matmul_params_; }   // all layers' matrices one position uses
     const GGUFFile & file() const { return *file_; }
+    const HeadChoice & head_choice() const { return head_choice_; }   // which product computes the logits
 
     // A context of its own for the caller (from the pool, or new); it goes back when the lease ends.
     ContextLease lease() const;
@@ -127,6 +129,7 @@ private:
     bool flash_attn_ = true;
     bool kv_f16_ = true;
     std::atomic<int> n_threads_{1};
+    HeadChoice head_choice_;
     mutable std::mutex pool_mutex_;
     mutable std::vector<std::unique_ptr<Context>> pool_;   // idle contexts
 };
