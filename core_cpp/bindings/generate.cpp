@@ -81,7 +81,8 @@ static const char * kind_name(OptionKind k) {
 }
 
 static diffuse::Arch arch_of(const std::string & family) {
-    for (diffuse::Arch a : {diffuse::Arch::LLaDA, diffuse::Arch::Dream, diffuse::Arch::SDAR, diffuse::Arch::FastDLLMv2})
+    for (diffuse::Arch a : {diffuse::Arch::LLaDA, diffuse::Arch::Dream, diffuse::Arch::SDAR, diffuse::Arch::FastDLLMv2,
+                            diffuse::Arch::DiffusionGemma})
         if (family == diffuse::arch_name(a)) return a;
     throw diffuse::Error("unknown model family '" + family + "'");
 }

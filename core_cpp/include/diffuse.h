@@ -35,7 +35,9 @@ struct Error : std::runtime_error {
 
 // Model families: each has its own defaults and chat conventions. LLaDA and Dream attend to the whole
 // sequence; SDAR (and TraDo) and Fast-dLLM v2 are block diffusion (causal across blocks).
-enum class Arch { LLaDA, Dream, SDAR, FastDLLMv2 };
+// DiffusionGemma is uniform-state diffusion: a causal encoder writes the prompt's (and each finished
+// canvas's) K/V, a bidirectional decoder denoises a canvas of random tokens over that cache.
+enum class Arch { LLaDA, Dream, SDAR, FastDLLMv2, DiffusionGemma };
 enum class Dialect { Ours, LlamaCpp, DiffuseCpp };
 
 // Hyper-parameters, read from any of the three GGUF dialects.
@@ -76,6 +78,13 @@ struct HParams {
     // position 0) and bidirectional inside one; 0 for models that attend to the whole sequence.
     int      block_size;
     int      sub_block_size;  // diffusion.sub_block_size: decoded in sub-blocks of this size (Fast-dLLM v2: 8); 0: none
+    // DiffusionGemma (Gemma 4 blocks): the canvas the decoder denoises, the sliding layers' window
+    // (a query sees this many positions, itself included), the final logits' softcap c
+    // (c tanh(logits / c)); 0 for the other families. Per-layer head sizes, KV heads and RoPE are
+    // the model's (sliding and full layers differ); head_dim / n_head_kv here are the full layers'.
+    int      canvas_length;
+    int      n_swa;
+    float    logit_softcap;
     bool moe() const { return n_expert > 0; }
     bool block_diffusion() const { return block_size > 0; }
 };
@@ -271,6 +280,11 @@ public:
     // forward_into writes them to `out`, which holds rows.size() (or tokens.size()) * n_vocab floats.
     // block_size of a block-diffusion model: the blocks of a run with another block_length (< 0:
     // the model's own).
+    // DiffusionGemma: the canvas's logits (canvas.size(), n_vocab) after the context is encoded
+    // causally into a cache the decoder reads; self_cond: the previous step's (processed) logits of
+    // the canvas, (canvas.size(), n_vocab) row-major, or nullptr for the first step.
+    virtual void forward_canvas(const std::vector<int32_t> & context, const std::vector<int32_t> & canvas,
+                                const float * self_cond, float * out) const = 0;
     virtual void forward_into(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows,
                               float * out, int block_size = -1) const = 0;
     std::vector<float> forward(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows = {}) const {
