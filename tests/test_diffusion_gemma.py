@@ -162,7 +162,134 @@ def _rewrite(info, out: Path, keys: dict, extra: tuple[str, str] | None) -> None
     gguf_file.write(out, kv, types, outs, (blobs[t.name] for t in outs))
 
 
-def test_generate_refuses_until_the_loop_exists(gguf_f32):
+
+def _run(m, prompt, **options):
+    events = []
+    result = m.generate(prompt, chat=False, on_step=lambda ev: events.append(ev) or True, **options)
+    return result, events
+
+
+@pytest.mark.parametrize("options", [
+    dict(gen_length=2 * CANVAS, steps=6, seed=3),                                     # the defaults' rules
+    dict(gen_length=2 * CANVAS, steps=8, seed=4, entropy_budget=10.0, stop_entropy=6.0, temperature=0.3,
+         temperature_end=0.1),                                                          # wide bound, early stops
+    dict(gen_length=CANVAS, steps=5, seed=5, temperature=1.5, temperature_end=0.2, stability=0),
+])
+def test_loop_matches_the_official_one_step_for_step(gguf_f32, options):
+    """The engine's events against transformers' own denoising step, driven by the engine's forward
+    (Model.forward) and its noise: the same positions accepted, the same argmax drafts, the same
+    stops, the same answer."""
+    from reference.uniform_state import official_generate
+    m = diffuse.load(gguf_f32, threads=2)
+    prompt = np.random.default_rng(7).integers(0, 400, 3 * SLIDING_WINDOW).tolist()
+    result, events = _run(m, prompt, **options)
+    o = diffuse.generation.resolve_options(m.arch, m.recipe, **options)
+    starts = {ev.block: ev for ev in reversed(events)}          # each canvas's first event
+    canvas = lambda ev: ev.tokens[ev.block_start:ev.block_end].tolist()
+    noise = lambda k: canvas(events[k + 1]) if k + 1 < len(events) and events[k + 1].block == events[k].block \
+        else [0] * CANVAS
+    eos = list(m.tokenizer.eos_token_ids)
+    theirs, trace = official_generate(
+        lambda c, x, sc: m.forward(c, canvas=x, self_conditioning=sc), prompt, canvas_length=CANVAS,
+        vocab_size=m.n_vocab, max_new_tokens=o["gen_length"], steps=o["steps"], entropy_bound=o["entropy_budget"],
+        t_min=o["temperature_end"], t_max=o["temperature"], stability=o["stability"], confidence=o["stop_entropy"],
+        eos_ids=eos, pad_id=-1, initial=lambda n: canvas(starts[n]), noise=noise)
+    assert len(trace) == len(events) == result.steps
+    for ev, t in zip(events, trace):
+        accepted = np.zeros(CANVAS, bool)
+        accepted[ev.unmasked - ev.block_start] = True
+        assert (accepted == t["accepted"]).all(), ev.step
+        assert (ev.draft == t["argmax"]).all(), ev.step
+        assert set(ev.redrawn - ev.block_start) == set(np.flatnonzero(~accepted))
+        assert ev.entropy_cut == pytest.approx(np.nanmax(np.where(accepted, ev.entropy[ev.block_start:ev.block_end],
+                                                                  np.nan)))
+    ours = result.tokens.tolist()
+    cut = next((i + 1 for i, t in enumerate(theirs) if t in eos), len(theirs))
+    assert ours[:cut] == theirs[:cut] and len(ours) == len(theirs)
+    assert all(t == theirs[cut - 1] for t in ours[cut:])          # after end-of-text: that token (theirs: pad)
+    if options.get("stop_entropy"):
+        assert result.steps < o["steps"] * len(starts), "no canvas stopped early: the stop rule went untested"
+
+
+def test_greedy_draws_are_the_argmax_and_runs_repeat(gguf_f32):
+    m = diffuse.load(gguf_f32, threads=2)
+    prompt = list(range(10, 30))
+    a, events = _run(m, prompt, gen_length=CANVAS, steps=4, temperature=0.0, temperature_end=0.0, seed=1)
+    for ev, nxt in zip(events, events[1:]):
+        kept = ev.unmasked - ev.block_start
+        assert (nxt.tokens[ev.block_start:ev.block_end][kept] == ev.draft[kept]).all()
+    b, _ = _run(m, prompt, gen_length=CANVAS, steps=4, temperature=0.0, temperature_end=0.0, seed=1)
+    c, _ = _run(m, prompt, gen_length=CANVAS, steps=4, temperature=0.0, temperature_end=0.0, seed=2)
+    assert (a.tokens == b.tokens).all() and a.tokens.tolist() != []
+    assert len(c.tokens) == CANVAS
+
+
+def test_batches_cancel_and_end_of_text(gguf_f32):
+    m = diffuse.load(gguf_f32, threads=2)
+    prompts = [list(range(5, 25)), list(range(40, 47))]
+    opts = dict(gen_length=2 * CANVAS, steps=3, seed=9)
+    alone = [m.generate(p, chat=False, **opts) for p in prompts]
+    together = m.generate_batch(prompts, chat=False, **opts)
+    for x, y in zip(alone, together):
+        assert (x.tokens == y.tokens).all() and x.steps == y.steps
+    # Cancelling one sequence leaves the other running.
+    seen = []
+    out = m.generate_batch(prompts, chat=False, on_step=lambda ev: seen.append(ev.sequence) or ev.sequence != 0, **opts)
+    assert out[0].stop_reason == "cancelled" and out[1].stop_reason == together[1].stop_reason
+    assert (out[1].tokens == together[1].tokens).all()
+    # End-of-text in a finished canvas ends the answer there, the rest filled with it.
+    first = alone[0].tokens[:CANVAS]
+    eos = int(first[3])
+    (raw,) = diffuse._core.generate_batch(m._core, [np.asarray(prompts[0], np.int32)], options=[opts], eos_ids=[eos])
+    at = int(np.flatnonzero(raw["tokens"] == eos)[0])
+    assert raw["stop_reason"] == "eos" and len(raw["tokens"]) == CANVAS and (raw["tokens"][at:] == eos).all()
+
+
+def test_generate_refuses_what_does_not_apply(gguf_f32):
     m = diffuse.load(gguf_f32, threads=1)
-    with pytest.raises(DiffuseError, match="uniform-state loop is not in the engine yet"):
-        m.generate([1, 2, 3], chat=False, gen_length=16, steps=4)
+    with pytest.raises(DiffuseError, match="exceeds the model's context"):
+        m.generate([1, 2, 3], chat=False, gen_length=m.n_ctx_train)
+    with pytest.raises(DiffuseError, match="canvases of its own length"):
+        m.generate([1, 2, 3], chat=False, block_length=8)
+    with pytest.raises(DiffuseError, match="must not exceed temperature"):
+        m.generate([1, 2, 3], chat=False, temperature=0.3, temperature_end=0.5)
+
+
+def test_the_server_streams_uniform_state_events(gguf_f32):
+    """The OpenAI-compatible server runs the model; its step events carry the draft, the re-drawn
+    positions and the entropy cut."""
+    import openai
+    from diffuse.serve import Server
+    s = Server(diffuse.load(gguf_f32, threads=2), port=0, api_key="k", max_batch=4)
+    s.start()
+    try:
+        client = openai.OpenAI(base_url=s.url, api_key="k", max_retries=0, timeout=60)
+        plain = client.completions.create(model="m", prompt="The river", max_tokens=CANVAS, extra_body={"steps": 3})
+        stream = client.completions.create(model="m", prompt="The river", max_tokens=CANVAS, stream=True,
+                                           extra_body={"steps": 3, "diffusion_events": True})
+        events, text = [], ""
+        for chunk in stream:
+            if (ev := (chunk.model_extra or {}).get("diffusion")) is not None:
+                events.append(ev)
+            elif chunk.choices:
+                text += chunk.choices[0].text
+    finally:
+        s.stop()
+    assert text == plain.choices[0].text
+    assert [e["step"] for e in events] == list(range(len(events))) and events
+    ev = events[0]
+    assert len(ev["draft"]) == CANVAS and sorted(ev["redrawn"] + ev["unmasked"]) == list(range(CANVAS))
+    assert ev["entropy_cut"] == max(ev["entropy"][i] for i in ev["unmasked"])
+
+
+def test_recordings_keep_the_uniform_state_fields(gguf_f32, tmp_path):
+    from diffuse.recording import Recording
+    m = diffuse.load(gguf_f32, threads=2)
+    rec = Recording(prompt="ids", options={"steps": 3}, model={"arch": m.arch})
+    result = m.generate(list(range(10, 30)), chat=False, gen_length=CANVAS, steps=3, on_step=rec.add)
+    rec.finish(result, m.tokenizer.decode)
+    rec.save(tmp_path / "run.npz")
+    back = Recording.load(tmp_path / "run.npz")
+    assert len(back.events) == len(rec.events) == 3
+    for a, b in zip(rec.events, back.events):
+        assert (a.draft == b.draft).all() and (a.redrawn == b.redrawn).all() and a.entropy_cut == b.entropy_cut

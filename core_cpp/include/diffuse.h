@@ -170,6 +170,13 @@ struct GenerateParams {
     float     eps            = 1e-3f; // Dream timestep floor
     uint64_t  seed           = 0;
     int       n_threads      = 0;     // 0: the model's thread count; capped at the logical CPU count
+    // DiffusionGemma (uniform-state diffusion): the temperature falls linearly from `temperature`
+    // to `temperature_end` over a canvas's steps; the canvas stops early once its argmax has stood
+    // `stability` steps and the mean entropy is below `stop_entropy`. steps: per canvas;
+    // entropy_budget: the entropy bound of the acceptance rule.
+    float     temperature_end = 0.4f;
+    int       stability      = 1;
+    float     stop_entropy   = 0.005f;
     std::vector<int32_t> eos_ids;     // end-of-text ids (early stop, useful length)
     bool      expert_routing = false; // MoE: fill StepEvent::experts (costs a copy per step)
 };
@@ -199,6 +206,15 @@ struct StepEvent {
     // editing_threshold < 1: committed positions whose token this step replaced (the previous
     // event's tokens hold what they were). Empty otherwise.
     const std::vector<int32_t> * edited;
+    // DiffusionGemma: tokens hold the canvas this step denoised (the context before it); unmasked
+    // the positions accepted (they take the drawn token), redrawn the others (a uniform random
+    // token next); draft the argmax canvas (the canvas's output if it stops here); entropy_cut
+    // the largest accepted entropy: a position is accepted when its entropy is at most this (the
+    // lowest entropies, as many as keep their sum minus the largest within entropy_budget).
+    // nullptr / NaN for the other families.
+    const std::vector<int32_t> * redrawn = nullptr;
+    const std::vector<int32_t> * draft = nullptr;
+    float entropy_cut = 0.0f;
 };
 
 // Return false to cancel (that sequence only, in a batch); an exception thrown here ends the whole

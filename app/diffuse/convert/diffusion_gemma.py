@@ -298,6 +298,24 @@ def generation_defaults(hf_dir: Path) -> dict:
     return read_json_object(path) if path.is_file() else {}
 
 
+# generation_config.json key -> our option; transformers' defaults where the file has none
+# (DiffusionGemmaGenerationConfig._get_default_generation_params).
+RECIPE_KEYS = {"max_new_tokens": ("gen_length", 256), "max_denoising_steps": ("steps", 48),
+               "t_max": ("temperature", 0.8), "t_min": ("temperature_end", 0.4),
+               "stability_threshold": ("stability", 1), "confidence_threshold": ("stop_entropy", 0.005)}
+
+
+def recipe(hf_dir: Path) -> dict:
+    """The checkpoint's decoding (generation_config.json) as generation options."""
+    g = generation_defaults(hf_dir)
+    out = {option: g.get(key, default) if g.get(key) is not None else default
+           for key, (option, default) in RECIPE_KEYS.items()}
+    sampler = g.get("sampler_config")
+    bound = sampler.get("entropy_bound") if isinstance(sampler, dict) else None
+    out["entropy_budget"] = bound if bound is not None else 0.1
+    return out
+
+
 def eos_ids(hf_dir: Path, config: dict) -> list[int]:
     """End-of-text ids: generation_config.json's eos_token_id (the real model: 1 and 106), else the
     text config's."""

@@ -86,10 +86,9 @@ def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None
 def _convert_diffusion_gemma(hf_dir: Path, out_path: Path, outtype: str, progress: Progress | None,
                              cancel: Callable[[], bool] | None, recipe: dict | None) -> Path | None:
     """DiffusionGemma's text model in PR #24423's dialect (convert/diffusion_gemma.py)."""
-    if recipe:
-        raise DiffuseError("a recipe for DiffusionGemma: its generation options are not in the engine yet")
     config = read_json_object(hf_dir / "config.json")
     p = diffusion_gemma.read_params(hf_dir, config)
+    recipe = recipes.check({**diffusion_gemma.recipe(hf_dir), **(recipe or {})}, diffusion_gemma.ARCH, p.n_ctx)
     ckpt = Checkpoint(hf_dir)
     tensors = []
     for out, hf in diffusion_gemma.plan(p, ckpt, hf_dir, OUTTYPES[outtype][0]):
@@ -114,7 +113,8 @@ def _convert_diffusion_gemma(hf_dir: Path, out_path: Path, outtype: str, progres
         put(Keys.Tokenizer.EOS_ID, eos[0], "u32")
         if len(eos) > 1:   # Gemma 4's end of turn (106), which ends an answer too
             put(Keys.Tokenizer.EOT_ID, eos[1], "u32")
-    return _write(out_path, kv, kv_types, tensors, ckpt, progress, cancel)
+    recipe_kv, recipe_types = recipes.metadata(recipe)
+    return _write(out_path, kv | recipe_kv, kv_types | recipe_types, tensors, ckpt, progress, cancel)
 
 
 def _write(out_path: Path, kv: dict, kv_types: dict, tensors: list[_Tensor], ckpt: Checkpoint,

@@ -322,12 +322,18 @@ def envelope(kind: str, rid: str, created: int, model_id: str, choices: list[dic
 
 
 def step_event(index: int, ev) -> dict:
-    """One denoising step of answer `index`, positions relative to the answer; NaN entropy -> null."""
+    """One denoising step of answer `index`, positions relative to the answer; NaN entropy -> null.
+    Uniform-state diffusion (DiffusionGemma) adds the argmax draft of the canvas, the re-drawn
+    positions (`unmasked`: the accepted ones) and the entropy cut (StepEvent's fields)."""
     p = ev.prompt_length
     entropy = [None if math.isnan(x) else round(x, 4) for x in ev.entropy[p:].tolist()]
-    return {"index": index, "step": ev.step, "block": ev.block, "n_blocks": ev.n_blocks,
-            "steps_allowed": ev.steps_allowed, "tokens": ev.gen_tokens.tolist(), "mask": ev.gen_mask.tolist(),
-            "unmasked": [int(i) - p for i in ev.unmasked], "edited": [int(i) - p for i in ev.edited],
-            "entropy": entropy, "active": len(ev.active),
-            "cached": len(ev.cached), "forward_ms": round(ev.forward_ms, 3), "sample_ms": round(ev.sample_ms, 3),
-            "total_ms": round(ev.total_ms, 3)}
+    out = {"index": index, "step": ev.step, "block": ev.block, "n_blocks": ev.n_blocks,
+           "steps_allowed": ev.steps_allowed, "tokens": ev.gen_tokens.tolist(), "mask": ev.gen_mask.tolist(),
+           "unmasked": [int(i) - p for i in ev.unmasked], "edited": [int(i) - p for i in ev.edited],
+           "entropy": entropy, "active": len(ev.active),
+           "cached": len(ev.cached), "forward_ms": round(ev.forward_ms, 3), "sample_ms": round(ev.sample_ms, 3),
+           "total_ms": round(ev.total_ms, 3)}
+    if ev.draft is not None:
+        out |= {"draft": ev.draft.tolist(), "redrawn": [int(i) - p for i in ev.redrawn],
+                "entropy_cut": round(float(ev.entropy_cut), 4)}
+    return out
