@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <cstring>
 #include <thread>
 
 #ifdef _WIN32
@@ -92,6 +93,8 @@ ModelImpl::~ModelImpl() {
     if (repack_buf_) ggml_backend_buffer_free(repack_buf_);
     if (widened_buf_) ggml_backend_buffer_free(widened_buf_);
     if (widened_ctx_) ggml_free(widened_ctx_);
+    if (transposed_buf_) ggml_backend_buffer_free(transposed_buf_);
+    if (transposed_ctx_) ggml_free(transposed_ctx_);
     if (weight_buf_) ggml_backend_buffer_free(weight_buf_);
 }
 
@@ -514,6 +517,7 @@ void ModelImpl::bind_weights(bool repack) {
     // store them in F16, so such vectors get F32 copies.
     std::vector<ggml_tensor **> vectors = {&w_.output_norm};
     if (w_.sc_pre_norm) vectors.push_back(&w_.sc_pre_norm);
+    if (gemma) transpose_embedding(data.at(w_.tok_embd));
     for (LayerWeights & L : w_.layers)
         for (ggml_tensor ** v : {&L.attn_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv, &L.attn_q_norm, &L.attn_k_norm,
                                  &L.exp_probs_b, &L.attn_post_norm, &L.ffn_post_norm_1, &L.ffn_pre_norm_2,
@@ -585,6 +589,45 @@ void ModelImpl::widen_vectors(std::vector<ggml_tensor **> & slots, const std::ma
         else ggml_bf16_to_fp32_row((const ggml_bf16_t *) from, to, src->ne[0]);
         *narrow[i] = wide[i];
     }
+}
+
+void ModelImpl::transpose_embedding(const char * data) {
+    const ggml_tensor * E = w_.tok_embd;
+    const int64_t d = E->ne[0], V = E->ne[1];
+    const ggml_type type = E->type == GGML_TYPE_F32 ? GGML_TYPE_F32 : GGML_TYPE_F16;
+    ggml_init_params ip = {ggml_tensor_overhead(), nullptr, /*no_alloc*/ true};
+    transposed_ctx_ = ggml_init(ip);
+    w_.tok_embd_t = ggml_new_tensor_2d(transposed_ctx_, type, V, d);
+    transposed_buf_ = ggml_backend_alloc_ctx_tensors_from_buft(transposed_ctx_, ggml_backend_cpu_buffer_type());
+    if (!transposed_buf_) file_->fail("out of memory transposing the embedding for the self-conditioning");
+    // Rows of E dequantised a block at a time, written as columns; blocks of rows on all cores.
+    const ggml_to_float_t to_float = E->type == GGML_TYPE_F32 ? nullptr : ggml_get_type_traits(E->type)->to_float;
+    const int64_t block = 256;
+    const int n_workers = (int) std::max(1u, std::thread::hardware_concurrency());
+    std::atomic<int64_t> next{0};
+    std::vector<std::thread> workers;
+    for (int k = 0; k < n_workers; ++k) {
+        workers.emplace_back([&] {
+            std::vector<float> rows((size_t) block * d);
+            for (int64_t v0; (v0 = next.fetch_add(block)) < V;) {
+                const int64_t n = std::min(block, V - v0);
+                for (int64_t r = 0; r < n; ++r) {
+                    const char * src = data + (v0 + r) * E->nb[1];
+                    if (to_float) to_float(src, rows.data() + r * d, d);
+                    else std::memcpy(rows.data() + r * d, src, d * sizeof(float));
+                }
+                for (int64_t j = 0; j < d; ++j) {
+                    char * dst = (char *) w_.tok_embd_t->data + j * w_.tok_embd_t->nb[1] + v0 * ggml_type_size(type);
+                    for (int64_t r = 0; r < n; ++r) {
+                        const float x = rows[r * d + j];
+                        if (type == GGML_TYPE_F32) ((float *) dst)[r] = x;
+                        else ((ggml_fp16_t *) dst)[r] = ggml_fp32_to_fp16(x);
+                    }
+                }
+            }
+        });
+    }
+    for (std::thread & t : workers) t.join();
 }
 
 void ModelImpl::check_tokens(const int32_t * ids, size_t n) const {

@@ -77,6 +77,10 @@ struct Weights {
     // DiffusionGemma: RoPE frequency factors of the full layers (head_dim / 2), self-conditioning.
     ggml_tensor * rope_freqs = nullptr;
     ggml_tensor * sc_pre_norm = nullptr, * sc_gate = nullptr, * sc_up = nullptr, * sc_down = nullptr;
+    // The embedding transposed, (n_vocab, n_embd): the self-conditioning's softmax(logits) E is a
+    // product over the vocabulary, which ggml's mat-mul runs along rows only. F32 for an F32
+    // embedding, else F16; built at load (n_vocab x n_embd x 2 bytes: 1.4 GiB for the real model).
+    ggml_tensor * tok_embd_t = nullptr;
 };
 
 // Read-only memory map of the whole file.
@@ -143,6 +147,7 @@ private:
     void read_gemma_hparams(const std::string & arch_key);
     void bind_weights(bool repack);
     void widen_vectors(std::vector<ggml_tensor **> & slots, const std::map<ggml_tensor *, char *> & data);
+    void transpose_embedding(const char * data);
 
     std::unique_ptr<GGUFFile> file_;
     std::unique_ptr<FileMapping> map_;
@@ -150,6 +155,8 @@ private:
     ggml_backend_buffer * repack_buf_ = nullptr;   // repacked copies of quantised matrices
     ggml_context * widened_ctx_ = nullptr;         // F32 copies of F16/BF16 norms and biases
     ggml_backend_buffer * widened_buf_ = nullptr;
+    ggml_context * transposed_ctx_ = nullptr;      // DiffusionGemma's transposed embedding
+    ggml_backend_buffer * transposed_buf_ = nullptr;
     const ArchInfo * arch_ = nullptr;
     HParams hp_{};
     std::vector<LayerShape> layers_;
