@@ -42,6 +42,15 @@ class StepEvent:
     # editing_threshold < 1 (LLaDA2.1's token-to-token editing): int32 (e,), committed positions
     # whose token this step replaced; the previous event's tokens hold what they were
     edited: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    # Uniform-state diffusion (DiffusionGemma); None for the other families. tokens then hold the
+    # canvas this step denoised, `unmasked` the positions accepted (they take the drawn token) and
+    # `mask` / `redrawn` the others (a uniform random token next); draft: int32 (canvas,), the argmax
+    # canvas (the output if the canvas stops here); entropy_cut: the largest accepted entropy, nats
+    # (a position is accepted when its entropy is at most this: the lowest entropies while their sum
+    # minus the largest stays within entropy_budget).
+    draft: np.ndarray | None = None
+    redrawn: np.ndarray | None = None
+    entropy_cut: float | None = None
 
     @property
     def gen_tokens(self) -> np.ndarray:

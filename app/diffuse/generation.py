@@ -118,6 +118,8 @@ def schedule_check(opts: dict, arch: str, n_ctx: int | None = None,
     gen, steps, block = o["gen_length"], o["steps"], o["block_length"]
     if n_ctx is not None and gen >= n_ctx:      # the prompt itself is checked where it is encoded
         return "", f"gen_length {gen} + the prompt exceeds the model's context of {n_ctx}"
+    if arch == "diffusion-gemma":   # steps per canvas, any number of them; whole canvases (the engine's)
+        return "", None
     if arch in BLOCK_FAMILIES:
         if 0 < block < steps:     # block_length 0: the model's own block, known to the engine
             return f"steps {steps} -> {block}: at most one step per position ({block} per block)", None

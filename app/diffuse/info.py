@@ -188,6 +188,9 @@ def format_info(d: dict, tensors: bool = False) -> str:
         shift = "-" if diff["shift_logits"] is None else diff["shift_logits"]
         lines.append(f"block diffusion  trained on blocks of {diff['block_size']}{sub} (causal across blocks, "
                      f"bidirectional inside); mask id {diff['mask_token_id']}, shift logits {shift}")
+    if hp and hp.get("canvas_length"):
+        lines.append(f"uniform-state diffusion  canvas of {hp['canvas_length']} random tokens denoised over a causally "
+                     f"encoded cache; sliding window {hp['sliding_window']}, logit softcap {hp['logit_softcap']:g}")
     if d.get("recipe_problem"):
         lines.append(f"recipe        ignored: {d['recipe_problem']}")
     elif d.get("recipe") is not None:

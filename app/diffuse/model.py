@@ -79,14 +79,28 @@ class Model:
     def repacked_bytes(self) -> int:
         return self._core.repacked_bytes
 
-    def forward(self, token_ids, positions=None, block_size: int | None = None) -> np.ndarray:
+    def forward(self, token_ids, positions=None, block_size: int | None = None, *, canvas=None,
+                self_conditioning=None) -> np.ndarray:
         """Raw logits float32 under the model's attention pattern, before any logit shift.
 
         (n_tokens, n_vocab) for every position, or (len(positions), n_vocab) for the positions given
         (the head then runs over those rows only, as in a denoising step). Full-attention models
         attend bidirectionally; block-diffusion models block-causally, in blocks of their own block
         size or of `block_size` (what a run with that block_length sees).
+
+        DiffusionGemma: token_ids is the context, encoded causally into the cache; `canvas` the
+        canvas's ids; the result the canvas's (softcapped) logits (len(canvas), n_vocab).
+        self_conditioning: the previous step's logits of the canvas (its temperature-scaled ones,
+        as the official loop passes), or None at the first step.
         """
+        if canvas is not None or self_conditioning is not None:
+            if positions is not None or block_size is not None:
+                raise DiffuseError("forward: positions and block_size do not apply to a canvas")
+            context, canvas = self._ids(token_ids, "the context"), self._ids(canvas, "the canvas")
+            sc = None if self_conditioning is None else np.asarray(self_conditioning, dtype=np.float32)
+            if sc is not None and not np.isfinite(sc).all():
+                raise DiffuseError("forward: self_conditioning holds NaN or infinite logits")
+            return self._core.forward_canvas(context, canvas, sc)
         ids = np.asarray(token_ids)
         if ids.ndim != 1 or ids.size == 0:
             raise DiffuseError("forward: expected a non-empty 1-D sequence of token ids")
@@ -97,6 +111,13 @@ class Model:
         if positions is not None and not rows:
             raise DiffuseError("forward: positions is empty")
         return self._core.forward(ids.astype(np.int32), rows, -1 if block_size is None else block_size)
+
+    def _ids(self, token_ids, what: str) -> np.ndarray:
+        ids = np.asarray(token_ids)
+        if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+            raise DiffuseError(f"forward: {what} must be a non-empty 1-D sequence of token ids")
+        self._check_ids(ids)
+        return ids.astype(np.int32)
 
     def _check_ids(self, ids: np.ndarray) -> None:
         # Checked before the cast to int32, which would wrap 2**32 + 5 into a valid id.

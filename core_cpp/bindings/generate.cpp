@@ -44,6 +44,11 @@ static py::dict event_dict(const diffuse::StepEvent & e, const diffuse::HParams 
     d["active"] = to_numpy(*e.active);
     d["cached"] = to_numpy(*e.cached);
     d["edited"] = to_numpy(*e.edited);
+    if (e.draft) {   // uniform-state diffusion (DiffusionGemma)
+        d["draft"] = to_numpy(*e.draft);
+        d["redrawn"] = to_numpy(*e.redrawn);
+        d["entropy_cut"] = e.entropy_cut;
+    }
     d["forward_ms"] = e.forward_ms;
     d["sample_ms"] = e.sample_ms;
     d["total_ms"] = e.total_ms;
@@ -81,7 +86,8 @@ static const char * kind_name(OptionKind k) {
 }
 
 static diffuse::Arch arch_of(const std::string & family) {
-    for (diffuse::Arch a : {diffuse::Arch::LLaDA, diffuse::Arch::Dream, diffuse::Arch::SDAR, diffuse::Arch::FastDLLMv2})
+    for (diffuse::Arch a : {diffuse::Arch::LLaDA, diffuse::Arch::Dream, diffuse::Arch::SDAR, diffuse::Arch::FastDLLMv2,
+                            diffuse::Arch::DiffusionGemma})
         if (family == diffuse::arch_name(a)) return a;
     throw diffuse::Error("unknown model family '" + family + "'");
 }

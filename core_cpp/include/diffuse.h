@@ -36,7 +36,9 @@ struct Error : std::runtime_error {
 
 // Model families: each has its own defaults and chat conventions. LLaDA and Dream attend to the whole
 // sequence; SDAR (and TraDo) and Fast-dLLM v2 are block diffusion (causal across blocks).
-enum class Arch { LLaDA, Dream, SDAR, FastDLLMv2 };
+// DiffusionGemma is uniform-state diffusion: a causal encoder writes the prompt's (and each finished
+// canvas's) K/V, a bidirectional decoder denoises a canvas of random tokens over that cache.
+enum class Arch { LLaDA, Dream, SDAR, FastDLLMv2, DiffusionGemma };
 enum class Dialect { Ours, LlamaCpp, DiffuseCpp };
 
 // Hyper-parameters, read from any of the three GGUF dialects.
@@ -77,6 +79,13 @@ struct HParams {
     // position 0) and bidirectional inside one; 0 for models that attend to the whole sequence.
     int      block_size;
     int      sub_block_size;  // diffusion.sub_block_size: decoded in sub-blocks of this size (Fast-dLLM v2: 8); 0: none
+    // DiffusionGemma (Gemma 4 blocks): the canvas the decoder denoises, the sliding layers' window
+    // (a query sees this many positions, itself included), the final logits' softcap c
+    // (c tanh(logits / c)); 0 for the other families. Per-layer head sizes, KV heads and RoPE are
+    // the model's (sliding and full layers differ); head_dim / n_head_kv here are the full layers'.
+    int      canvas_length;
+    int      n_swa;
+    float    logit_softcap;
     bool moe() const { return n_expert > 0; }
     bool block_diffusion() const { return block_size > 0; }
 };
@@ -162,6 +171,13 @@ struct GenerateParams {
     float     eps            = 1e-3f; // Dream timestep floor
     uint64_t  seed           = 0;
     int       n_threads      = 0;     // 0: the model's thread count; capped at the logical CPU count
+    // DiffusionGemma (uniform-state diffusion): the temperature falls linearly from `temperature`
+    // to `temperature_end` over a canvas's steps; the canvas stops early once its argmax has stood
+    // `stability` steps and the mean entropy is below `stop_entropy`. steps: per canvas;
+    // entropy_budget: the entropy bound of the acceptance rule.
+    float     temperature_end = 0.4f;
+    int       stability      = 1;
+    float     stop_entropy   = 0.005f;
     std::vector<int32_t> eos_ids;     // end-of-text ids (early stop, useful length)
     bool      expert_routing = false; // MoE: fill StepEvent::experts (costs a copy per step)
 };
@@ -191,6 +207,15 @@ struct StepEvent {
     // editing_threshold < 1: committed positions whose token this step replaced (the previous
     // event's tokens hold what they were). Empty otherwise.
     const std::vector<int32_t> * edited;
+    // DiffusionGemma: tokens hold the canvas this step denoised (the context before it); unmasked
+    // the positions accepted (they take the drawn token), redrawn the others (a uniform random
+    // token next); draft the argmax canvas (the canvas's output if it stops here); entropy_cut
+    // the largest accepted entropy: a position is accepted when its entropy is at most this (the
+    // lowest entropies, as many as keep their sum minus the largest within entropy_budget).
+    // nullptr / NaN for the other families.
+    const std::vector<int32_t> * redrawn = nullptr;
+    const std::vector<int32_t> * draft = nullptr;
+    float entropy_cut = 0.0f;
 };
 
 // Return false to cancel (that sequence only, in a batch); an exception thrown here ends the whole
@@ -272,6 +297,11 @@ public:
     // forward_into writes them to `out`, which holds rows.size() (or tokens.size()) * n_vocab floats.
     // block_size of a block-diffusion model: the blocks of a run with another block_length (< 0:
     // the model's own).
+    // DiffusionGemma: the canvas's logits (canvas.size(), n_vocab) after the context is encoded
+    // causally into a cache the decoder reads; self_cond: the previous step's (processed) logits of
+    // the canvas, (canvas.size(), n_vocab) row-major, or nullptr for the first step.
+    virtual void forward_canvas(const std::vector<int32_t> & context, const std::vector<int32_t> & canvas,
+                                const float * self_cond, float * out) const = 0;
     virtual void forward_into(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows,
                               float * out, int block_size = -1) const = 0;
     std::vector<float> forward(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows = {}) const {
