@@ -42,6 +42,10 @@ static py::dict hparams_dict(const diffuse::HParams & hp) {
     d["n_layer_dense"] = hp.n_layer_dense;  // leading dense layers of a MoE model
     d["block_size"] = hp.block_size;        // 0: attends to the whole sequence
     d["sub_block_size"] = hp.sub_block_size;    // 0: none
+    d["rope_yarn"] = hp.rope_yarn;
+    d["rope_scaling_factor"] = 1.0 / hp.rope_freq_scale;
+    d["attn_temp_scale"] = hp.attn_temp_scale;  // llama-4 query scale; 0: none
+    d["trained_block"] = hp.trained_block;      // Nemotron-Labs-Diffusion's block; 0: none
     return d;
 }
 
@@ -83,5 +87,20 @@ void diffuse_py::register_model(py::module_ & m) {
              },
              py::arg("tokens"), py::arg("rows") = std::vector<int32_t>{}, py::arg("block_size") = -1,
              "Logits (n_rows, n_vocab) of the given positions (all when empty), under the model's attention "
-             "pattern (bidirectional or block-causal), before any logit shift.");
+             "pattern (bidirectional or block-causal), before any logit shift.")
+        .def("forward_causal",
+             [](const Model & self, I32Array tokens, int open_block) {
+                 if (tokens.ndim() != 1) throw diffuse::Error("forward: expected a 1-D array of token ids");
+                 std::vector<int32_t> ids(tokens.data(), tokens.data() + tokens.size());
+                 py::array_t<float> out({(py::ssize_t) ids.size(), (py::ssize_t) self.hparams().n_vocab});
+                 float * dst = out.mutable_data();
+                 {
+                     py::gil_scoped_release release;
+                     self.forward_causal_into(ids, open_block, dst);
+                 }
+                 return out;
+             },
+             py::arg("tokens"), py::arg("open_block") = 0,
+             "Causal logits (n, n_vocab) of every position; open_block > 0: the last open_block positions "
+             "also see each other (a block drafted over a causal prefix). Before any logit shift.");
 }

@@ -18,6 +18,9 @@ static const ArchInfo ARCHS[] = {
     {"fast-dllm-v2",   Arch::FastDLLMv2, build_dream,     true,  false, false, false, false, true,  true,  -1},
     // LLaDA2.0/2.1: BailingMoeV2 blocks trained block-causal; SDAR's family (block rules, defaults).
     {"llada2",         Arch::SDAR,       build_llada2,    false, true,  true,  true,  true,  false, true,  LLADA_MOE_MASK_ID},
+    // Nemotron-Labs-Diffusion: Ministral3 blocks (Llama with YaRN and the llama-4 query scale), one
+    // causal K/V cache for its AR, diffusion and self-speculation modes (no GGUF name exists: ours).
+    {"nemotron-diffusion", Arch::NemotronDiffusion, build_nemotron_diffusion, false, false, false, false, false, false, false, -1},
 };
 
 const ArchInfo * arch_by_name(const std::string & name) {

@@ -77,6 +77,7 @@ std::tuple<ggml_tensor *, ggml_tensor *, ggml_tensor *> GraphBuilder::qkv(const 
 }
 
 ggml_tensor * GraphBuilder::rope(ggml_tensor * t) {
+    if (hp.rope_yarn) return rope_yarn(t);
     return ggml_rope_ext(ctx, t, in_.positions, nullptr, (int) hp.n_rot, hp.rope_mode, 0, hp.rope_theta,
                          1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
 }
@@ -217,6 +218,28 @@ ggml_tensor * GraphBuilder::head(ggml_tensor * x) {
     ggml_set_output(logits);
     in_.logits = logits;
     return logits;
+}
+
+}  // namespace diffuse
+
+namespace diffuse {
+
+// ggml's YaRN multiplies cos and sin by 1 + 0.1 ln(1 / freq_scale) itself; transformers multiplies
+// them by the attention factor the file records (Ministral3's mscale = mscale_all_dim: 1), so
+// ggml's own factor is divided out.
+ggml_tensor * GraphBuilder::rope_yarn(ggml_tensor * t) {
+    const float ggml_mscale = 1.0f + 0.1f * std::log(1.0f / hp.rope_freq_scale);
+    return ggml_rope_ext(ctx, t, in_.positions, nullptr, (int) hp.n_rot, hp.rope_mode, (int) hp.rope_orig_ctx,
+                         hp.rope_theta, hp.rope_freq_scale, 1.0f, hp.rope_attn_factor / ggml_mscale,
+                         hp.rope_beta_fast, hp.rope_beta_slow);
+}
+
+ggml_tensor * GraphBuilder::scale_queries(ggml_tensor * q) {
+    if (!in_.q_scale) {
+        in_.q_scale = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 1, 1, shape_.total_q());
+        ggml_set_input(in_.q_scale);
+    }
+    return ggml_mul(ctx, q, in_.q_scale);
 }
 
 }  // namespace diffuse

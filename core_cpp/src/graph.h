@@ -43,6 +43,7 @@ struct GraphInputs {
     // MoE, per layer (nullptr for a dense one): the router's ranking, I32 (n_expert, rows) best
     // first; rows = n_q_total (last layer: n_out_total)
     std::vector<ggml_tensor *> experts;
+    ggml_tensor * q_scale = nullptr;         // F32 (1, 1, n_q_total): scale_queries' factor per row, or nullptr
 };
 
 class GraphBuilder {
@@ -63,6 +64,9 @@ public:
     // (hd, heads, n_q) at the rows' positions: NEOX or NORM over the first n_rot dims of each head,
     // the others passed through (partial RoPE).
     ggml_tensor * rope(ggml_tensor * t);
+    ggml_tensor * rope_yarn(ggml_tensor * t);                         // rope() of a YaRN model (hp.rope_yarn)
+    // Ministral3's llama-4 query scale, per row: q (hd, n_head, n_q) * (1 + beta ln(1 + floor(pos / L))).
+    ggml_tensor * scale_queries(ggml_tensor * q);
     // Writes K/V into each sequence's cache, attends over it, projects: (n_embd, n_q).
     ggml_tensor * attention(int il, const LayerWeights & L, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v);
     // x + attn (n_embd, n_q); at the last layer only over the rows whose logits are wanted (their

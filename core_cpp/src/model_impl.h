@@ -6,6 +6,7 @@
 #include "gguf_file.h"
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -90,6 +91,7 @@ public:
     void set_n_threads(int n) override;
     void forward_into(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows,
                       float * out, int block_size = -1) const override;
+    void forward_causal_into(const std::vector<int32_t> & tokens, int open_block, float * out) const override;
     size_t weights_bytes() const override { return weights_bytes_; }
     size_t repacked_bytes() const override { return repacked_bytes_; }
     bool flash_attn() const override { return flash_attn_; }
@@ -109,6 +111,7 @@ public:
 
 private:
     void read_hparams();
+    void read_rope_scaling(const std::function<std::string(const char *)> & key);   // YaRN, the query scale
     void bind_weights(bool repack);
     void widen_vectors(std::vector<ggml_tensor **> & slots, const std::map<ggml_tensor *, char *> & data);
 
