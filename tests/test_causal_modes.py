@@ -275,3 +275,23 @@ def test_a_stream_mixes_modes(tiny_gguf):
     assert isinstance(finished[3], DiffuseError) and "draft_length" in str(finished[3])
     assert len(finished[4].tokens) == 5
     assert {e.sequence for e in events} == {0, 1, 2, 4}
+
+
+# ---- diffuse bench spec ----
+
+def test_bench_spec(nemotron, tmp_path, capsys):
+    """Every draft length's passes, the break-even, and tok/s at the published acceptance by default."""
+    from diffuse.cli import main
+    out = tmp_path / "spec.json"
+    assert main(["bench", "spec", nemotron.path, "--depth", "16", "--reps", "1", "--ar-tokens", "2",
+                 "--draft-lengths", "1,4,8", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [r["k"] for r in result["rows"]] == [1, 4, 8]
+    assert result["rows"][0]["draft_ms"] == 0                     # a draft of 1 is the seed alone: no draft pass
+    for r in result["rows"]:
+        assert r["break_even"] == pytest.approx(r["iteration_ms"] / result["decode_ms"])
+    assert {s["acceptance"] for s in result["speed"]} == {5.46, 6.82}
+    assert all(s["used"] == min(s["acceptance"], s["k"]) for s in result["speed"])
+    assert "published" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["bench", "spec", nemotron.path, "--acceptance", "0.5"])

@@ -366,4 +366,13 @@ struct BlockStepResult {
 std::vector<BlockStepResult> bench_block_steps(const Model & model, int depth, const std::vector<BlockStepCase> & cases,
                                                int reps, bool routing);
 
+// Self-speculation's passes at `depth` cached rows (spec_bench.cpp): ms per AR decode row, and per
+// draft length k (widths) per draft pass (the seed and k - 1 masks, bidirectional) and verify pass
+// (k rows, causal); k = 1 has no draft pass (draft_ms empty). `reps` timed passes of each, alternating.
+struct SpecPassTimes {
+    std::vector<double> decode_ms;
+    std::vector<std::vector<double>> draft_ms, verify_ms;   // per width
+};
+SpecPassTimes bench_spec_passes(const Model & model, int depth, const std::vector<int> & widths, int n_threads, int reps);
+
 }  // namespace diffuse
