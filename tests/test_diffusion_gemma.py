@@ -109,6 +109,10 @@ def test_forward_refuses_bad_canvas_input(gguf_f32):
         m.forward([1, 2, 3], canvas=[m.n_vocab])
     with pytest.raises(DiffuseError, match="context and a canvas|canvas"):
         m.forward([1, 2, 3])
+    with pytest.raises(DiffuseError, match="mode 'ar' does not apply to DiffusionGemma"):
+        m.forward([1, 2, 3], mode="ar")
+    with pytest.raises(DiffuseError, match="mode do not apply to a canvas"):
+        m.forward([1, 2, 3], canvas=[4, 5], mode="ar")
 
 
 def _copy_with(src: Path, dst: Path, edit) -> Path:
@@ -253,6 +257,9 @@ def test_generate_refuses_what_does_not_apply(gguf_f32):
         m.generate([1, 2, 3], chat=False, block_length=8)
     with pytest.raises(DiffuseError, match="must not exceed temperature"):
         m.generate([1, 2, 3], chat=False, temperature=0.3, temperature_end=0.5)
+    for mode in ("ar", "self_spec"):   # the causal-cache modes (loops/causal.cpp) are not this model's
+        with pytest.raises(DiffuseError, match="mode ar and self_spec do not apply to DiffusionGemma"):
+            m.generate([1, 2, 3], chat=False, mode=mode)
 
 
 def test_the_server_streams_uniform_state_events(gguf_f32):
@@ -264,9 +271,11 @@ def test_the_server_streams_uniform_state_events(gguf_f32):
     s.start()
     try:
         client = openai.OpenAI(base_url=s.url, api_key="k", max_retries=0, timeout=60)
-        plain = client.completions.create(model="m", prompt="The river", max_tokens=CANVAS, extra_body={"steps": 3})
+        # One seed for both: an unset seed is a random one.
+        plain = client.completions.create(model="m", prompt="The river", max_tokens=CANVAS,
+                                          extra_body={"steps": 3, "seed": 0})
         stream = client.completions.create(model="m", prompt="The river", max_tokens=CANVAS, stream=True,
-                                           extra_body={"steps": 3, "diffusion_events": True})
+                                           extra_body={"steps": 3, "seed": 0, "diffusion_events": True})
         events, text = [], ""
         for chunk in stream:
             if (ev := (chunk.model_extra or {}).get("diffusion")) is not None:

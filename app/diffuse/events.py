@@ -51,6 +51,12 @@ class StepEvent:
     draft: np.ndarray | None = None
     redrawn: np.ndarray | None = None
     entropy_cut: float | None = None
+    # mode self_spec: int32 (block_end - block_start,), the iteration's block as drafted (the seed,
+    # committed before, then the drafted tokens), and how many drafts the verify pass kept. The bonus
+    # token follows them at block_start + 1 + spec_accepted (in tokens); spec_draft[spec_accepted + 1],
+    # when there is one, was the first rejected. None / -1 in the other modes.
+    spec_draft: np.ndarray | None = None
+    spec_accepted: int = -1
 
     @property
     def gen_tokens(self) -> np.ndarray:
@@ -77,6 +83,7 @@ class GenerateResult:
     useful_length: int                 # decided (non-mask) tokens before the first end-of-text
     decided_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # (gen_length,)
     prefill_ms: float = 0.0            # block diffusion: the prompt's whole blocks, once (in total_ms)
+    forward_passes: int = 0            # modes ar and self_spec, Nemotron's diffusion: forward passes run
     # The options the run used, the model's defaults filled in. options["seed"] is the seed that
     # ran, also when none was given (each run then draws one): passing it again repeats the run.
     options: dict = field(default_factory=dict)

@@ -91,4 +91,21 @@ void diffuse_py::register_bench(py::module_ & m) {
           "Block steps over one prefilled prompt of `depth` rows: cases [(width, masked, threads[, logit_rows])], "
           "in order; for each (ms list, experts flat list (n_layer, width, n_expert_used), empty without routing "
           "or experts).");
+    m.def("bench_spec_passes",
+          [](const diffuse::Model & model, int depth, const std::vector<int> & widths, int threads, int reps) {
+              diffuse::SpecPassTimes t;
+              {
+                  py::gil_scoped_release release;
+                  t = diffuse::bench_spec_passes(model, depth, widths, threads, reps);
+              }
+              py::dict d;
+              d["decode_ms"] = t.decode_ms;
+              d["draft_ms"] = t.draft_ms;
+              d["verify_ms"] = t.verify_ms;
+              return d;
+          },
+          py::arg("model"), py::arg("depth"), py::arg("widths"), py::kw_only(), py::arg("threads") = 0,
+          py::arg("reps") = 5,
+          "Self-speculation's passes at `depth` cached rows, `reps` of each alternating: {decode_ms: [AR decode "
+          "row], draft_ms: [per width: ms of the draft pass (empty for width 1)], verify_ms: [per width]}.");
 }

@@ -48,6 +48,10 @@ static py::dict hparams_dict(const diffuse::HParams & hp) {
     d["canvas_length"] = hp.canvas_length;      // DiffusionGemma's canvas; 0 for the others
     d["sliding_window"] = hp.n_swa;             // 0: none
     d["logit_softcap"] = hp.logit_softcap;      // 0: none
+    d["rope_yarn"] = hp.rope_yarn;
+    d["rope_scaling_factor"] = 1.0 / hp.rope_freq_scale;
+    d["attn_temp_scale"] = hp.attn_temp_scale;  // llama-4 query scale; 0: none
+    d["trained_block"] = hp.trained_block;      // Nemotron-Labs-Diffusion's block; 0: none
     return d;
 }
 
@@ -111,5 +115,20 @@ void diffuse_py::register_model(py::module_ & m) {
              },
              py::arg("context"), py::arg("canvas"), py::arg("self_cond") = py::none(),
              "DiffusionGemma: the canvas's logits (n_canvas, n_vocab), softcapped, after the context is "
-             "encoded causally; self_cond: the previous step's logits of the canvas or None.");
+             "encoded causally; self_cond: the previous step's logits of the canvas or None.")
+        .def("forward_causal",
+             [](const Model & self, I32Array tokens, int open_block) {
+                 if (tokens.ndim() != 1) throw diffuse::Error("forward: expected a 1-D array of token ids");
+                 std::vector<int32_t> ids(tokens.data(), tokens.data() + tokens.size());
+                 py::array_t<float> out({(py::ssize_t) ids.size(), (py::ssize_t) self.hparams().n_vocab});
+                 float * dst = out.mutable_data();
+                 {
+                     py::gil_scoped_release release;
+                     self.forward_causal_into(ids, open_block, dst);
+                 }
+                 return out;
+             },
+             py::arg("tokens"), py::arg("open_block") = 0,
+             "Causal logits (n, n_vocab) of every position; open_block > 0: the last open_block positions "
+             "also see each other (a block drafted over a causal prefix). Before any logit shift.");
 }

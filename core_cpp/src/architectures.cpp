@@ -22,6 +22,9 @@ static const ArchInfo ARCHS[] = {
     // decoder; loaded by model.cpp's read_gemma_hparams / bind_gemma_weights (per-layer shapes). No
     // mask token: the canvas starts as random tokens.
     {"diffusion-gemma", Arch::DiffusionGemma, build_diffusion_gemma, false, true, true, false, false, false, false, 0},
+    // Nemotron-Labs-Diffusion: Ministral3 blocks (Llama with YaRN and the llama-4 query scale), one
+    // causal K/V cache for its AR, diffusion and self-speculation modes (no GGUF name exists: ours).
+    {"nemotron-diffusion", Arch::NemotronDiffusion, build_nemotron_diffusion, false, false, false, false, false, false, false, -1},
 };
 
 const ArchInfo * arch_by_name(const std::string & name) {

@@ -43,5 +43,6 @@ ggml_tensor * build_dream(GraphBuilder & g);
 ggml_tensor * build_sdar(GraphBuilder & g);
 ggml_tensor * build_llada2(GraphBuilder & g);
 ggml_tensor * build_diffusion_gemma(GraphBuilder & g);
+ggml_tensor * build_nemotron_diffusion(GraphBuilder & g);
 
 }  // namespace diffuse

@@ -202,6 +202,12 @@ void ForwardRunner::run(const std::vector<SequenceRows> & seqs, int n_threads, f
     }
     ggml_backend_tensor_set(in_.tokens, tokens.data(), 0, sizeof(int32_t) * tokens.size());
     ggml_backend_tensor_set(in_.positions, positions.data(), 0, sizeof(int32_t) * positions.size());
+    if (in_.q_scale) {
+        std::vector<float> scale;
+        for (int32_t p : positions)
+            scale.push_back(1.0f + hp.attn_temp_scale * std::log(1.0f + std::floor((float) p / hp.attn_temp_length)));
+        ggml_backend_tensor_set(in_.q_scale, scale.data(), 0, sizeof(float) * scale.size());
+    }
     ggml_backend_tensor_set(in_.out_rows, out_rows.data(), 0, sizeof(int32_t) * out_rows.size());
 
     ggml_backend_cpu_set_n_threads(backend_, threads_for_pass(n_threads));

@@ -27,6 +27,7 @@
 #include "diffuse.h"
 
 #include "context.h"
+#include "loops/causal.h"
 #include "loops/stream.h"
 #include "loops/uniform_state.h"
 #include "model_impl.h"
@@ -74,6 +75,14 @@ GenerateParams default_generate_params(Arch arch) {
             p.stability = 1;
             p.stop_entropy = 0.005f;
             break;
+        case Arch::NemotronDiffusion:
+            // Its generate_diffusion: blocks of the model's 32, threshold 0.9 (at least one per step).
+            p.scheduler = Scheduler::ConfidenceThreshold;
+            p.block_length = 0;
+            p.steps = 32;
+            p.confidence_threshold = 0.9f;
+            p.eos_stop = EosStop::Prefix;
+            break;
     }
     return p;
 }
@@ -98,6 +107,10 @@ struct Geometry {
 // Checks a request against the model; returns its blocks.
 Geometry validate(const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p) {
     const HParams & hp = model.hparams();
+    if (runs_causally(model, p)) {   // loops/causal.cpp: no blocks of this loop
+        check_causal(model, prompt, p);
+        return {};
+    }
     if (prompt.empty()) throw Error("the prompt is empty");
     model.check_tokens(prompt.data(), prompt.size());
     check_options(p);
@@ -411,11 +424,15 @@ void prefill(Sequence & q, ForwardRunner & runner, int n_threads, int64_t n_voca
 
 }  // namespace
 
-int generate_stream(const Model & base, const BatchFeed & feed, const StepCallback & on_step) {
+int generate_stream(const Model & base, const BatchFeed & given_feed, const StepCallback & given_on_step) {
     const ModelImpl & model = static_cast<const ModelImpl &>(base);
     const HParams & hp = model.hparams();
-    if (hp.arch == Arch::DiffusionGemma) return uniform_state_stream(model, feed, on_step);
+    if (hp.arch == Arch::DiffusionGemma) return uniform_state_stream(model, given_feed, given_on_step);
     ContextLease ctx = model.lease();
+    // The AR, self-speculation and causal-cache diffusion items run beside this loop (loops/causal.h).
+    CausalSide causal(model, given_feed, given_on_step);
+    const BatchFeed & feed = causal.feed();
+    const StepCallback & on_step = causal.on_step();
 
     std::list<Sequence> running;       // admission order; a list, so a Sequence stays put while it runs
     int n_admitted = 0;

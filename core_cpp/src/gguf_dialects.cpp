@@ -42,6 +42,7 @@ const char * arch_name(Arch a) {
         case Arch::SDAR:       return "sdar";
         case Arch::FastDLLMv2: return "fast-dllm-v2";
         case Arch::DiffusionGemma: return "diffusion-gemma";
+        case Arch::NemotronDiffusion: return "nemotron-diffusion";
     }
     return "?";
 }

@@ -92,8 +92,24 @@ ggml_tensor * GraphBuilder::rope(ggml_tensor * t, int il) {
     const LayerShape & s = model_.layer(il);
     // DiffusionGemma's full layers: proportional RoPE as frequency factors (1e30: a pair left alone).
     ggml_tensor * factors = s.kv_shared ? w.rope_freqs : nullptr;
-    return ggml_rope_ext(ctx, t, in_.positions, factors, (int) s.n_rot, hp.rope_mode, 0, s.rope_theta,
-                         1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+    if (!hp.rope_yarn)
+        return ggml_rope_ext(ctx, t, in_.positions, factors, (int) s.n_rot, hp.rope_mode, 0, s.rope_theta,
+                             1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+    // YaRN: ggml multiplies cos and sin by 1 + 0.1 ln(1 / freq_scale) itself; transformers multiplies
+    // them by the attention factor the file records (Ministral3's mscale = mscale_all_dim: 1), so
+    // ggml's own factor is divided out.
+    const float ggml_mscale = 1.0f + 0.1f * std::log(1.0f / hp.rope_freq_scale);
+    return ggml_rope_ext(ctx, t, in_.positions, factors, (int) s.n_rot, hp.rope_mode, (int) hp.rope_orig_ctx,
+                         s.rope_theta, hp.rope_freq_scale, 1.0f, hp.rope_attn_factor / ggml_mscale,
+                         hp.rope_beta_fast, hp.rope_beta_slow);
+}
+
+ggml_tensor * GraphBuilder::scale_queries(ggml_tensor * q) {
+    if (!in_.q_scale) {
+        in_.q_scale = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 1, 1, shape_.total_q());
+        ggml_set_input(in_.q_scale);
+    }
+    return ggml_mul(ctx, q, in_.q_scale);
 }
 
 // Attention of one sequence's queries over its cache rows [0, n_kv), through `mask` (F16

@@ -50,6 +50,7 @@ struct GraphInputs {
     // MoE, per layer (nullptr for a dense one): the router's ranking, I32 (n_expert, rows) best
     // first; rows = n_q_total (last layer: n_out_total)
     std::vector<ggml_tensor *> experts;
+    ggml_tensor * q_scale = nullptr;         // F32 (1, 1, n_q_total): scale_queries' factor per row, or nullptr
 };
 
 class GraphBuilder {
@@ -69,8 +70,11 @@ public:
     std::tuple<ggml_tensor *, ggml_tensor *, ggml_tensor *> qkv(const LayerWeights & L, ggml_tensor * x);
     // (hd, heads, n_q) at the rows' positions: NEOX or NORM over the first n_rot dims of each head,
     // the others passed through (partial RoPE); layer il's RoPE (only DiffusionGemma's layers
-    // differ: the full ones with the file's frequency factors, its proportional RoPE).
+    // differ: the full ones with the file's frequency factors, its proportional RoPE); YaRN's
+    // interpolation where the file has it (hp.rope_yarn).
     ggml_tensor * rope(ggml_tensor * t, int il = 0);
+    // Ministral3's llama-4 query scale, per row: q (hd, n_head, n_q) * (1 + beta ln(1 + floor(pos / L))).
+    ggml_tensor * scale_queries(ggml_tensor * q);
     // Writes K/V into each sequence's cache, attends over it (layer il's heads, scale and mask:
     // the sliding one on a sliding layer), projects: (n_embd, n_q).
     ggml_tensor * attention(int il, const LayerWeights & L, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v);

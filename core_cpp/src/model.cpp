@@ -231,6 +231,7 @@ void ModelImpl::read_hparams() {
     hp_.qk_norm = arch_->qk_norm;
     hp_.n_rot = opt_int(K.rope_dim, 2, hp_.head_dim, hp_.head_dim);
     if (hp_.n_rot % 2 != 0) f.fail("key " + key(K.rope_dim) + " must be even");
+    read_rope_scaling(key);
 
     // llama.cpp's LLaDA converter permutes q/k like Llama, so those files (and ours, which follow
     // them) rotate interleaved pairs; diffuse-cpp's unpermuted LLaDA, LLaDA-MoE and every Dream
@@ -260,6 +261,8 @@ void ModelImpl::read_hparams() {
         if (f.has("diffusion.sub_block_size"))
             hp_.sub_block_size = (int) int_key("diffusion.sub_block_size", 1, hp_.block_size);
     }
+    // The block it was trained on, for the causal-cache loops (loops/causal.cpp), not a block-causal mask.
+    hp_.trained_block = arch_->build == build_nemotron_diffusion ? (int) int_key("diffusion.block_size", 1, hp_.n_ctx_train) : 0;
     const LayerShape every{hp_.head_dim, hp_.n_head_kv, hp_.n_rot, hp_.rope_theta,
                            1.0f / std::sqrt((float) hp_.head_dim), false, false};
     layers_.assign(hp_.n_layer, every);
@@ -334,6 +337,46 @@ void ModelImpl::read_gemma_hparams(const std::string & arch_key) {
     hp_.n_head_kv = full.n_head_kv;
     hp_.n_rot = full.n_rot;
     hp_.rope_theta = full.rope_theta;
+    read_rope_scaling(key);
+}
+
+// llama.cpp's keys: {arch}.rope.scaling.type "yarn" with factor, original_context_length,
+// yarn_beta_fast/slow and attn_factor (transformers' attention_factor: cos and sin are multiplied by
+// it); {arch}.attention.temperature_scale / temperature_length for the llama-4 query scale.
+// Nemotron-Labs-Diffusion's file must have both (its converter refuses a config without them).
+void ModelImpl::read_rope_scaling(const std::function<std::string(const char *)> & key) {
+    const GGUFFile & f = *file_;
+    hp_.rope_yarn = false;
+    hp_.rope_freq_scale = hp_.rope_attn_factor = 1.0f;
+    hp_.attn_temp_scale = 0.0f;
+    hp_.attn_temp_length = 1;
+    const bool nemotron = hp_.arch == Arch::NemotronDiffusion;
+    auto number = [&](const char * tmpl, double lo, double hi) {
+        const std::string k = key(tmpl);
+        const std::optional<double> v = f.get_float(k);
+        if (!v) f.fail("missing key " + k + (nemotron ? " (Nemotron-Labs-Diffusion uses YaRN RoPE)" : ""));
+        if (!(*v >= lo && *v <= hi)) f.fail("key " + k + " = " + std::to_string(*v) + " is outside [" +
+                                            std::to_string(lo) + ", " + std::to_string(hi) + "]");
+        return *v;
+    };
+    const std::string type_key = key("{arch}.rope.scaling.type");
+    const std::optional<std::string> type = f.get_string(type_key);
+    if (type && *type != "yarn" && *type != "none")
+        f.fail("key " + type_key + " = '" + *type + "': the engine runs YaRN or plain RoPE only");
+    if (nemotron && type != std::string("yarn"))
+        f.fail("missing key " + type_key + " = 'yarn': Nemotron-Labs-Diffusion uses YaRN RoPE");
+    if (type == std::string("yarn")) {
+        hp_.rope_yarn = true;
+        hp_.rope_freq_scale = (float) (1.0 / number("{arch}.rope.scaling.factor", 1.0, 1e6));
+        hp_.rope_orig_ctx = (int64_t) number("{arch}.rope.scaling.original_context_length", 1, 1 << 24);
+        hp_.rope_beta_fast = (float) number("{arch}.rope.scaling.yarn_beta_fast", 0, 1e6);
+        hp_.rope_beta_slow = (float) number("{arch}.rope.scaling.yarn_beta_slow", 0, 1e6);
+        hp_.rope_attn_factor = (float) number("{arch}.rope.scaling.attn_factor", 1e-6, 1e6);
+    }
+    if (nemotron || f.has(key("{arch}.attention.temperature_scale"))) {
+        hp_.attn_temp_scale = (float) number("{arch}.attention.temperature_scale", 0, 1e6);
+        hp_.attn_temp_length = (int64_t) number("{arch}.attention.temperature_length", 1, 1 << 24);
+    }
 }
 
 // Types the CPU matrix product handles for weights; anything else is refused at load.

@@ -7,6 +7,7 @@
 #include "head_product.h"
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -125,6 +126,7 @@ public:
                       float * out, int block_size = -1) const override;
     void forward_canvas(const std::vector<int32_t> & context, const std::vector<int32_t> & canvas,
                         const float * self_cond, float * out) const override;
+    void forward_causal_into(const std::vector<int32_t> & tokens, int open_block, float * out) const override;
     size_t weights_bytes() const override { return weights_bytes_; }
     size_t repacked_bytes() const override { return repacked_bytes_; }
     bool flash_attn() const override { return flash_attn_; }
@@ -147,6 +149,7 @@ public:
 private:
     void read_hparams();
     void read_gemma_hparams(const std::string & arch_key);
+    void read_rope_scaling(const std::function<std::string(const char *)> & key);   // YaRN, the query scale
     void bind_weights(bool repack);
     void widen_vectors(std::vector<ggml_tensor **> & slots, const std::map<ggml_tensor *, char *> & data);
     void transpose_embedding(const char * data);

@@ -33,8 +33,10 @@ struct EnumChoice {
 
 constexpr const char * CACHE_POLICY_NAMES[] = {"active", "prefix", "dual"};
 constexpr const char * EOS_STOP_NAMES[] = {"none", "all_eos", "holds_eos", "prefix"};
+constexpr const char * DECODING_NAMES[] = {"diffusion", "ar", "self_spec"};
 using CachePolicyChoice = EnumChoice<CachePolicy, CACHE_POLICY_NAMES, 3>;
 using EosStopChoice = EnumChoice<EosStop, EOS_STOP_NAMES, 4>;
+using DecodingChoice = EnumChoice<Decoding, DECODING_NAMES, 3>;
 
 #define ENUM_FIELD(field, Choice)                                                      \
     nullptr, nullptr, [](const GenerateParams & p) { return Choice::name(p.field); },  \
@@ -128,6 +130,14 @@ const std::vector<OptionInfo> & generate_options() {
          NUM_FIELD(eps, float)},
         {"seed", OptionKind::Seed, 0, SEED_MAX, false, false, "random seed (same tokens at any thread count)",
          NUM_FIELD(seed, uint64_t)},
+        {"mode", OptionKind::Choice, 0, 0, false, false,
+         "diffusion = the model's own loop; ar = one token per causal pass over the K/V cache (the same weights "
+         "as an autoregressive model); self_spec = a bidirectional pass drafts a block, a causal pass verifies it "
+         "(Nemotron-Labs-Diffusion's linear_spec_generate): exactly ar's answer, in fewer passes when drafts match",
+         ENUM_FIELD(mode, DecodingChoice)},
+        {"draft_length", OptionKind::Int, 1, BIG, false, false,
+         "self_spec: rows of each draft and verify pass, the seed and draft_length - 1 drafted tokens "
+         "(Nemotron-Labs-Diffusion: 32; 1 = ar)", NUM_FIELD(draft_length, int)},
     };
     return table;
 }

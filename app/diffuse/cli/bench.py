@@ -25,6 +25,16 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def float_list(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or not all(1 <= v < 1e6 for v in values):
+        raise argparse.ArgumentTypeError(f"expected numbers of at least 1, got {text!r}")
+    return values
+
+
 def str_list(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
@@ -188,6 +198,25 @@ def add_parser(sub) -> argparse.ArgumentParser:
     hd.add_argument("--json", type=Path, metavar="PATH", help="write the measurements as JSON")
     hd.add_argument("--markdown", type=Path, metavar="PATH", help="write the table as markdown")
 
+    sp = bs.add_parser("spec", help="self-speculation against AR decode: draft and verify passes per draft length",
+                       description="Per draft length k, the draft pass (the seed and k - 1 masks) and the verify "
+                                   "pass (k rows, causal) at a cached depth, against one AR decode token of the "
+                                   "same file in the same engine; the break-even acceptance, and tok/s at the "
+                                   "acceptance lengths given (see docs/benchmarks.md).")
+    sp.add_argument("model", help="a GGUF with a mask token (python -m diffuse.bench.spec make makes a random "
+                                  "Nemotron-Labs-Diffusion one of real shapes)")
+    sp.add_argument("--depth", type=int, default=512, help="cached depth (default %(default)s)")
+    sp.add_argument("--draft-lengths", type=int_list, default=[4, 8, 16, 32],
+                    help="rows of a draft: the seed and k - 1 masks (default 4,8,16,32)")
+    sp.add_argument("--acceptance", type=float_list, default=[5.46, 6.82],
+                    help="tokens committed per iteration, the bonus included (default: the published 5.46 and "
+                         "6.82 of Nemotron-Labs-Diffusion-8B at draft 32, without and with its draft LoRA)")
+    sp.add_argument("--reps", type=int, default=5, help="alternated repetitions per pass (default 5)")
+    sp.add_argument("--ar-tokens", type=int, default=32, help="tokens of the real AR run (default 32)")
+    add_threads_option(sp)
+    sp.add_argument("--json", type=Path, metavar="PATH", help="write the measurements as JSON")
+    sp.add_argument("--markdown", type=Path, metavar="PATH", help="write the tables as markdown")
+
     fa = bs.add_parser("fast", help="fast decoding (threshold, factor, DualCache, PrefixCache, suffix window, "
                                     "early EOS) against the model's own decoding",
                        description="Each fast-decoding method beside the model's defaults: forward passes, ms per "
@@ -216,7 +245,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     return {"forward": _forward, "grid": _grid, "prompts": _prompts, "batch": _batch, "context": _context,
             "steps": _steps, "block": _block, "knee": _knee, "head": _head, "fast": _fast,
-            "report": _report}[args.bench_command](args)
+            "report": _report, "spec": _spec}[args.bench_command](args)
 
 
 def _check_files(args, *inputs) -> None:
@@ -444,6 +473,21 @@ def _head(args) -> int:
     print(text_table(result["rows"], head.COLUMNS))
     _write_json(args.json, result)
     _write(args.markdown, head.markdown(result))
+    return 0
+
+
+def _spec(args) -> int:
+    from diffuse.bench import spec
+    from diffuse.bench.tables import text_table
+    _check_reps(args.reps)
+    _check_files(args, args.model)
+    result = spec.run(args.model, args.depth, args.draft_lengths, args.acceptance, args.threads or 0, args.reps,
+                      ar_tokens=args.ar_tokens, log=lambda line: print(line, file=sys.stderr))
+    print(spec.header(result))
+    print(text_table(result["rows"], spec.COLUMNS))
+    print(text_table(result["speed"], spec.SPEED_COLUMNS))
+    _write_json(args.json, result)
+    _write(args.markdown, spec.markdown(result))
     return 0
 
 

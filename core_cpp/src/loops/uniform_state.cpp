@@ -125,6 +125,8 @@ void check_uniform_state(const ModelImpl & model, const std::vector<int32_t> & p
     if (prompt.empty()) throw Error("the prompt is empty");
     model.check_tokens(prompt.data(), prompt.size());
     check_options(p);
+    if (p.mode != Decoding::Diffusion)
+        throw Error("mode ar and self_spec do not apply to DiffusionGemma: its decoder denoises canvases");
     const int C = hp.canvas_length;
     if (p.block_length > 0 && p.block_length != C)
         throw Error("block_length: DiffusionGemma denoises canvases of its own length (" + std::to_string(C) + ")");
