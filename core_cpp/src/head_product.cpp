@@ -118,8 +118,10 @@ struct Row {
     std::vector<uint8_t> u;
     std::vector<float> ls;     // (k/4)
     std::vector<float> mins;   // (k/32): dmin x m, 0 for the other formats
+    std::vector<float> sc;     // (k/32): Q4_K's d x scale per block (the SIMD kernels' lanes come from it)
     void resize(int k) {
         u.resize(k);
+        sc.resize(k / QK);
         ls.resize(k / 4);
         mins.assign(k / QK, 0.0f);
     }
@@ -143,19 +145,29 @@ inline __attribute__((always_inline)) void decode_q8_0(const uint8_t * src, int 
     }
 }
 
-inline __attribute__((always_inline)) void decode_q4_k(const uint8_t * src, int k, Row & r) {
+// Q4_K's scales and mins: d x scale and dmin x min per block of 32.
+inline __attribute__((always_inline)) void decode_q4_k_scales(const uint8_t * src, int k, Row & r) {
+    float * __restrict scales = r.sc.data();
+    float * __restrict mins = r.mins.data();
     for (int sb = 0; sb < k / 256; ++sb, src += Q4_K_BYTES) {
         const float d = half_to_float(read_u16(src)), dmin = half_to_float(read_u16(src + 2));
-        const uint8_t * sc = src + 4, * qs = src + 16;
-        float * __restrict ls = r.ls.data() + sb * 64;
-        float * __restrict mins = r.mins.data() + sb * 8;
+        const uint8_t * sc = src + 4;
         for (int j = 0; j < 8; ++j) {
             // 6-bit scale and min of sub-block j (32 values), packed in 12 bytes.
             const int s = j < 4 ? sc[j] & 63 : (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
             const int m = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-            for (int l = 0; l < 8; ++l) ls[j * 8 + l] = d * (float) s;
-            mins[j] = dmin * (float) m;
+            scales[sb * 8 + j] = d * (float) s;
+            mins[sb * 8 + j] = dmin * (float) m;
         }
+    }
+}
+
+inline __attribute__((always_inline)) void decode_q4_k(const uint8_t * src, int k, Row & r) {
+    decode_q4_k_scales(src, k, r);
+    for (int b = 0; b < k / QK; ++b)
+        for (int l = 0; l < 8; ++l) r.ls[b * 8 + l] = r.sc[b];
+    for (int sb = 0; sb < k / 256; ++sb, src += Q4_K_BYTES) {
+        const uint8_t * qs = src + 16;
         uint8_t * __restrict u = r.u.data() + sb * 256;
         for (int g = 0; g < 4; ++g)   // 32 bytes: low nibbles sub-block 2g, high nibbles 2g + 1
             for (int l = 0; l < 32; ++l) {
@@ -317,7 +329,8 @@ TARGET_AVX2 void cols_avx2(const Row & w, const uint8_t * src, const Acts & a, i
 }
 
 template <int N>
-TARGET_AVX2 void cols_f16_avx2(const uint8_t * src, const Acts & a, int c0, float * dst, int64_t stride) {
+TARGET_AVX2 void cols_f16_avx2(const Row &, const uint8_t * src, const Acts & a, int c0, bool, float * dst,
+                               int64_t stride) {
     const int k = a.k, n = a.n;
     __m256 acc[N];
     for (int c = 0; c < N; ++c) acc[c] = _mm256_setzero_ps();
@@ -331,7 +344,6 @@ TARGET_AVX2 void cols_f16_avx2(const uint8_t * src, const Acts & a, int c0, floa
 }
 
 using ColsFn = void (*)(const Row &, const uint8_t *, const Acts &, int, bool, float *, int64_t);
-using ColsF16Fn = void (*)(const uint8_t *, const Acts &, int, float *, int64_t);
 
 template <template <int> class Table, class Fn>
 inline Fn pick(int n) {
@@ -342,9 +354,15 @@ inline Fn pick(int n) {
 
 template <int N> struct Avx2Signed { static constexpr ColsFn fn = cols_avx2<N, true>; };
 template <int N> struct Avx2Unsigned { static constexpr ColsFn fn = cols_avx2<N, false>; };
-template <int N> struct Avx2F16 { static constexpr ColsF16Fn fn = cols_f16_avx2<N>; };
+template <int N> struct Avx2F16 { static constexpr ColsFn fn = cols_f16_avx2<N>; };
 
-TARGET_AVX2 void rows_avx2(const ggml_tensor * w, const Acts & a, float * dst, int64_t r0, int64_t r1) {
+// The rows [r0, r1) one at a time: each prepared once (decoded where its kernel reads a Row), then
+// each chunk of NC activation rows against it. Inlined into each instruction set's rows_ function;
+// `cols` picks the kernel for a chunk. (Tiles of 4 weight rows, to keep a chunk of 32 activation
+// rows in L1 across them, measured no faster: 144-198 against 144-204 ms for 32 rows.)
+template <bool VNNI>
+inline __attribute__((always_inline)) void by_rows(const ggml_tensor * w, const Acts & a, float * dst, int64_t r0,
+                                                   int64_t r1, ColsFn (*cols)(int)) {
     const ggml_type t = w->type;
     const int k = a.k;
     const int64_t n_vocab = w->ne[1];
@@ -355,18 +373,18 @@ TARGET_AVX2 void rows_avx2(const ggml_tensor * w, const Acts & a, float * dst, i
     for (int64_t r = r0; r < r1; ++r) {
         const uint8_t * src = (const uint8_t *) w->data + r * w->nb[1];
         prefetch_ahead(w, r, r1);
-        if (t == GGML_TYPE_F16) {
-            for (int c0 = 0; c0 < a.n; c0 += NC)
-                pick<Avx2F16, ColsF16Fn>(std::min(NC, a.n - c0))(src, a, c0, dst + c0 * n_vocab + r, n_vocab);
-        } else if (t == GGML_TYPE_Q8_0) {   // no decoding: the blocks feed the products as they are
-            for (int c0 = 0; c0 < a.n; c0 += NC)
-                pick<Avx2Signed, ColsFn>(std::min(NC, a.n - c0))(row, src, a, c0, false, dst + c0 * n_vocab + r, n_vocab);
-        } else {
-            decode(t, src, k, row);
-            for (int c0 = 0; c0 < a.n; c0 += NC)
-                pick<Avx2Unsigned, ColsFn>(std::min(NC, a.n - c0))(row, src, a, c0, mins, dst + c0 * n_vocab + r, n_vocab);
-        }
+        if (VNNI && t == GGML_TYPE_Q4_K) decode_q4_k_scales(src, k, row);   // the rest in registers
+        if (!VNNI && (t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q6_K)) decode(t, src, k, row);
+        for (int c0 = 0; c0 < a.n; c0 += NC)
+            cols(std::min(NC, a.n - c0))(row, src, a, c0, mins, dst + c0 * n_vocab + r, n_vocab);
     }
+}
+
+TARGET_AVX2 void rows_avx2(const ggml_tensor * w, const Acts & a, float * dst, int64_t r0, int64_t r1) {
+    // Q8_0 is read as stored; F16 converted in registers.
+    by_rows<false>(w, a, dst, r0, r1,
+                    w->type == GGML_TYPE_F16 ? pick<Avx2F16, ColsFn>
+                    : w->type == GGML_TYPE_Q8_0 ? pick<Avx2Signed, ColsFn> : pick<Avx2Unsigned, ColsFn>);
 }
 
 // ---- AVX-512 VNNI (64 values per step; rows of a multiple of 64) ----
@@ -384,8 +402,23 @@ TARGET_VNNI inline void store_sums(const __m512 * acc, float * dst, int64_t stri
     }
 }
 
-// As cols_avx2, 64 values per step; Q8_0 (RAW) straight from two stored blocks, offset by 128.
-template <int N, bool RAW>
+// One step of 64 values for N activation rows: acc[c] += ls x d_c x (u . x_c + corr_c), lane by lane.
+template <int N>
+TARGET_VNNI inline __attribute__((always_inline)) void step_vnni(__m512i u, __m512 ls, const int8_t * q,
+                                                                const int32_t * corr, const float * d, __m512 * acc) {
+#pragma GCC unroll 8
+    for (int c = 0; c < N; ++c) {
+        const __m512i p = _mm512_dpbusd_epi32(_mm512_loadu_si512(corr + 16 * c), u, _mm512_loadu_si512(q + 64 * c));
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(ls, _mm512_loadu_ps(d + 16 * c)), acc[c]);
+    }
+}
+
+// The weight's format: its stored blocks are unpacked in registers, with no trip through memory
+// (Q4_K's 6-bit scales and mins come decoded in the Row).
+enum Fmt { Q8_0_RAW, Q4_K_RAW, Q6_K_RAW };
+
+// As cols_avx2, 64 values per step.
+template <int N, int FMT>
 TARGET_VNNI void cols_vnni(const Row & w, const uint8_t * src, const Acts & a, int c0, bool mins, float * dst,
                            int64_t stride) {
     const int k = a.k, n = a.n;
@@ -394,25 +427,51 @@ TARGET_VNNI void cols_vnni(const Row & w, const uint8_t * src, const Acts & a, i
     const int8_t * q = a.q.data() + c0 * 64;
     const int32_t * corr = a.corr.data() + c0 * 16;
     const float * d = a.d.data() + c0 * 16;
-    const __m512i flip = _mm512_set1_epi8((char) 0x80);
-    for (int i = 0; i < k / 64; ++i, q += n * 64, corr += n * 16, d += n * 16) {
-        __m512i u;
-        __m512 ls;
-        if (RAW) {
-            const uint8_t * b0 = src + 2 * i * Q8_0_BYTES, * b1 = b0 + Q8_0_BYTES;
-            u = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) (b0 + 2))),
-                                   _mm256_loadu_si256((const __m256i *) (b1 + 2)), 1);
-            u = _mm512_xor_si512(u, flip);   // w + 128
-            ls = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(_cvtsh_ss(read_u16(b0)))),
-                                                     _mm256_castps_pd(_mm256_set1_ps(_cvtsh_ss(read_u16(b1)))), 1));
-        } else {
-            u = _mm512_loadu_si512(w.u.data() + 64 * i);
-            ls = _mm512_loadu_ps(w.ls.data() + 16 * i);
+    const __m512i flip = _mm512_set1_epi8((char) 0x80), low4 = _mm512_set1_epi8(0x0F), low2 = _mm512_set1_epi8(3);
+    const __m256i low4_256 = _mm256_set1_epi8(0x0F);
+    // Lane j (values 4j..4j+3) of step g of a superblock takes scale 2g + j/8 (Q4_K, blocks of 32)
+    // or 4g + j/4 (Q6_K, blocks of 16).
+    const __m512i q4_lanes = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i q6_lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    if (FMT == Q4_K_RAW || FMT == Q6_K_RAW) {
+        for (int sb = 0; sb < k / 256; ++sb) {
+            const uint8_t * blk = src + sb * (FMT == Q4_K_RAW ? Q4_K_BYTES : Q6_K_BYTES);
+            const __m512 scales = FMT == Q4_K_RAW
+                ? _mm512_castps256_ps512(_mm256_loadu_ps(w.sc.data() + 8 * sb))
+                : _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(read_u16(blk + 208))),
+                                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *) (blk + 192)))));
+            for (int g = 0; g < 4; ++g, q += n * 64, corr += n * 16, d += n * 16) {
+                __m512i u;
+                __m512 ls;
+                if (FMT == Q4_K_RAW) {   // 32 bytes: low nibbles block 2g, high nibbles block 2g + 1
+                    const __m256i qs = _mm256_loadu_si256((const __m256i *) (blk + 16 + 32 * g));
+                    u = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(qs, low4_256)),
+                                           _mm256_and_si256(_mm256_srli_epi16(qs, 4), low4_256), 1);
+                    ls = _mm512_permutexvar_ps(_mm512_add_epi32(q4_lanes, _mm512_set1_epi32(2 * g)), scales);
+                } else {   // values 128h + 64hi + (0..63): ql's low (hi 0) or high nibbles, 2 bits of qh each
+                    const int h = g / 2, hi = g % 2;
+                    const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
+                    const __m256i qh = _mm256_loadu_si256((const __m256i *) (blk + 128 + 32 * h));
+                    const __m512i qh2 = hi ? _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_srli_epi16(qh, 4)),
+                                                                _mm256_srli_epi16(qh, 6), 1)
+                                           : _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+                    const __m512i lo = _mm512_and_si512(hi ? _mm512_srli_epi16(ql, 4) : ql, low4);
+                    u = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(qh2, low2), 4));
+                    ls = _mm512_permutexvar_ps(_mm512_add_epi32(q6_lanes, _mm512_set1_epi32(4 * g)), scales);
+                }
+                step_vnni<N>(u, ls, q, corr, d, acc);
+            }
         }
-#pragma GCC unroll 8
-        for (int c = 0; c < N; ++c) {
-            const __m512i p = _mm512_dpbusd_epi32(_mm512_loadu_si512(corr + 16 * c), u, _mm512_loadu_si512(q + 64 * c));
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(ls, _mm512_loadu_ps(d + 16 * c)), acc[c]);
+    } else {   // Q8_0: two blocks per step
+        for (int i = 0; i < k / 64; ++i, q += n * 64, corr += n * 16, d += n * 16) {
+            const uint8_t * b0 = src + 2 * i * Q8_0_BYTES, * b1 = b0 + Q8_0_BYTES;
+            __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) (b0 + 2))),
+                                           _mm256_loadu_si256((const __m256i *) (b1 + 2)), 1);
+            u = _mm512_xor_si512(u, flip);   // w + 128
+            const __m512 ls = _mm512_castpd_ps(_mm512_insertf64x4(
+                _mm512_castps_pd(_mm512_set1_ps(_cvtsh_ss(read_u16(b0)))),
+                _mm256_castps_pd(_mm256_set1_ps(_cvtsh_ss(read_u16(b1)))), 1));
+            step_vnni<N>(u, ls, q, corr, d, acc);
         }
     }
     if (mins)   // Q4_K: minus dmin x m x the block's sum, 16 blocks at a time (8 in the last of an odd count)
@@ -428,7 +487,8 @@ TARGET_VNNI void cols_vnni(const Row & w, const uint8_t * src, const Acts & a, i
 }
 
 template <int N>
-TARGET_VNNI void cols_f16_vnni(const uint8_t * src, const Acts & a, int c0, float * dst, int64_t stride) {
+TARGET_VNNI void cols_f16_vnni(const Row &, const uint8_t * src, const Acts & a, int c0, bool, float * dst,
+                               int64_t stride) {
     const int k = a.k, n = a.n;
     __m512 acc[N];
     for (int c = 0; c < N; ++c) acc[c] = _mm512_setzero_ps();
@@ -441,35 +501,16 @@ TARGET_VNNI void cols_f16_vnni(const uint8_t * src, const Acts & a, int c0, floa
     store_sums<N>(acc, dst, stride);
 }
 
-template <int N> struct Vnni { static constexpr ColsFn fn = cols_vnni<N, false>; };
-template <int N> struct VnniQ8 { static constexpr ColsFn fn = cols_vnni<N, true>; };
-template <int N> struct VnniF16 { static constexpr ColsF16Fn fn = cols_f16_vnni<N>; };
+template <int N> struct VnniQ8 { static constexpr ColsFn fn = cols_vnni<N, Q8_0_RAW>; };
+template <int N> struct VnniQ4K { static constexpr ColsFn fn = cols_vnni<N, Q4_K_RAW>; };
+template <int N> struct VnniQ6K { static constexpr ColsFn fn = cols_vnni<N, Q6_K_RAW>; };
+template <int N> struct VnniF16 { static constexpr ColsFn fn = cols_f16_vnni<N>; };
 
 TARGET_VNNI void rows_vnni(const ggml_tensor * w, const Acts & a, float * dst, int64_t r0, int64_t r1) {
     const ggml_type t = w->type;
-    const int k = a.k;
-    const int64_t n_vocab = w->ne[1];
-    const bool mins = t == GGML_TYPE_Q4_K;
-    thread_local Row tls_row;
-    Row & row = tls_row;   // the TLS address taken once
-    row.resize(k);
-    for (int64_t r = r0; r < r1; ++r) {
-        const uint8_t * src = (const uint8_t *) w->data + r * w->nb[1];
-        prefetch_ahead(w, r, r1);
-        if (t == GGML_TYPE_F16) {
-            for (int c0 = 0; c0 < a.n; c0 += NC)
-                pick<VnniF16, ColsF16Fn>(std::min(NC, a.n - c0))(src, a, c0, dst + c0 * n_vocab + r, n_vocab);
-            continue;
-        }
-        if (t == GGML_TYPE_Q8_0) {   // no decoding: the blocks feed the products as they are
-            for (int c0 = 0; c0 < a.n; c0 += NC)
-                pick<VnniQ8, ColsFn>(std::min(NC, a.n - c0))(row, src, a, c0, false, dst + c0 * n_vocab + r, n_vocab);
-            continue;
-        }
-        decode(t, src, k, row);
-        for (int c0 = 0; c0 < a.n; c0 += NC)
-            pick<Vnni, ColsFn>(std::min(NC, a.n - c0))(row, src, a, c0, mins, dst + c0 * n_vocab + r, n_vocab);
-    }
+    by_rows<true>(w, a, dst, r0, r1,
+                   t == GGML_TYPE_F16 ? pick<VnniF16, ColsFn> : t == GGML_TYPE_Q8_0 ? pick<VnniQ8, ColsFn>
+                   : t == GGML_TYPE_Q4_K ? pick<VnniQ4K, ColsFn> : pick<VnniQ6K, ColsFn>);
 }
 
 #pragma GCC diagnostic pop
