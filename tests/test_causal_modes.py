@@ -105,9 +105,12 @@ def test_nemotron_config_without_yarn_is_refused(tmp_path, edit, message):
 
 # ---- the AR mode on other families: causal logits against transformers ----
 
-@pytest.mark.parametrize("family", ["sdar", "fast-dllm-v2"])
+@pytest.mark.parametrize("family", ["llada", "sdar", "fast-dllm-v2"])
 def test_ar_logits_match_transformers(tiny_gguf, request, family):
-    hf = request.getfixturevalue({"sdar": "tiny_hf_sdar", "fast-dllm-v2": "tiny_hf_fast_dllm_v2"}[family])
+    """LLaDA (Llama blocks; its file's q/k permuted for NORM RoPE), SDAR (Qwen3), Fast-dLLM v2 (Qwen2),
+    causal, against transformers' Llama / Qwen3 / Qwen2ForCausalLM in float64."""
+    hf = request.getfixturevalue({"llada": "tiny_hf_llada", "sdar": "tiny_hf_sdar",
+                                  "fast-dllm-v2": "tiny_hf_fast_dllm_v2"}[family])
     model = diffuse.load(str(tiny_gguf(family, "f32")), kv_f16=False)
     x = ids(30, 3)
     err = relative_error(model.forward(x, mode="ar"), ref.Reference(hf).logits(x))
@@ -295,3 +298,21 @@ def test_bench_spec(nemotron, tmp_path, capsys):
     assert "published" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["bench", "spec", nemotron.path, "--acceptance", "0.5"])
+
+
+def test_long_prompt_prefills_in_chunks(tiny_hf_nemotron_diffusion, nemotron, nemotron_ref):
+    """A prompt past one prefill pass (512 rows): the chunks' causal K/V are the one pass's."""
+    x = ids(700, 4)
+    f32 = diffuse.load(nemotron.path, kv_f16=False)
+    assert relative_error(f32.forward(x, mode="ar"), nemotron_ref.logits(x)) < 1e-5
+    ar = nemotron.generate(x, mode="ar", gen_length=12, chat=False)
+    spec = nemotron.generate(x, mode="self_spec", draft_length=4, gen_length=12, chat=False)
+    assert list(spec.tokens) == list(ar.tokens)
+
+
+@pytest.mark.parametrize("mode", ["ar", "self_spec", "diffusion"])
+def test_cancel(nemotron, mode):
+    seen = []
+    result = nemotron.generate(PROMPTS[1], mode=mode, gen_length=40, chat=False,
+                               on_step=lambda e: seen.append(e) or len(seen) < 3)
+    assert result.stop_reason == "cancelled" and len(seen) == 3 and result.steps == 3

@@ -133,11 +133,12 @@ const std::vector<OptionInfo> & generate_options() {
         {"mode", OptionKind::Choice, 0, 0, false, false,
          "diffusion = the model's own loop; ar = one token per causal pass over the K/V cache (the same weights "
          "as an autoregressive model); self_spec = a bidirectional pass drafts a block, a causal pass verifies it "
-         "(Nemotron-Labs-Diffusion's linear_spec_generate): exactly ar's answer, in fewer passes when drafts match",
+         "(linear_spec_generate of NVIDIA's Nemotron diffusion models): exactly ar's answer, in fewer passes when "
+         "drafts match",
          ENUM_FIELD(mode, DecodingChoice)},
         {"draft_length", OptionKind::Int, 1, BIG, false, false,
          "self_spec: rows of each draft and verify pass, the seed and draft_length - 1 drafted tokens "
-         "(Nemotron-Labs-Diffusion: 32; 1 = ar)", NUM_FIELD(draft_length, int)},
+         "(32 as NVIDIA's; 1 = ar)", NUM_FIELD(draft_length, int)},
     };
     return table;
 }

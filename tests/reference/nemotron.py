@@ -7,8 +7,9 @@ swapped for float64 ones (`yarn_inv_freq` below follows transformers' _compute_y
 and a test checks it against transformers' float32 one). `logits(ids, open_block)`: one pass over
 the whole sequence under a 4-D additive mask, causal but for the last open_block rows, which see
 every position (the cache-free equivalent of a block over a causal K/V cache: a causal prefix's
-K/V do not depend on what comes after it). The same class runs Qwen3 / Qwen2 checkpoints (SDAR,
-Fast-dLLM v2) through transformers' Qwen3/Qwen2ForCausalLM, for the AR mode of other families.
+K/V do not depend on what comes after it). The same class runs LLaDA (as LlamaForCausalLM, its
+OLMo names mapped) and Qwen3 / Qwen2 checkpoints (SDAR, Fast-dLLM v2, through Qwen3/Qwen2ForCausalLM),
+for the AR mode of other families.
 
 The loops, ported from the model repository's remote code (modeling_nemotron_labs_diffusion.py,
 chat_utils.py), batch 1, driven by `Reference.logits`:
@@ -89,6 +90,32 @@ class Reference:
             hd = cfg.head_dim
             inv_freq, attn = yarn_inv_freq(cfg.rope_parameters, hd)
             _float64_norms_and_rope(self.body, self.body.rotary_emb, inv_freq, attn)
+        elif arch == "LLaDAModelLM":   # a Llama block: LlamaForCausalLM with LLaDA's (OLMo) names mapped
+            cfg = transformers.LlamaConfig(
+                hidden_size=config["d_model"], num_attention_heads=config["n_heads"],
+                num_key_value_heads=config["n_kv_heads"], num_hidden_layers=config["n_layers"],
+                intermediate_size=config["mlp_hidden_size"], vocab_size=config["vocab_size"],
+                rms_norm_eps=config["rms_norm_eps"], rope_theta=config["rope_theta"],
+                max_position_embeddings=config["max_sequence_length"], tie_word_embeddings=config["weight_tying"])
+            cfg._attn_implementation = "sdpa"
+            lm = transformers.LlamaForCausalLM(cfg).to(torch.float64).eval()
+            names = {"attn_norm": "input_layernorm", "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
+                     "v_proj": "self_attn.v_proj", "attn_out": "self_attn.o_proj",
+                     "ff_norm": "post_attention_layernorm", "ff_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
+                     "ff_out": "mlp.down_proj"}
+            state = {"model.embed_tokens.weight": weights["model.transformer.wte.weight"],
+                     "model.norm.weight": weights["model.transformer.ln_f.weight"],
+                     "lm_head.weight": weights.get("model.transformer.ff_out.weight",
+                                                   weights["model.transformer.wte.weight"])}
+            for name, w in weights.items():
+                if name.startswith("model.transformer.blocks."):
+                    i, what = name.removeprefix("model.transformer.blocks.").split(".", 1)
+                    state[f"model.layers.{i}.{names[what.removesuffix('.weight')]}.weight"] = w
+            lm.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+            self.body, self.head = lm.model, lm.lm_head.weight.detach()
+            hd = cfg.hidden_size // cfg.num_attention_heads
+            inv_freq = 1.0 / config["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+            _float64_norms_and_rope(self.body, self.body.rotary_emb, inv_freq, 1.0)
         else:   # Qwen3 (SDAR) or Qwen2 (Fast-dLLM v2) blocks: their AR mode
             sdar = arch == "SDARForCausalLM"
             cls = transformers.Qwen3ForCausalLM if sdar else transformers.Qwen2ForCausalLM

@@ -107,9 +107,10 @@ void check_causal(const ModelImpl & model, const std::vector<int32_t> & prompt, 
                     " exceeds the model's context of " + std::to_string(hp.n_ctx_train) + " positions");
 }
 
-// One sequence of a causal mode. Positions [0, n_done) are committed (x, mask 0); the cache holds
-// causal K/V of rows [0, n_cached): n_done - 1 after each iteration (the last token is the next
-// pass's first row), or 0 before the prefill.
+// One sequence of a causal mode. Positions [0, n_done) are committed (x, mask 0; diffusion: the
+// committed prefix, the current block may hold more); the cache holds causal K/V of rows
+// [0, n_cached): 0 before the prefill, then all but the last committed token (the seed, the next
+// pass's first row; diffusion: the current block's).
 struct CausalSequence {
     int index;
     const GenerateParams p;
