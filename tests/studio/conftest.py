@@ -278,6 +278,7 @@ def synthetic_recording():
 WALL_P95_MS = 50.0     # 95% of the 10 ms timer's gaps, wall clock
 CPU_P95_MS = 25.0      # 95% of the gaps, the GUI thread's own CPU time
 WEDGE_MS = 250.0       # any one gap: a GUI that stops this long is wedged
+MIN_GAPS = 30          # gaps a measurement needs; tests wait for them (`measured`), not a time
 
 
 class GapMeter:
@@ -305,6 +306,11 @@ class GapMeter:
     def stop(self):
         self.timer.stop()
 
+    def measured(self) -> bool:
+        """Enough gaps for a percentile: on a loaded machine the ticks come late, so a test waits
+        for this rather than for a time."""
+        return len(self.stamps) > MIN_GAPS + 1
+
     def gaps(self) -> np.ndarray:
         return np.diff(np.array(self.stamps)) * 1000.0
 
@@ -327,7 +333,7 @@ class GapMeter:
                    f"{gaps.max():.1f}; GUI CPU per gap p95 {np.percentile(cpu, 95):.1f} ms, max "
                    f"{cpu.max():.1f}; load {load:.1f} on {cores} cores")
         print(summary)
-        assert len(gaps) > 30, summary
+        assert len(gaps) > MIN_GAPS, summary
         assert np.percentile(cpu, 95) < CPU_P95_MS and cpu.max() < WEDGE_MS, summary
         if load <= cores:
             assert np.percentile(gaps, 95) < WALL_P95_MS and gaps.max() < WEDGE_MS, summary

@@ -140,7 +140,11 @@ def test_the_cache_pair_is_about_time_per_step_over_the_same_steps(qtbot, window
     point = cmp.headline.text()
     assert "per step" in point and "Steps" not in point
     n = len(a.events[0].tokens)
-    assert f"B {n} of {n} computed" in point and f"of {n} computed, " in point   # A: some from the cache
+    # the rows each step computed, whichever way the timing came out (one run may have been slowed)
+    if point.startswith("No clear difference"):
+        assert "computed" in point and f"and B's {n}" in point
+    else:
+        assert f"B {n} of {n} computed" in point and f"of {n} computed, " in point   # A: some from the cache
     assert {k: v for k, v in a.options.items() if k != "cache"} == \
         {k: v for k, v in b.options.items() if k != "cache"}
     cmp.close()

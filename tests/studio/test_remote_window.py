@@ -74,8 +74,11 @@ def test_a_served_model_runs_in_the_window_step_by_step(qtbot, window, server):
 
 def test_a_text_only_server_streams_to_the_chat_and_the_views_say_why_they_are_empty(
         qtbot, window, text_only, demo_model):
-    window.set_model(demo_model)         # a file first: the server's model takes its place
+    window.model_panel.load(str(DEMO))         # a file first: the server's model takes its place
+    qtbot.waitUntil(lambda: window.engine.model is not None, timeout=WAIT_MS)
+    assert window.model_panel.loaded_path == DEMO.resolve()
     connect_through_the_menu(qtbot, window, text_only)
+    assert window.model_panel.loaded_path is None            # no file is marked loaded
     model = window.engine.model
     assert "vllm server" in window.model_label.text()
     note = model.views_note()

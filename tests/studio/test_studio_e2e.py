@@ -78,9 +78,8 @@ def test_real_engine_keeps_the_gui_responsive_and_stops(qtbot, window, tiny_gguf
     gap_meter.start()
     with qtbot.waitSignal(window.engine.run_finished, timeout=120000) as done:
         window.chat.submit()
-        qtbot.waitUntil(lambda: window.engine.run is not None and window.engine.run.n_steps >= 20,
-                        timeout=60000)
-        qtbot.wait(400)
+        qtbot.waitUntil(lambda: window.engine.run is not None and window.engine.run.n_steps >= 20
+                        and gap_meter.measured(), timeout=60000)
         window.stop_action.trigger()
     gap_meter.stop()
     run = done.args[0]

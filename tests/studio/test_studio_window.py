@@ -62,7 +62,7 @@ def test_generate_streams_steps_into_every_view(qtbot, window, fake_model):
 
 def test_gui_stays_responsive_during_a_run(qtbot, window, synthetic_model, gap_meter):
     window.set_model(synthetic_model(step_delay=0.015))     # larger than the demo model's runs
-    window.settings_panel.set_options({"gen_length": 256, "steps": 96, "block_length": 64,
+    window.settings_panel.set_options({"gen_length": 256, "steps": 256, "block_length": 64,
                                        "threads": 1})
     window.chat.prompt.setPlainText("a long answer please")
     for tab in (1, 2, 0):                   # every view has been shown once, as a user would
@@ -71,23 +71,26 @@ def test_gui_stays_responsive_during_a_run(qtbot, window, synthetic_model, gap_m
     with qtbot.waitSignal(window.engine.run_started, timeout=5000):
         window.chat.submit()
     gap_meter.start()
-    with qtbot.waitSignal(window.engine.run_finished, timeout=30000):
+    with qtbot.waitSignal(window.engine.run_finished, timeout=60000) as done:
         for tab in (1, 2, 0):               # every view draws while steps arrive
             qtbot.wait(300)
             window.views.setCurrentIndex(tab)
+        # enough ticks to measure, however late a loaded machine brings them; then the run stops
+        qtbot.waitUntil(lambda: gap_meter.measured() or window.engine.run is None, timeout=60000)
+        window.stop()
     gap_meter.stop()
+    assert done.args[0].n_steps > 0
     gap_meter.assert_responsive()
 
 
 def test_gap_meter_fails_a_wedged_gui(qtbot, gap_meter):
     gap_meter.start()
-    qtbot.wait(300)
+    qtbot.waitUntil(gap_meter.measured, timeout=30000)
     t0 = time.thread_time()
     while time.thread_time() - t0 < 0.3:      # the GUI thread busy for 300 ms, no event loop
         pass
     qtbot.wait(200)
     gap_meter.stop()
-    assert len(gap_meter.gaps()) > 30
     with pytest.raises(AssertionError):
         gap_meter.assert_responsive()
 

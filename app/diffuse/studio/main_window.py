@@ -323,6 +323,7 @@ class MainWindow(QMainWindow):
             view.set_no_steps("" if getattr(model, "steps_sent", True) else note)
         if remote:
             self._probe = None          # a file's template probe still going answers for nothing
+            self.model_panel.unload()
             self.chat.set_system_support("server")
             model.text_arrived.connect(self._text_arrived)
             if note:

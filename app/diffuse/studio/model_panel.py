@@ -335,6 +335,11 @@ class ModelPanel(QWidget):
         self._selected()      # the details follow the row even when the row number did not change
         self.scanned.emit()
 
+    def unload(self) -> None:
+        """The Studio runs another model (a server's): no file is marked loaded."""
+        self.loaded_path = None
+        self._fill_table()
+
     def _fill_table(self) -> None:
         available = psutil.virtual_memory().available
         self.table.setRowCount(len(self.entries))
