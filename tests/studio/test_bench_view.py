@@ -96,6 +96,16 @@ def test_refused_without_a_model_or_while_another_part_runs_it(qtbot, bench):
     assert not bench.running and "Load a model" in bench.status.text()
 
 
+def test_refused_for_a_model_behind_a_server(qtbot, bench):
+    """A sweep times this machine's engine: against a server it would time the network."""
+    bench.runs.engine.model = SimpleNamespace(remote=True)
+    bench.hide()
+    bench.show()                    # the window shown again finds the model changed
+    assert not bench.run_button.isEnabled() and "runs on a server" in bench.run_button.toolTip()
+    bench.start()
+    assert not bench.running and "runs on a server" in bench.status.text()
+
+
 def test_a_sweep_holds_the_model_until_it_ends(qtbot, bench):
     held = []
     bench.runs.holder_changed.connect(held.append)

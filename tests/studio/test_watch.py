@@ -100,8 +100,10 @@ def test_replay_speed_and_the_chat_replay_link(qtbot, window, fake_model):
     window.timeline.speed.setCurrentIndex(window.timeline.speed.findData(20))
     assert window.timeline._clock.interval() == 50        # changed while playing
     t0 = time.monotonic()
-    qtbot.waitUntil(lambda: not window.timeline.play_button.isChecked(), timeout=5000)
-    assert 0.3 < time.monotonic() - t0 < 3.0 and window.timeline.step() == run.n_steps - 1
+    qtbot.waitUntil(lambda: not window.timeline.play_button.isChecked(), timeout=60000)
+    # at 50 ms a step the rest of the replay cannot take less than 0.3 s; a busy machine may make it
+    # take longer, so only the floor is checked (the interval above is the speed asked for)
+    assert 0.3 < time.monotonic() - t0 and window.timeline.step() == run.n_steps - 1
 
 
 def test_committed_cells_flash_then_fade(qtbot, recorded_run):

@@ -161,9 +161,20 @@ class BenchWindow(QWidget):
     def running(self) -> bool:
         return self.job is not None
 
+    def _refusal(self) -> str:
+        """Why a sweep cannot start now ("" when it can): another part runs the model, or the model
+        runs on a server, whose times would measure the network and another machine."""
+        if getattr(self.runs.engine.model, "remote", False):
+            return "The model runs on a server: a sweep times this machine's engine, so load a model file"
+        return self.runs.refusal("benchmarks")
+
+    def showEvent(self, event) -> None:
+        self._holder_changed()      # the model may have changed (a server connected) while it was hidden
+        super().showEvent(event)
+
     def _holder_changed(self, *_) -> None:
         """The Run button is off, saying why, while another part runs the model."""
-        refused = self.runs.refusal("benchmarks")
+        refused = self._refusal()
         self.run_button.setEnabled(not self.running and not refused)
         self.run_button.setToolTip(refused or "Run one generation per value with the current settings")
 
@@ -174,7 +185,7 @@ class BenchWindow(QWidget):
             return
         if self.running:
             return
-        if refused := self.runs.refusal("benchmarks"):
+        if refused := self._refusal():
             self.status.setText(f"{refused}.")
             return
         option = SWEEPS[self.axis.currentText()][0]

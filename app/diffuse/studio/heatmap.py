@@ -28,7 +28,9 @@ from diffuse.studio.canvas import color_scale, scale_name
 from diffuse.studio.run_state import EDIT_MARK, TAU_MARK, RunState, step_number
 from diffuse.studio.view_base import RunView
 
-SIDE_WIDTH, COUNTS_WIDTH = 220, 110
+# Widest and narrowest: the side plot keeps readable entropy ticks at 80 px; the counts plot keeps
+# room for its axis title ("commits", about 70 px) so the title never runs out of a narrow view.
+SIDE_WIDTH, COUNTS_WIDTH = (220, 80), (110, 72)
 
 
 class EntropyHeatmap(RunView, pg.GraphicsLayoutWidget):
@@ -58,7 +60,7 @@ class EntropyHeatmap(RunView, pg.GraphicsLayoutWidget):
                                              brush=None, symbol="x")    # (position, step) of each edit
         self.plot.addItem(self.edit_marks)
 
-        self.side = self._step_plot(col=1, width=SIDE_WIDTH)
+        self.side = self._step_plot(col=1, widths=SIDE_WIDTH)
         self.committed = pg.ScatterPlotItem(size=5, pen=None, brush=pg.mkBrush(theme.MUTED))
         self.by_tau = pg.ScatterPlotItem(size=7, pen=pg.mkPen(theme.BG, width=1),
                                          brush=pg.mkBrush(theme.HIGHLIGHT), symbol="t1")
@@ -73,7 +75,7 @@ class EntropyHeatmap(RunView, pg.GraphicsLayoutWidget):
                                         labelOpts={"position": 0.95, "color": theme.HIGHLIGHT})
         self.side.addItem(self.tau_line)
 
-        self.counts = self._step_plot(col=2, width=COUNTS_WIDTH)
+        self.counts = self._step_plot(col=2, widths=COUNTS_WIDTH)
         self.counts.setLabel("bottom", "commits")
         self.floor_bars = pg.BarGraphItem(x0=[], y=[], width=[], height=0.8,
                                           brush=pg.mkBrush(theme.MUTED), pen=None)
@@ -98,15 +100,15 @@ class EntropyHeatmap(RunView, pg.GraphicsLayoutWidget):
         self.scene().sigMouseClicked.connect(self._clicked)
         self.set_run(None)
 
-    def _step_plot(self, col: int, width: int) -> pg.PlotItem:
+    def _step_plot(self, col: int, widths: tuple[int, int]) -> pg.PlotItem:
         """A narrow plot beside the image, on its step axis."""
         plot = self.addPlot(row=0, col=col)
         plot.setYLink(self.plot)
         plot.invertY(True)
         plot.hideAxis("left")
         plot.setMenuEnabled(False)
-        plot.setMaximumWidth(width)
-        plot.setMinimumWidth(width // 2)
+        plot.setMaximumWidth(widths[0])
+        plot.setMinimumWidth(widths[1])
         return plot
 
     def _bar_label(self) -> str:
