@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.tiny_models import (write_dream, write_fast_dllm_v2, write_llada, write_llada2, write_llada_moe,
-                                  write_sdar)
+                                  write_nemotron_diffusion, write_sdar)
 
 from diffuse.convert import convert_hf
 
@@ -53,13 +53,20 @@ def tiny_hf_llada2(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_hf_nemotron_diffusion(tmp_path_factory) -> Path:
+    """float32 weights: the parity tests compare against a float64 reference."""
+    return write_nemotron_diffusion(tmp_path_factory.mktemp("hf") / "nemotron-diffusion", dtype="f32")
+
+
+@pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory, request):
     """tiny_gguf("llada" | "dream" | "llada-moe" | "sdar" | "fast-dllm-v2" | "llada2", "f32" | "f16" | "bf16" | "q8_0")
     -> Path of our
     conversion (made once per session; each checkpoint is written on first use)."""
     folder = tmp_path_factory.mktemp("gguf")
     sources = {"llada": "tiny_hf_llada", "dream": "tiny_hf_dream", "llada-moe": "tiny_hf_llada_moe",
-               "sdar": "tiny_hf_sdar", "fast-dllm-v2": "tiny_hf_fast_dllm_v2", "llada2": "tiny_hf_llada2"}
+               "sdar": "tiny_hf_sdar", "fast-dllm-v2": "tiny_hf_fast_dllm_v2", "llada2": "tiny_hf_llada2",
+               "nemotron-diffusion": "tiny_hf_nemotron_diffusion"}
     made: dict[tuple[str, str], Path] = {}
 
     def make(family: str, outtype: str = "f32") -> Path:

@@ -255,10 +255,61 @@ def test_block_steps_against_llama_bench(tiny_gguf, tmp_path, fake_llama, capsys
     result = json.loads((tmp_path / "b.json").read_text())
     assert [(s["depth"], s["w"]) for s in result["steps"]] == [(16, 1), (16, 4)]
     for s in result["steps"]:
-        assert s["ours_ms"] > 0 and s["ours1_ms"] > 0 and s["pp_ms"] == pytest.approx(20.0)
+        assert s["ours_ms"] > 0 and s["ours1_ms"] > 0 and s["ours_ggml_ms"] > 0 and s["pp_ms"] == pytest.approx(20.0)
         assert s["ratio_pp1"] == pytest.approx(s["ours1_ms"] / 20.0)
         assert s["tg_ms"] == pytest.approx(20.0)    # the fake's 320 ms for 16 tokens
     assert {r["recipe"] for r in result["runs"]} == {"block 4, low_confidence_dynamic 0.9",
                                                      "block 32, confidence_threshold 0.9"}
     assert all(r["tokens_per_step"] >= 1.0 for r in result["runs"])
     assert "ours, 1 logit row / pp" in (tmp_path / "b.md").read_text()
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada"])
+def test_knee_costs_in_decode_tokens_and_the_families(family, tiny_gguf, tmp_path, capsys):
+    """`bench knee` on a block-diffusion and a full-attention file: every width at every depth in
+    decode tokens (the 1-row pass is 1), and each family's reported rate over that cost."""
+    rc = main(["bench", "knee", str(tiny_gguf(family, "f32")), "--depths", "16,32", "--widths", "1,4,16",
+               "--threads", "1", "--reps", "2", "--json", str(tmp_path / "k.json"), "--markdown", str(tmp_path / "k.md")])
+    assert rc == 0, capsys.readouterr().err
+    result = json.loads((tmp_path / "k.json").read_text())
+    assert [(p["depth"], p["w"]) for p in result["passes"]] == [(d, w) for d in (16, 32) for w in (1, 4, 16)]
+    for p in result["passes"]:
+        assert p["tokens"] == pytest.approx(p["ms"] / p["decode_ms"]) and len(p["samples"]) == 2
+    sdar = next(f for f in result["families"] if f["family"] == "SDAR, block 4" and f["depth"] == 32)
+    cost = next(p["tokens"] for p in result["passes"] if (p["depth"], p["w"]) == (32, 4))
+    assert sdar["cost"] == f"{cost:.2f}" and sdar["vs_ar"] == f"{2 / cost:.2f}-{4 / cost:.2f}"
+    gemma = [f for f in result["families"] if f["family"].startswith("DiffusionGemma")]
+    assert len(gemma) == 1 and gemma[0]["tokens_per_pass"] == "not measured" and "vs_ar" not in gemma[0]
+    text = (tmp_path / "k.md").read_text()
+    assert "cost in decode tokens" in text and "not yet measured" in text
+
+
+def test_knee_refuses_what_it_cannot_measure(tiny_gguf, capsys):
+    model = str(tiny_gguf("sdar", "f32"))
+    assert main(["bench", "knee", model, "--depths", "30", "--widths", "4"]) == 1
+    assert main(["bench", "knee", model, "--depths", "1000000", "--widths", "1"]) == 1
+    assert main(["bench", "knee", model, "--reps", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "not a multiple of the widths [4]" in err and "exceed the model's context" in err and "--reps" in err
+
+
+def test_head_bench_both_products_and_bandwidth(tmp_path, capsys):
+    """`bench head` without a model: Qwen2.5's head shape; ggml's and the engine's product timed
+    alternately, GB/s beside the memory figures."""
+    rc = main(["bench", "head", "--rows", "1,3", "--threads", "1", "--reps", "1", "--json", str(tmp_path / "h.json")])
+    assert rc == 0, capsys.readouterr().err
+    result = json.loads((tmp_path / "h.json").read_text())
+    assert result["shape"] == [151936, 896] and result["type"] == "q8_0" and result["read_gbps"] > 0
+    assert [r["n"] for r in result["rows"]] == [1, 3]
+    for r in result["rows"]:
+        assert r["ratio"] == pytest.approx(r["own_ms"] / r["ggml_ms"])
+        assert r["own_gbps"] == pytest.approx(result["bytes"] / r["own_ms"] / 1e6)
+
+
+def test_head_bench_reads_the_model_head_and_refuses_bad_rows(tiny_gguf, capsys):
+    model = str(tiny_gguf("sdar", "q8_0"))
+    assert main(["bench", "head", model, "--rows", "33"]) == 1
+    assert "--rows must be between 1 and 32" in capsys.readouterr().err
+    f32 = str(tiny_gguf("sdar", "f32"))
+    assert main(["bench", "head", f32, "--rows", "1", "--reps", "1", "--threads", "1"]) == 1
+    assert "no head product for f32" in capsys.readouterr().err

@@ -42,6 +42,21 @@ class StepEvent:
     # editing_threshold < 1 (LLaDA2.1's token-to-token editing): int32 (e,), committed positions
     # whose token this step replaced; the previous event's tokens hold what they were
     edited: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    # Uniform-state diffusion (DiffusionGemma); None for the other families. tokens then hold the
+    # canvas this step denoised, `unmasked` the positions accepted (they take the drawn token) and
+    # `mask` / `redrawn` the others (a uniform random token next); draft: int32 (canvas,), the argmax
+    # canvas (the output if the canvas stops here); entropy_cut: the largest accepted entropy, nats
+    # (a position is accepted when its entropy is at most this: the lowest entropies while their sum
+    # minus the largest stays within entropy_budget).
+    draft: np.ndarray | None = None
+    redrawn: np.ndarray | None = None
+    entropy_cut: float | None = None
+    # mode self_spec: int32 (block_end - block_start,), the iteration's block as drafted (the seed,
+    # committed before, then the drafted tokens), and how many drafts the verify pass kept. The bonus
+    # token follows them at block_start + 1 + spec_accepted (in tokens); spec_draft[spec_accepted + 1],
+    # when there is one, was the first rejected. None / -1 in the other modes.
+    spec_draft: np.ndarray | None = None
+    spec_accepted: int = -1
 
     @property
     def gen_tokens(self) -> np.ndarray:
@@ -68,6 +83,7 @@ class GenerateResult:
     useful_length: int                 # decided (non-mask) tokens before the first end-of-text
     decided_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # (gen_length,)
     prefill_ms: float = 0.0            # block diffusion: the prompt's whole blocks, once (in total_ms)
+    forward_passes: int = 0            # modes ar and self_spec, Nemotron's diffusion: forward passes run
     # The options the run used, the model's defaults filled in. options["seed"] is the seed that
     # ran, also when none was given (each run then draws one): passing it again repeats the run.
     options: dict = field(default_factory=dict)

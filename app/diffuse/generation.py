@@ -21,6 +21,9 @@ OPTION_NAMES: tuple[str, ...] = tuple(o["name"] for o in OPTIONS)
 # Block diffusion (SDAR/TraDo, Fast-dLLM v2): blocks aligned at position 0, causal across them; the
 # engine runs whole blocks (the answer may run on to the end of the last one), steps count per block.
 BLOCK_FAMILIES = ("sdar", "fast-dllm-v2")
+# Diffusion over a causal K/V cache (Nemotron-Labs-Diffusion): blocks of [AR seed, masks] from the
+# prompt's end, each finished block written by a causal pass; steps count per block.
+CAUSAL_FAMILIES = ("nemotron-diffusion",)
 
 
 # Named decoding modes, as options over the model's defaults: the CLI's --preset, a server request's
@@ -112,12 +115,18 @@ def schedule_check(opts: dict, arch: str, n_ctx: int | None = None,
     diffusion: steps per block). Options of `opts` that are None take the model's default (the
     family's and `recipe`)."""
     try:
-        o = resolve_options(arch, recipe, **{k: opts.get(k) for k in ("gen_length", "steps", "block_length")})
+        o = resolve_options(arch, recipe, **{k: opts.get(k) for k in ("gen_length", "steps", "block_length", "mode")})
     except DiffuseError as e:
         return "", str(e)
     gen, steps, block = o["gen_length"], o["steps"], o["block_length"]
+    if o["mode"] != "diffusion" or arch in CAUSAL_FAMILIES:   # loops/causal.cpp: no schedule to round
+        if n_ctx is not None and gen >= n_ctx:
+            return "", f"gen_length {gen} + the prompt exceeds the model's context of {n_ctx}"
+        return "", None
     if n_ctx is not None and gen >= n_ctx:      # the prompt itself is checked where it is encoded
         return "", f"gen_length {gen} + the prompt exceeds the model's context of {n_ctx}"
+    if arch == "diffusion-gemma":   # steps per canvas, any number of them; whole canvases (the engine's)
+        return "", None
     if arch in BLOCK_FAMILIES:
         if 0 < block < steps:     # block_length 0: the model's own block, known to the engine
             return f"steps {steps} -> {block}: at most one step per position ({block} per block)", None

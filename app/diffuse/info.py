@@ -183,11 +183,19 @@ def format_info(d: dict, tensors: bool = False) -> str:
                              f"expert(s); {hp['n_layer_dense']} dense layer(s) first; rope over {hp['n_rot']} of "
                              f"{hp['head_dim']} dims")
     diff = d.get("diffusion") or {}
-    if diff.get("block_size"):
+    if hp and hp.get("rope_yarn"):
+        lines.append(f"  YaRN RoPE x{hp['rope_scaling_factor']:g}, llama-4 query scale {hp['attn_temp_scale']:g}")
+    if hp and hp.get("trained_block"):   # Nemotron-Labs-Diffusion: blocks over a causal cache, no block mask
+        lines.append(f"diffusion     causal attention; blocks of {hp['trained_block']} over the causal cache (mode "
+                     f"diffusion), self-speculation (mode self_spec); mask id {diff.get('mask_token_id')}")
+    elif diff.get("block_size"):
         sub = f", sub-blocks of {diff['sub_block_size']}" if diff.get("sub_block_size") else ""
         shift = "-" if diff["shift_logits"] is None else diff["shift_logits"]
         lines.append(f"block diffusion  trained on blocks of {diff['block_size']}{sub} (causal across blocks, "
                      f"bidirectional inside); mask id {diff['mask_token_id']}, shift logits {shift}")
+    if hp and hp.get("canvas_length"):
+        lines.append(f"uniform-state diffusion  canvas of {hp['canvas_length']} random tokens denoised over a causally "
+                     f"encoded cache; sliding window {hp['sliding_window']}, logit softcap {hp['logit_softcap']:g}")
     if d.get("recipe_problem"):
         lines.append(f"recipe        ignored: {d['recipe_problem']}")
     elif d.get("recipe") is not None:

@@ -79,14 +79,31 @@ class Model:
     def repacked_bytes(self) -> int:
         return self._core.repacked_bytes
 
-    def forward(self, token_ids, positions=None, block_size: int | None = None) -> np.ndarray:
-        """Raw logits float32 under the model's attention pattern, before any logit shift.
+    def forward(self, token_ids, positions=None, block_size: int | None = None, mode: str = "diffusion", *,
+                canvas=None, self_conditioning=None) -> np.ndarray:
+        """Raw logits float32, before any logit shift.
 
         (n_tokens, n_vocab) for every position, or (len(positions), n_vocab) for the positions given
-        (the head then runs over those rows only, as in a denoising step). Full-attention models
-        attend bidirectionally; block-diffusion models block-causally, in blocks of their own block
-        size or of `block_size` (what a run with that block_length sees).
+        (the head then runs over those rows only, as in a denoising step). mode "diffusion": the
+        model's attention pattern. Full-attention models attend bidirectionally; block-diffusion
+        models block-causally, in blocks of their own block size or of `block_size` (what a run with
+        that block_length sees); Nemotron-Labs-Diffusion causally, but for its last block (its
+        trained 32 or `block_size` positions, at most all), whose positions see each other (a
+        diffusion step over the cached prefix). mode "ar": causal (the ar and self_spec modes' verify).
+
+        DiffusionGemma: token_ids is the context, encoded causally into the cache; `canvas` the
+        canvas's ids; the result the canvas's (softcapped) logits (len(canvas), n_vocab).
+        self_conditioning: the previous step's logits of the canvas (its temperature-scaled ones,
+        as the official loop passes), or None at the first step.
         """
+        if canvas is not None or self_conditioning is not None:
+            if positions is not None or block_size is not None or mode != "diffusion":
+                raise DiffuseError("forward: positions, block_size and mode do not apply to a canvas")
+            context, canvas = self._ids(token_ids, "the context"), self._ids(canvas, "the canvas")
+            sc = None if self_conditioning is None else np.asarray(self_conditioning, dtype=np.float32)
+            if sc is not None and not np.isfinite(sc).all():
+                raise DiffuseError("forward: self_conditioning holds NaN or infinite logits")
+            return self._core.forward_canvas(context, canvas, sc)
         ids = np.asarray(token_ids)
         if ids.ndim != 1 or ids.size == 0:
             raise DiffuseError("forward: expected a non-empty 1-D sequence of token ids")
@@ -96,7 +113,27 @@ class Model:
         rows = [] if positions is None else [int(p) for p in positions]
         if positions is not None and not rows:
             raise DiffuseError("forward: positions is empty")
-        return self._core.forward(ids.astype(np.int32), rows, -1 if block_size is None else block_size)
+        if mode not in ("diffusion", "ar"):
+            raise DiffuseError(f"forward: mode must be 'diffusion' or 'ar' (got {mode!r})")
+        trained_block = self._core.hparams["trained_block"]
+        if mode == "diffusion" and not trained_block:
+            return self._core.forward(ids.astype(np.int32), rows, -1 if block_size is None else block_size)
+        if mode == "ar" and block_size is not None:
+            raise DiffuseError("forward: block_size applies to mode 'diffusion' only")
+        if block_size is not None and block_size < 1:
+            raise DiffuseError(f"forward: block_size must be at least 1 (got {block_size})")
+        open_block = 0 if mode == "ar" else min(ids.size, block_size or trained_block)
+        if any(not 0 <= r < ids.size for r in rows):
+            raise DiffuseError(f"forward: positions must lie in [0, {ids.size})")
+        logits = self._core.forward_causal(ids.astype(np.int32), open_block)
+        return logits[rows] if rows else logits
+
+    def _ids(self, token_ids, what: str) -> np.ndarray:
+        ids = np.asarray(token_ids)
+        if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+            raise DiffuseError(f"forward: {what} must be a non-empty 1-D sequence of token ids")
+        self._check_ids(ids)
+        return ids.astype(np.int32)
 
     def _check_ids(self, ids: np.ndarray) -> None:
         # Checked before the cast to int32, which would wrap 2**32 + 5 into a valid id.
@@ -251,7 +288,7 @@ class Model:
             steps_allowed=out["steps_allowed"], stop_reason=out["stop_reason"], step_ms=out["step_ms"],
             forward_ms=out["forward_ms"], sample_ms=out["sample_ms"], total_ms=total_ms,
             gen_length=len(tokens), useful_length=useful, decided_step=out["decided_step"],
-            prefill_ms=out["prefill_ms"], options=dict(options))
+            prefill_ms=out["prefill_ms"], forward_passes=out["forward_passes"], options=dict(options))
 
     def _tokenizer_or_none(self):
         try:

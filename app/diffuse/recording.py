@@ -21,6 +21,9 @@ N = prompt + generated positions:
                          as no edits)
     experts_values       int16, MoE runs only: every event's experts (n_layer, n_active, k), flat
     experts_offsets      int64 (S + 1,), experts_dims int32 (S, 2): (n_layer, k), (0, 0) = none
+    draft_values, draft_offsets, redrawn_values, redrawn_offsets, step_entropy_cut
+                         uniform-state runs (DiffusionGemma) only: each event's argmax draft
+                         (token ids), re-drawn positions and entropy cut
     result_<array>       the result's arrays (tokens, prompt_tokens, step_ms, ...)
 """
 from __future__ import annotations
@@ -59,6 +62,9 @@ _RESULT_ARRAYS = ("tokens", "prompt_tokens", "step_ms", "forward_ms", "sample_ms
 _OPTIONAL_SCALARS = {"scheduled": -1}     # name -> its value in recordings made before it was kept
 _EXPERTS = {"experts_values": (np.int16, 1), "experts_offsets": (np.int64, 1), "experts_dims": (np.int32, 2)}
 _MAX_EXPERT = 4096      # the engine's bound on experts per layer
+# Uniform-state diffusion (DiffusionGemma): all of them or none.
+_UNIFORM = {"draft_values": (np.int32, 1), "draft_offsets": (np.int64, 1), "redrawn_values": (np.int32, 1),
+            "redrawn_offsets": (np.int64, 1), "step_entropy_cut": (np.float64, 1)}
 _RESULT_SCALARS = ("text", "steps", "steps_allowed", "stop_reason", "total_ms", "gen_length",
                    "useful_length")
 
@@ -70,7 +76,8 @@ _SCHEMA = ({"meta": (np.uint8, 1)}
            | {f"{n}_offsets": (np.int64, 1) for n in _RAGGED}
            | {f"result_{n}": (np.float64 if n.endswith("_ms") else np.int32, 1)
               for n in _RESULT_ARRAYS}
-           | _EXPERTS)     # optional: only runs of MoE models have them
+           | _EXPERTS      # optional: only runs of MoE models have them
+           | _UNIFORM)     # optional: only uniform-state runs have them
 MAX_BYTES = 256 * 2**20     # the most a recording may hold, loaded (a long real run is ~50 MB)
 # A replay's view keeps four float32 and one int8 per allowed step and position
 # (studio.run_state): steps_allowed is bounded so that this fits in MAX_BYTES too.
@@ -170,6 +177,12 @@ class Recording:
                 [[0], np.cumsum([len(p) for p in parts], dtype=np.int64)]).astype(np.int64)
         if any(e.experts is not None for e in ev):
             arrays.update(_experts_arrays(ev))
+        if ev and ev[0].draft is not None:
+            for name in ("draft", "redrawn"):
+                parts = [np.asarray(getattr(e, name), np.int32) for e in ev]
+                arrays[f"{name}_values"] = np.concatenate(parts)
+                arrays[f"{name}_offsets"] = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+            arrays["step_entropy_cut"] = np.array([e.entropy_cut for e in ev], np.float64)
         result = None
         if self.result is not None:
             result = {name: getattr(self.result, name) for name in _RESULT_SCALARS}
@@ -274,12 +287,33 @@ def _events_from(data: dict[str, np.ndarray]) -> list[StepEvent]:
                 continue
             off = data[f"{name}_offsets"]
             kw[name] = data[f"{name}_values"][off[k]:off[k + 1]]
+        if "draft_offsets" in data:
+            for name in ("draft", "redrawn"):
+                off = data[f"{name}_offsets"]
+                kw[name] = data[f"{name}_values"][off[k]:off[k + 1]]
+            kw["entropy_cut"] = float(data["step_entropy_cut"][k])
         if "experts_dims" in data and data["experts_dims"][k, 0] > 0:
             off, (n_layer, used) = data["experts_offsets"], data["experts_dims"][k]
             kw["experts"] = data["experts_values"][off[k]:off[k + 1]].astype(np.int32).reshape(
                 n_layer, len(kw["active"]), used)
         events.append(StepEvent(**kw))
     return events
+
+
+def _check_uniform(data: dict[str, np.ndarray], s: int, n: int) -> None:
+    """Uniform-state members: all present, offsets that split their values, re-drawn positions in
+    [0, n), token ids that are not negative, finite cuts."""
+    missing = [m for m in _UNIFORM if m not in data]
+    if missing:
+        raise ValueError(f"missing members {', '.join(missing)}")
+    for name, top in (("draft", None), ("redrawn", n)):
+        off, values = _shape(data, f"{name}_offsets", (s + 1,)), data[f"{name}_values"]
+        if off[0] != 0 or (np.diff(off) < 0).any() or off[-1] != values.shape[0]:
+            raise ValueError(f"{name}_offsets do not split {name}_values")
+        if values.size and (values.min() < 0 or (top is not None and values.max() >= top)):
+            raise ValueError(f"{name}_values out of range")
+    if not np.isfinite(_shape(data, "step_entropy_cut", (s,))).all():
+        raise ValueError("step_entropy_cut: not finite")
 
 
 def _experts_arrays(events: list[StepEvent]) -> dict[str, np.ndarray]:
@@ -351,7 +385,7 @@ def _check(data: dict[str, np.ndarray]) -> dict:
     for k, v in meta["pieces"].items():
         if not (k.isascii() and k.isdigit() and len(k) < 12 and isinstance(v, str)):
             raise ValueError(f"piece {k[:20]!r}: expected a token id and its text")
-    missing = [n for n in _SCHEMA if n not in data and n not in _EXPERTS
+    missing = [n for n in _SCHEMA if n not in data and n not in _EXPERTS and n not in _UNIFORM
                and n.removeprefix("step_") not in _OPTIONAL_SCALARS
                and n.rsplit("_", 1)[0] not in _OPTIONAL_RAGGED
                and not (n.startswith("result_") and meta.get("result") is None)]
@@ -391,6 +425,8 @@ def _check(data: dict[str, np.ndarray]) -> dict:
             raise ValueError(f"{name}_values are not positions in [0, {n})")
     if any(name in data for name in _EXPERTS):
         _check_experts(data, s)
+    if any(name in data for name in _UNIFORM):
+        _check_uniform(data, s, n)
     result = meta.get("result")
     if result is not None:
         if not isinstance(result, dict) or set(result) != set(_RESULT_SCALARS):

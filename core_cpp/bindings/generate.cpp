@@ -44,9 +44,18 @@ static py::dict event_dict(const diffuse::StepEvent & e, const diffuse::HParams 
     d["active"] = to_numpy(*e.active);
     d["cached"] = to_numpy(*e.cached);
     d["edited"] = to_numpy(*e.edited);
+    if (e.draft) {   // uniform-state diffusion (DiffusionGemma)
+        d["draft"] = to_numpy(*e.draft);
+        d["redrawn"] = to_numpy(*e.redrawn);
+        d["entropy_cut"] = e.entropy_cut;
+    }
     d["forward_ms"] = e.forward_ms;
     d["sample_ms"] = e.sample_ms;
     d["total_ms"] = e.total_ms;
+    if (e.spec_draft) {   // self_spec
+        d["spec_draft"] = to_numpy(*e.spec_draft);
+        d["spec_accepted"] = e.spec_accepted;
+    }
     if (!e.experts->empty()) {
         const py::ssize_t n_active = (py::ssize_t) e.active->size();
         d["experts"] = to_numpy(*e.experts).attr("reshape")(hp.n_layer, n_active, hp.n_expert_used);
@@ -64,6 +73,7 @@ static py::dict output_dict(const diffuse::GenerateOutput & out) {
     d["steps"] = out.steps;
     d["steps_allowed"] = out.steps_allowed;
     d["prefill_ms"] = out.prefill_ms;
+    d["forward_passes"] = out.forward_passes;
     d["stop_reason"] = out.stop_reason;
     d["error"] = out.error;
     return d;
@@ -81,7 +91,8 @@ static const char * kind_name(OptionKind k) {
 }
 
 static diffuse::Arch arch_of(const std::string & family) {
-    for (diffuse::Arch a : {diffuse::Arch::LLaDA, diffuse::Arch::Dream, diffuse::Arch::SDAR, diffuse::Arch::FastDLLMv2})
+    for (diffuse::Arch a : {diffuse::Arch::LLaDA, diffuse::Arch::Dream, diffuse::Arch::SDAR, diffuse::Arch::FastDLLMv2,
+                            diffuse::Arch::DiffusionGemma, diffuse::Arch::NemotronDiffusion})
         if (family == diffuse::arch_name(a)) return a;
     throw diffuse::Error("unknown model family '" + family + "'");
 }

@@ -6,10 +6,13 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+
 namespace py = pybind11;
 using diffuse::Model;
 
 using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
 static py::dict hparams_dict(const diffuse::HParams & hp) {
     py::dict d;
@@ -42,6 +45,13 @@ static py::dict hparams_dict(const diffuse::HParams & hp) {
     d["n_layer_dense"] = hp.n_layer_dense;  // leading dense layers of a MoE model
     d["block_size"] = hp.block_size;        // 0: attends to the whole sequence
     d["sub_block_size"] = hp.sub_block_size;    // 0: none
+    d["canvas_length"] = hp.canvas_length;      // DiffusionGemma's canvas; 0 for the others
+    d["sliding_window"] = hp.n_swa;             // 0: none
+    d["logit_softcap"] = hp.logit_softcap;      // 0: none
+    d["rope_yarn"] = hp.rope_yarn;
+    d["rope_scaling_factor"] = 1.0 / hp.rope_freq_scale;
+    d["attn_temp_scale"] = hp.attn_temp_scale;  // llama-4 query scale; 0: none
+    d["trained_block"] = hp.trained_block;      // Nemotron-Labs-Diffusion's block; 0: none
     return d;
 }
 
@@ -83,5 +93,42 @@ void diffuse_py::register_model(py::module_ & m) {
              },
              py::arg("tokens"), py::arg("rows") = std::vector<int32_t>{}, py::arg("block_size") = -1,
              "Logits (n_rows, n_vocab) of the given positions (all when empty), under the model's attention "
-             "pattern (bidirectional or block-causal), before any logit shift.");
+             "pattern (bidirectional or block-causal), before any logit shift.")
+        .def("forward_canvas",
+             [](const Model & self, I32Array context, I32Array canvas, std::optional<F32Array> self_cond) {
+                 if (context.ndim() != 1 || canvas.ndim() != 1)
+                     throw diffuse::Error("forward: expected 1-D arrays of token ids");
+                 const py::ssize_t n_vocab = self.hparams().n_vocab, C = canvas.size();
+                 if (self_cond && (self_cond->ndim() != 2 || self_cond->shape(0) != C || self_cond->shape(1) != n_vocab))
+                     throw diffuse::Error("forward: self_conditioning must be (" + std::to_string(C) + ", " +
+                                          std::to_string(n_vocab) + ") logits, one row per canvas position");
+                 std::vector<int32_t> ctx_ids(context.data(), context.data() + context.size());
+                 std::vector<int32_t> canvas_ids(canvas.data(), canvas.data() + C);
+                 py::array_t<float> out({C, n_vocab});
+                 float * dst = out.mutable_data();
+                 const float * sc = self_cond ? self_cond->data() : nullptr;
+                 {
+                     py::gil_scoped_release release;
+                     self.forward_canvas(ctx_ids, canvas_ids, sc, dst);
+                 }
+                 return out;
+             },
+             py::arg("context"), py::arg("canvas"), py::arg("self_cond") = py::none(),
+             "DiffusionGemma: the canvas's logits (n_canvas, n_vocab), softcapped, after the context is "
+             "encoded causally; self_cond: the previous step's logits of the canvas or None.")
+        .def("forward_causal",
+             [](const Model & self, I32Array tokens, int open_block) {
+                 if (tokens.ndim() != 1) throw diffuse::Error("forward: expected a 1-D array of token ids");
+                 std::vector<int32_t> ids(tokens.data(), tokens.data() + tokens.size());
+                 py::array_t<float> out({(py::ssize_t) ids.size(), (py::ssize_t) self.hparams().n_vocab});
+                 float * dst = out.mutable_data();
+                 {
+                     py::gil_scoped_release release;
+                     self.forward_causal_into(ids, open_block, dst);
+                 }
+                 return out;
+             },
+             py::arg("tokens"), py::arg("open_block") = 0,
+             "Causal logits (n, n_vocab) of every position; open_block > 0: the last open_block positions "
+             "also see each other (a block drafted over a causal prefix). Before any logit shift.");
 }

@@ -25,6 +25,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace diffuse {
@@ -35,7 +36,11 @@ struct Error : std::runtime_error {
 
 // Model families: each has its own defaults and chat conventions. LLaDA and Dream attend to the whole
 // sequence; SDAR (and TraDo) and Fast-dLLM v2 are block diffusion (causal across blocks).
-enum class Arch { LLaDA, Dream, SDAR, FastDLLMv2 };
+// DiffusionGemma is uniform-state diffusion: a causal encoder writes the prompt's (and each finished
+// canvas's) K/V, a bidirectional decoder denoises a canvas of random tokens over that cache.
+// NemotronDiffusion (Nemotron-Labs-Diffusion) is trained for three modes over one causal K/V cache:
+// AR, diffusion of blocks over the cached prefix, and self-speculation (loops/causal.h).
+enum class Arch { LLaDA, Dream, SDAR, FastDLLMv2, DiffusionGemma, NemotronDiffusion };
 enum class Dialect { Ours, LlamaCpp, DiffuseCpp };
 
 // Hyper-parameters, read from any of the three GGUF dialects.
@@ -62,6 +67,19 @@ struct HParams {
     int64_t  n_ff_exp;      // hidden size of one expert's SwiGLU
     bool     qk_norm;       // RMSNorm of q and k over the head dimension before RoPE (LLaDA-MoE, SDAR)
     int64_t  n_rot;         // {arch}.rope.dimension_count: RoPE rotates the first n_rot of head_dim (LLaDA2: half)
+    // YaRN RoPE ({arch}.rope.scaling.*, Ministral3 / Nemotron-Labs-Diffusion): frequencies interpolated by
+    // rope_freq_scale = 1 / factor outside the [beta_slow, beta_fast] rotation ramp over rope_orig_ctx
+    // positions, cos and sin times rope_attn_factor. Plain RoPE: scale 1, rope_yarn false.
+    bool     rope_yarn;
+    float    rope_freq_scale, rope_attn_factor, rope_beta_fast, rope_beta_slow;
+    int64_t  rope_orig_ctx;
+    // Llama-4 query scale (Ministral3): after RoPE, q *= 1 + attn_temp_scale * ln(1 + floor(pos /
+    // attn_temp_length)); attn_temp_scale 0: none.
+    float    attn_temp_scale;
+    int64_t  attn_temp_length;
+    // Nemotron-Labs-Diffusion: the block it was trained on (diffusion.block_size, 32), the default
+    // block of its diffusion mode; its attention is causal, so block_size (the mask's) stays 0.
+    int      trained_block;
     // The router (LLaDA2: sigmoid scores, a selection bias, group-limited top-k, normalised and scaled
     // weights, shared experts, leading dense layers); LLaDA-MoE: softmax, 1 group, neither.
     bool     router_sigmoid;       // {arch}.expert_gating_func 2 (sigmoid), else 1 (softmax)
@@ -76,6 +94,13 @@ struct HParams {
     // position 0) and bidirectional inside one; 0 for models that attend to the whole sequence.
     int      block_size;
     int      sub_block_size;  // diffusion.sub_block_size: decoded in sub-blocks of this size (Fast-dLLM v2: 8); 0: none
+    // DiffusionGemma (Gemma 4 blocks): the canvas the decoder denoises, the sliding layers' window
+    // (a query sees this many positions, itself included), the final logits' softcap c
+    // (c tanh(logits / c)); 0 for the other families. Per-layer head sizes, KV heads and RoPE are
+    // the model's (sliding and full layers differ); head_dim / n_head_kv here are the full layers'.
+    int      canvas_length;
+    int      n_swa;
+    float    logit_softcap;
     bool moe() const { return n_expert > 0; }
     bool block_diffusion() const { return block_size > 0; }
 };
@@ -119,6 +144,9 @@ enum class EosStop {
     Prefix,    // as soon as the decided prefix of the answer holds end-of-text (Fast-dLLM v2), mid-block
 };
 
+// The decoding modes (GenerateParams::mode).
+enum class Decoding { Diffusion, AR, SelfSpec };
+
 // How many positions each step commits.
 enum class Schedule {
     LLaDABlocks,    // even counts per block, remainder to the first steps
@@ -161,8 +189,22 @@ struct GenerateParams {
     float     eps            = 1e-3f; // Dream timestep floor
     uint64_t  seed           = 0;
     int       n_threads      = 0;     // 0: the model's thread count; capped at the logical CPU count
+    // DiffusionGemma (uniform-state diffusion): the temperature falls linearly from `temperature`
+    // to `temperature_end` over a canvas's steps; the canvas stops early once its argmax has stood
+    // `stability` steps and the mean entropy is below `stop_entropy`. steps: per canvas;
+    // entropy_budget: the entropy bound of the acceptance rule.
+    float     temperature_end = 0.4f;
+    int       stability      = 1;
+    float     stop_entropy   = 0.005f;
     std::vector<int32_t> eos_ids;     // end-of-text ids (early stop, useful length)
     bool      expert_routing = false; // MoE: fill StepEvent::experts (costs a copy per step)
+    // How the answer is decoded (loops/causal.h). Diffusion: the model's own loop. AR: causal
+    // prefill, then one token per causal pass over the K/V cache. SelfSpec (Nemotron-Labs-Diffusion's
+    // linear_spec_generate): per iteration a bidirectional pass drafts [seed, draft_length - 1
+    // masks] over the cache, a causal pass verifies the block and writes its K/V, and the longest
+    // prefix where draft == the AR choice is kept plus that pass's next token: AR's output exactly.
+    Decoding  mode           = Decoding::Diffusion;
+    int       draft_length   = 32;    // self_spec: rows of a draft (the seed and draft_length - 1 masks)
 };
 
 // Per-family defaults (LLaDA: low_confidence in blocks of 32; Dream: its entropy rule, no blocks;
@@ -190,6 +232,22 @@ struct StepEvent {
     // editing_threshold < 1: committed positions whose token this step replaced (the previous
     // event's tokens hold what they were). Empty otherwise.
     const std::vector<int32_t> * edited;
+    // DiffusionGemma: tokens hold the canvas this step denoised (the context before it); unmasked
+    // the positions accepted (they take the drawn token), redrawn the others (a uniform random
+    // token next); draft the argmax canvas (the canvas's output if it stops here); entropy_cut
+    // the largest accepted entropy: a position is accepted when its entropy is at most this (the
+    // lowest entropies, as many as keep their sum minus the largest within entropy_budget).
+    // nullptr / NaN for the other families.
+    const std::vector<int32_t> * redrawn = nullptr;
+    const std::vector<int32_t> * draft = nullptr;
+    float entropy_cut = 0.0f;
+    // mode self_spec: the block [block_start, block_end) this iteration drafted and verified:
+    // spec_draft its tokens as drafted (the seed, committed before, then the draft), spec_accepted
+    // how many drafts the verify pass kept; the bonus token follows them, at block_start + 1 +
+    // spec_accepted (tokens holds it), and spec_draft[spec_accepted + 1], if any, was the first rejected.
+    // nullptr / -1 in the other modes.
+    const std::vector<int32_t> * spec_draft = nullptr;
+    int spec_accepted = -1;
 };
 
 // Return false to cancel (that sequence only, in a batch); an exception thrown here ends the whole
@@ -204,6 +262,7 @@ struct GenerateOutput {
     double               prefill_ms = 0;  // block diffusion: the prompt's whole blocks, once (not a step)
     int                  steps = 0;
     int                  steps_allowed = 0;
+    int                  forward_passes = 0;  // AR and self_spec: passes run (prefill chunks not counted)
     std::string          stop_reason;    // "done", "eos", "cancelled"; "error" for an item generate_stream refused
     std::string          error;          // why it was refused
 };
@@ -271,8 +330,17 @@ public:
     // forward_into writes them to `out`, which holds rows.size() (or tokens.size()) * n_vocab floats.
     // block_size of a block-diffusion model: the blocks of a run with another block_length (< 0:
     // the model's own).
+    // DiffusionGemma: the canvas's logits (canvas.size(), n_vocab) after the context is encoded
+    // causally into a cache the decoder reads; self_cond: the previous step's (processed) logits of
+    // the canvas, (canvas.size(), n_vocab) row-major, or nullptr for the first step.
+    virtual void forward_canvas(const std::vector<int32_t> & context, const std::vector<int32_t> & canvas,
+                                const float * self_cond, float * out) const = 0;
     virtual void forward_into(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows,
                               float * out, int block_size = -1) const = 0;
+    // The AR and self-speculation modes' attention: causal logits of every position, (n, n_vocab);
+    // open_block > 0: the last open_block positions also see each other (the draft pass of a
+    // block over a causal prefix, Nemotron-Labs-Diffusion's diffusion mode). Before any logit shift.
+    virtual void forward_causal_into(const std::vector<int32_t> & tokens, int open_block, float * out) const = 0;
     std::vector<float> forward(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows = {}) const {
         std::vector<float> out((rows.empty() ? tokens.size() : rows.size()) * hparams().n_vocab);
         forward_into(tokens, rows, out.data());
@@ -303,8 +371,18 @@ namespace diffuse {
 // repack: place W in ggml's interleaved CPU layout when it can be (as the model loader does).
 double bench_matmul(int ggml_type, int64_t k, int64_t m, int64_t n, int n_threads, int reps, bool repack);
 
+// The output head's product both ways on this machine, W (m, k) of `ggml_type` (random, plain layout),
+// x (k, n) F32, n <= 32: best wall times (s) of ggml's mat-mul and of the engine's few-row head
+// product, alternated run by run.
+std::pair<double, double> bench_head(int ggml_type, int64_t k, int64_t m, int64_t n, int n_threads, int reps);
+
+// y = W x, row-major (n, m): W given as m rows of `ggml_type` blocks (k values each), x as n rows of
+// k floats; by the engine's few-row head product (own) or by ggml's mat-mul. For parity tests.
+std::vector<float> head_matmul(int ggml_type, const uint8_t * w, size_t w_bytes, int64_t m, int64_t k, const float * x, int64_t n,
+                               bool own, int n_threads);
+
 // One block-diffusion step on its own: `width` new rows against `depth` cached rows (prefilled
-// first), logits for each new row. Wall time of each of `reps` passes after a warm-up, ms.
+// first), logits for each new row (a full-attention model's rows attend over all of them). Wall time of each of `reps` passes after a warm-up, ms.
 // The new rows are distinct tokens except the last `masked`, which hold the mask token (a decoding
 // step's block: committed tokens, then masks). logit_rows: logits of the last `logit_rows` rows
 // only (1: the work of llama.cpp's prompt pass, which separates the output head's share); 0: every
@@ -328,5 +406,14 @@ struct BlockStepResult {
 };
 std::vector<BlockStepResult> bench_block_steps(const Model & model, int depth, const std::vector<BlockStepCase> & cases,
                                                int reps, bool routing);
+
+// Self-speculation's passes at `depth` cached rows (spec_bench.cpp): ms per AR decode row, and per
+// draft length k (widths) per draft pass (the seed and k - 1 masks, bidirectional) and verify pass
+// (k rows, causal); k = 1 has no draft pass (draft_ms empty). `reps` timed passes of each, alternating.
+struct SpecPassTimes {
+    std::vector<double> decode_ms;
+    std::vector<std::vector<double>> draft_ms, verify_ms;   // per width
+};
+SpecPassTimes bench_spec_passes(const Model & model, int depth, const std::vector<int> & widths, int n_threads, int reps);
 
 }  // namespace diffuse

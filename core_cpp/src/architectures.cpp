@@ -18,6 +18,13 @@ static const ArchInfo ARCHS[] = {
     {"fast-dllm-v2",   Arch::FastDLLMv2, build_dream,     true,  false, false, false, false, true,  true,  -1},
     // LLaDA2.0/2.1: BailingMoeV2 blocks trained block-causal; SDAR's family (block rules, defaults).
     {"llada2",         Arch::SDAR,       build_llada2,    false, true,  true,  true,  true,  false, true,  LLADA_MOE_MASK_ID},
+    // DiffusionGemma (llama.cpp PR #24423's arch): Gemma 4 MoE blocks, a causal encoder and a canvas
+    // decoder; loaded by model.cpp's read_gemma_hparams / bind_gemma_weights (per-layer shapes). No
+    // mask token: the canvas starts as random tokens.
+    {"diffusion-gemma", Arch::DiffusionGemma, build_diffusion_gemma, false, true, true, false, false, false, false, 0},
+    // Nemotron-Labs-Diffusion: Ministral3 blocks (Llama with YaRN and the llama-4 query scale), one
+    // causal K/V cache for its AR, diffusion and self-speculation modes (no GGUF name exists: ours).
+    {"nemotron-diffusion", Arch::NemotronDiffusion, build_nemotron_diffusion, false, false, false, false, false, false, false, -1},
 };
 
 const ArchInfo * arch_by_name(const std::string & name) {

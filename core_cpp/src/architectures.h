@@ -42,5 +42,7 @@ ggml_tensor * build_llada_moe(GraphBuilder & g);
 ggml_tensor * build_dream(GraphBuilder & g);
 ggml_tensor * build_sdar(GraphBuilder & g);
 ggml_tensor * build_llada2(GraphBuilder & g);
+ggml_tensor * build_diffusion_gemma(GraphBuilder & g);
+ggml_tensor * build_nemotron_diffusion(GraphBuilder & g);
 
 }  // namespace diffuse

@@ -18,7 +18,8 @@ namespace diffuse {
 // shape, since a larger graph costs a larger hash set to clear on every plan.
 static size_t graph_nodes(const HParams & hp, size_t n_seq) {
     const int64_t moe = hp.moe() ? 40 + 2 * hp.n_expert_used : 0;   // + groups, weight norm, shared expert
-    return 64 + 8 * n_seq + hp.n_layer * (40 + moe + 24 * n_seq);
+    const int64_t gemma = hp.canvas_length > 0 ? 80 : 0;              // post-norms, GELU, router scale
+    return 96 + 8 * n_seq + hp.n_layer * (40 + moe + gemma + 24 * n_seq);
 }
 
 // ---- KVCache ----
@@ -32,16 +33,17 @@ KVCache::KVCache(const ModelImpl & model, int n_ctx) : n_ctx_(n_ctx), id_(next_c
     ctx_ = ggml_init(ip);
     if (!ctx_) throw Error("cannot create the KV cache context");
     const ggml_type type = model.kv_f16() ? GGML_TYPE_F16 : GGML_TYPE_F32;
-    const int64_t row = hp.head_dim * hp.n_head_kv;
+    double rows = 0;   // K row values summed over the layers
+    for (int il = 0; il < hp.n_layer; ++il) rows += (double) model.layer(il).kv_row();
     // Refused up front rather than allocated: with overcommit a too-large buffer "succeeds" and
     // the kernel's OOM killer ends the process when the pages are touched.
-    const double need = 2.0 * hp.n_layer * (double) row * n_ctx * ggml_type_size(type);
+    const double need = 2.0 * rows * n_ctx * ggml_type_size(type);
     if (need > (double) physical_memory_bytes())
         throw Error("the K/V cache for " + std::to_string(n_ctx) + " positions needs " +
                     std::to_string((int64_t) (need / (1 << 20))) + " MiB, more than this machine's memory");
     for (int il = 0; il < hp.n_layer; ++il) {
-        k.push_back(ggml_new_tensor_2d(ctx_, type, row, n_ctx));
-        v.push_back(ggml_new_tensor_2d(ctx_, type, row, n_ctx));
+        k.push_back(ggml_new_tensor_2d(ctx_, type, model.layer(il).kv_row(), n_ctx));
+        v.push_back(ggml_new_tensor_2d(ctx_, type, model.layer(il).kv_row(), n_ctx));
     }
     buf_ = ggml_backend_alloc_ctx_tensors_from_buft(ctx_, ggml_backend_cpu_buffer_type());
     if (!buf_) {
@@ -127,8 +129,16 @@ void ForwardRunner::run(const std::vector<SequenceRows> & seqs, int n_threads, f
         shape.n_q.push_back((int) s.tokens.size());
         shape.n_kv.push_back(s.n_kv);
         shape.n_out.push_back((int) s.out_rows.size());
-        shape.masked.push_back(s.attn_block > 0);
+        shape.masked.push_back(s.attn_block > 0 || hp.n_swa > 0);
+        if (s.canvas != seqs[0].canvas) throw Error("forward batch: canvas and encoder rows in one pass");
+        if (s.canvas == (s.attn_block > 0) && hp.canvas_length > 0)
+            throw Error("forward batch: a DiffusionGemma pass is a causal encoder or a bidirectional canvas");
+        if (s.self_cond && !s.canvas) throw Error("forward batch: self-conditioning applies to a canvas only");
+        shape.self_cond = shape.self_cond || s.self_cond;
     }
+    shape.own_head = model_.head_choice().own(model_.weights().output, shape.total_out(), n_threads);
+    shape.canvas = seqs[0].canvas;
+    if (shape.canvas && hp.canvas_length == 0) throw Error("forward batch: this model has no canvas");
 
     if (!ctx_ || !(shape == shape_)) {
         shape_ = std::move(shape);
@@ -155,21 +165,49 @@ void ForwardRunner::run(const std::vector<SequenceRows> & seqs, int n_threads, f
             std::iota(rows.begin(), rows.end(), (int64_t) off);
             ggml_backend_tensor_set(in_.gather_rows[s], rows.data(), 0, sizeof(int64_t) * rows.size());
         }
-        if (q.attn_block > 0) {
+        if (in_.masks[s]) {
             // Block-causal: query row j (at position p) sees cache row r iff block(r) <= block(p).
+            // Sliding layers (a second mask) see, of those, the rows from anchor - (n_swa - 1) on,
+            // the anchor being the query (causal) or the first row of this pass (a canvas).
             static const uint16_t zero = ggml_fp32_to_fp16(0.0f), minus_inf = ggml_fp32_to_fp16(-INFINITY);
             const int n_kv = q.n_kv, B = q.attn_block;
-            mask_.resize((size_t) n_kv * q.positions.size());
-            for (size_t j = 0; j < q.positions.size(); ++j) {
-                const int visible = std::min(n_kv, (q.positions[j] / B + 1) * B);
-                std::fill_n(mask_.begin() + j * n_kv, visible, zero);
-                std::fill(mask_.begin() + j * n_kv + visible, mask_.begin() + (j + 1) * n_kv, minus_inf);
+            for (const bool swa : {false, true}) {
+                ggml_tensor * mask = swa ? in_.masks_swa[s] : in_.masks[s];
+                if (!mask) continue;
+                mask_.assign((size_t) n_kv * q.positions.size(), minus_inf);
+                for (size_t j = 0; j < q.positions.size(); ++j) {
+                    const int p = q.positions[j];
+                    const int end = B > 0 ? std::min(n_kv, (p / B + 1) * B) : n_kv;
+                    const int begin = swa ? std::max(0, (B > 0 ? p : q.positions[0]) - (hp.n_swa - 1)) : 0;
+                    if (begin < end) std::fill(mask_.begin() + j * n_kv + begin, mask_.begin() + j * n_kv + end, zero);
+                }
+                ggml_backend_tensor_set(mask, mask_.data(), 0, sizeof(uint16_t) * mask_.size());
             }
-            ggml_backend_tensor_set(in_.masks[s], mask_.data(), 0, sizeof(uint16_t) * mask_.size());
+        }
+    }
+    if (in_.self_cond) {
+        // Rows without previous logits get zeros (a uniform softmax) switched off by self_cond_on.
+        const size_t V = (size_t) hp.n_vocab;
+        for (size_t s = 0, off = 0; s < seqs.size(); off += seqs[s].tokens.size(), ++s) {
+            const size_t n = seqs[s].tokens.size();
+            sc_on_.assign(n, seqs[s].self_cond ? 1.0f : 0.0f);
+            ggml_backend_tensor_set(in_.self_cond_on, sc_on_.data(), off * sizeof(float), n * sizeof(float));
+            if (seqs[s].self_cond) {
+                ggml_backend_tensor_set(in_.self_cond, seqs[s].self_cond, off * V * sizeof(float), n * V * sizeof(float));
+            } else {
+                sc_zero_.assign(n * V, 0.0f);
+                ggml_backend_tensor_set(in_.self_cond, sc_zero_.data(), off * V * sizeof(float), n * V * sizeof(float));
+            }
         }
     }
     ggml_backend_tensor_set(in_.tokens, tokens.data(), 0, sizeof(int32_t) * tokens.size());
     ggml_backend_tensor_set(in_.positions, positions.data(), 0, sizeof(int32_t) * positions.size());
+    if (in_.q_scale) {
+        std::vector<float> scale;
+        for (int32_t p : positions)
+            scale.push_back(1.0f + hp.attn_temp_scale * std::log(1.0f + std::floor((float) p / hp.attn_temp_length)));
+        ggml_backend_tensor_set(in_.q_scale, scale.data(), 0, sizeof(float) * scale.size());
+    }
     ggml_backend_tensor_set(in_.out_rows, out_rows.data(), 0, sizeof(int32_t) * out_rows.size());
 
     ggml_backend_cpu_set_n_threads(backend_, threads_for_pass(n_threads));

@@ -15,7 +15,8 @@ struct ggml_gallocr;
 
 namespace diffuse {
 
-// Post-RoPE keys and values of every layer: (head_dim * n_head_kv, n_ctx) each, F16 or F32.
+// Post-RoPE keys and values of every layer: (head_dim * n_head_kv, n_ctx) each (that layer's
+// geometry), F16 or F32.
 // Not cleared: a row is always written (by a full pass) before any query reads it.
 class KVCache {
 public:
@@ -44,6 +45,12 @@ struct SequenceRows {
     // position p sees cache row r iff r / attn_block <= p / attn_block); 0: bidirectional.
     int attn_block = 0;
     std::vector<int32_t> out_rows;   // indices into [0, n_q) whose logits are wanted
+    // DiffusionGemma: true for the decoder over a canvas (bidirectional, the decoder's layer scalars,
+    // self-conditioning), false for the encoder (attn_block 1). Sliding layers see the n_swa - 1
+    // rows before the query (encoder) or before the first canvas row (decoder), and the query's
+    // own rows. self_cond: the previous step's logits of these rows, (n_q, n_vocab), or nullptr.
+    bool canvas = false;
+    const float * self_cond = nullptr;
 };
 
 // Builds, allocates and runs forward graphs on one CPU backend. Not thread-safe: each Context has one.
@@ -77,6 +84,7 @@ private:
     BatchShape shape_;
     GraphInputs in_;
     std::vector<uint16_t> mask_;        // staging for a sequence's attention mask
+    std::vector<float> sc_on_, sc_zero_; // staging for the self-conditioning inputs
 };
 
 }  // namespace diffuse

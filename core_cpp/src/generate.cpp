@@ -27,6 +27,9 @@
 #include "diffuse.h"
 
 #include "context.h"
+#include "loops/causal.h"
+#include "loops/stream.h"
+#include "loops/uniform_state.h"
 #include "model_impl.h"
 #include "options.h"
 #include "rng.h"
@@ -60,6 +63,26 @@ GenerateParams default_generate_params(Arch arch) {
             p.confidence_threshold = 0.9f;
             p.eos_stop = EosStop::Prefix;
             break;
+        case Arch::DiffusionGemma:
+            // generation_config.json of diffusiongemma-26B-A4B-it: 48 steps per canvas, entropy
+            // bound 0.1, temperature 0.8 -> 0.4, stability 1, confidence 0.005, 256 new tokens.
+            p.gen_length = 256;
+            p.steps = 48;
+            p.block_length = 0;   // the model's canvas
+            p.entropy_budget = 0.1f;
+            p.temperature = 0.8f;
+            p.temperature_end = 0.4f;
+            p.stability = 1;
+            p.stop_entropy = 0.005f;
+            break;
+        case Arch::NemotronDiffusion:
+            // Its generate_diffusion: blocks of the model's 32, threshold 0.9 (at least one per step).
+            p.scheduler = Scheduler::ConfidenceThreshold;
+            p.block_length = 0;
+            p.steps = 32;
+            p.confidence_threshold = 0.9f;
+            p.eos_stop = EosStop::Prefix;
+            break;
     }
     return p;
 }
@@ -84,6 +107,10 @@ struct Geometry {
 // Checks a request against the model; returns its blocks.
 Geometry validate(const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p) {
     const HParams & hp = model.hparams();
+    if (runs_causally(model, p)) {   // loops/causal.cpp: no blocks of this loop
+        check_causal(model, prompt, p);
+        return {};
+    }
     if (prompt.empty()) throw Error("the prompt is empty");
     model.check_tokens(prompt.data(), prompt.size());
     check_options(p);
@@ -397,10 +424,15 @@ void prefill(Sequence & q, ForwardRunner & runner, int n_threads, int64_t n_voca
 
 }  // namespace
 
-int generate_stream(const Model & base, const BatchFeed & feed, const StepCallback & on_step) {
+int generate_stream(const Model & base, const BatchFeed & given_feed, const StepCallback & given_on_step) {
     const ModelImpl & model = static_cast<const ModelImpl &>(base);
     const HParams & hp = model.hparams();
+    if (hp.arch == Arch::DiffusionGemma) return uniform_state_stream(model, given_feed, given_on_step);
     ContextLease ctx = model.lease();
+    // The AR, self-speculation and causal-cache diffusion items run beside this loop (loops/causal.h).
+    CausalSide causal(model, given_feed, given_on_step);
+    const BatchFeed & feed = causal.feed();
+    const StepCallback & on_step = causal.on_step();
 
     std::list<Sequence> running;       // admission order; a list, so a Sequence stays put while it runs
     int n_admitted = 0;
@@ -423,7 +455,7 @@ int generate_stream(const Model & base, const BatchFeed & feed, const StepCallba
     std::vector<RowStats> stats;
     std::vector<int32_t> unmasked, edited, cached, experts, keys, current;
     std::vector<SequenceRows> batch;
-    std::vector<Sequence *> work;
+    std::vector<Sequence *> work, joined;
     std::vector<size_t> batch_index;   // per work item: its (conditional) rows' index in batch
 
     for (;;) {
@@ -438,22 +470,12 @@ int generate_stream(const Model & base, const BatchFeed & feed, const StepCallba
             feed.finished(it->index, it->take_output());
             it = running.erase(it);
         }
-        const std::vector<BatchItem> items = feed.admit();
-        for (const BatchItem & item : items) {
-            const int index = n_admitted++;
-            try {
-                running.emplace_back(index, model, item.prompt, item.params);
-            } catch (const Error & e) {   // a bad item fails alone
-                GenerateOutput out;
-                out.stop_reason = "error";
-                out.error = e.what();
-                feed.finished(index, std::move(out));
-                continue;
-            }
-            if (running.back().next_step()) work.push_back(&running.back());
-        }
+        joined.clear();
+        const bool admitted = admit_items(feed, model, running, n_admitted, joined);
+        for (Sequence * q : joined)
+            if (q->next_step()) work.push_back(q);
         if (work.empty()) {
-            if (items.empty()) break;
+            if (!admitted) break;
             continue;   // everything admitted was refused: ask again
         }
         const int n_threads = work[0]->p.n_threads > 0 ? thread_count(work[0]->p.n_threads) : model.n_threads();
@@ -596,7 +618,8 @@ std::vector<GenerateOutput> generate_batch(const Model & base, const std::vector
     // Checked before any step: a batch with a bad prompt fails as a whole, naming it.
     for (size_t s = 0; s < items.size(); ++s) {
         try {
-            validate(model, items[s].prompt, items[s].params);
+            if (model.hparams().arch == Arch::DiffusionGemma) check_uniform_state(model, items[s].prompt, items[s].params);
+            else validate(model, items[s].prompt, items[s].params);
         } catch (const Error & e) {
             throw Error(items.size() == 1 ? e.what() : "prompt " + std::to_string(s) + ": " + e.what());
         }

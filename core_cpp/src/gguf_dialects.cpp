@@ -41,6 +41,8 @@ const char * arch_name(Arch a) {
         case Arch::Dream:      return "dream";
         case Arch::SDAR:       return "sdar";
         case Arch::FastDLLMv2: return "fast-dllm-v2";
+        case Arch::DiffusionGemma: return "diffusion-gemma";
+        case Arch::NemotronDiffusion: return "nemotron-diffusion";
     }
     return "?";
 }

@@ -100,6 +100,34 @@ std::optional<bool> GGUFFile::get_bool(const std::string & key) const {
     return *get_int(key) != 0;
 }
 
+std::optional<std::vector<int64_t>> GGUFFile::get_int_array(const std::string & key, size_t n) const {
+    const int64_t id = gguf_find_key(gguf_, key.c_str());
+    if (id < 0) return std::nullopt;
+    if (gguf_get_kv_type(gguf_, id) != GGUF_TYPE_ARRAY) {
+        if (gguf_get_kv_type(gguf_, id) == GGUF_TYPE_BOOL) return std::vector<int64_t>(n, *get_bool(key));
+        return std::vector<int64_t>(n, *get_int(key));
+    }
+    if (gguf_get_arr_n(gguf_, id) != n)
+        fail("key " + key + " has " + std::to_string(gguf_get_arr_n(gguf_, id)) + " values, expected " +
+             std::to_string(n) + " (one per layer)");
+    const void * data = gguf_get_arr_data(gguf_, id);
+    std::vector<int64_t> out(n);
+    for (size_t i = 0; i < n; ++i) {
+        switch (gguf_get_arr_type(gguf_, id)) {
+            case GGUF_TYPE_BOOL:   out[i] = ((const int8_t *) data)[i] != 0; break;
+            case GGUF_TYPE_UINT8:  out[i] = ((const uint8_t *) data)[i]; break;
+            case GGUF_TYPE_INT8:   out[i] = ((const int8_t *) data)[i]; break;
+            case GGUF_TYPE_UINT16: out[i] = ((const uint16_t *) data)[i]; break;
+            case GGUF_TYPE_INT16:  out[i] = ((const int16_t *) data)[i]; break;
+            case GGUF_TYPE_UINT32: out[i] = ((const uint32_t *) data)[i]; break;
+            case GGUF_TYPE_INT32:  out[i] = ((const int32_t *) data)[i]; break;
+            default: fail("key " + key + " should be an array of integers or bools but holds " +
+                          gguf_type_name(gguf_get_arr_type(gguf_, id)));
+        }
+    }
+    return out;
+}
+
 std::optional<std::string> GGUFFile::get_string(const std::string & key) const {
     const int64_t id = gguf_find_key(gguf_, key.c_str());
     if (id < 0) return std::nullopt;

@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 struct gguf_context;
 struct ggml_context;
@@ -31,6 +32,9 @@ public:
     std::optional<double>      get_float(const std::string & key) const;   // any numeric type
     std::optional<bool>        get_bool(const std::string & key) const;
     std::optional<std::string> get_string(const std::string & key) const;
+    // An array of integers or bools (per-layer keys), or one such value repeated n times; a length
+    // other than n fails.
+    std::optional<std::vector<int64_t>> get_int_array(const std::string & key, size_t n) const;
 
     // "<path>: <what>" as a diffuse::Error.
     [[noreturn]] void fail(const std::string & what) const;

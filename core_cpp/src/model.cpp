@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <cstring>
 #include <thread>
 
 #ifdef _WIN32
@@ -92,6 +93,8 @@ ModelImpl::~ModelImpl() {
     if (repack_buf_) ggml_backend_buffer_free(repack_buf_);
     if (widened_buf_) ggml_backend_buffer_free(widened_buf_);
     if (widened_ctx_) ggml_free(widened_ctx_);
+    if (transposed_buf_) ggml_backend_buffer_free(transposed_buf_);
+    if (transposed_ctx_) ggml_free(transposed_ctx_);
     if (weight_buf_) ggml_backend_buffer_free(weight_buf_);
 }
 
@@ -155,6 +158,7 @@ void ModelImpl::read_hparams() {
     arch_ = id.arch;
     hp_.arch = id.arch->family;
     hp_.dialect = K.dialect;
+    if (hp_.arch == Arch::DiffusionGemma) return read_gemma_hparams(id.arch_key);
     hp_.n_layer = int_key(K.block_count, 1, 1024);
     hp_.n_embd = int_key(K.embedding_length, 1, 1 << 17);
     hp_.n_head = int_key(K.head_count, 1, 4096);
@@ -227,6 +231,7 @@ void ModelImpl::read_hparams() {
     hp_.qk_norm = arch_->qk_norm;
     hp_.n_rot = opt_int(K.rope_dim, 2, hp_.head_dim, hp_.head_dim);
     if (hp_.n_rot % 2 != 0) f.fail("key " + key(K.rope_dim) + " must be even");
+    read_rope_scaling(key);
 
     // llama.cpp's LLaDA converter permutes q/k like Llama, so those files (and ours, which follow
     // them) rotate interleaved pairs; diffuse-cpp's unpermuted LLaDA, LLaDA-MoE and every Dream
@@ -255,6 +260,122 @@ void ModelImpl::read_hparams() {
         hp_.block_size = (int) int_key(K.block_size, 1, hp_.n_ctx_train);
         if (f.has("diffusion.sub_block_size"))
             hp_.sub_block_size = (int) int_key("diffusion.sub_block_size", 1, hp_.block_size);
+    }
+    // The block it was trained on, for the causal-cache loops (loops/causal.cpp), not a block-causal mask.
+    hp_.trained_block = arch_->build == build_nemotron_diffusion ? (int) int_key("diffusion.block_size", 1, hp_.n_ctx_train) : 0;
+    const LayerShape every{hp_.head_dim, hp_.n_head_kv, hp_.n_rot, hp_.rope_theta,
+                           1.0f / std::sqrt((float) hp_.head_dim), false, false};
+    layers_.assign(hp_.n_layer, every);
+}
+
+// DiffusionGemma's keys (llama.cpp PR #24423): per-layer KV heads and sliding pattern, the full
+// layers' head size / RoPE under the plain keys and the sliding layers' under *_swa.
+void ModelImpl::read_gemma_hparams(const std::string & arch_key) {
+    const GGUFFile & f = *file_;
+    auto key = [&](const char * tmpl) { return key_for(tmpl, arch_key); };
+    auto int_key = [&](const char * tmpl, int64_t lo, int64_t hi) {
+        return bounded(f, key(tmpl), f.get_int(key(tmpl)), lo, hi);
+    };
+    auto float_key = [&](const char * tmpl, double dflt, double lo, double hi) {
+        const double v = f.get_float(key(tmpl)).value_or(dflt);
+        if (!(v > lo && v <= hi)) f.fail("key " + key(tmpl) + " = " + std::to_string(v) + " is outside (" +
+                                         std::to_string(lo) + ", " + std::to_string(hi) + "]");
+        return (float) v;
+    };
+    hp_.n_layer = int_key("{arch}.block_count", 1, 1024);
+    hp_.n_embd = int_key("{arch}.embedding_length", 1, 1 << 17);
+    hp_.n_head = int_key("{arch}.attention.head_count", 1, 4096);
+    hp_.n_ff = int_key("{arch}.feed_forward_length", 1, 1 << 20);
+    hp_.n_ctx_train = f.has(key("{arch}.context_length")) ? int_key("{arch}.context_length", 1, 1 << 24) : 131072;
+    hp_.n_expert = int_key("{arch}.expert_count", 1, 4096);
+    hp_.n_expert_used = int_key("{arch}.expert_used_count", 1, hp_.n_expert);
+    hp_.n_ff_exp = int_key("{arch}.expert_feed_forward_length", 1, 1 << 20);
+    hp_.n_expert_groups = hp_.n_group_used = 1;
+    hp_.expert_weights_norm = true;   // top-k renormalised, then x per_expert_scale
+    hp_.expert_weights_scale = 1.0f;
+    hp_.qk_norm = true;
+    hp_.rope_mode = GGML_ROPE_TYPE_NEOX;
+    hp_.rms_eps = float_key("{arch}.attention.layer_norm_rms_epsilon", 1e-6, 0, 1);
+    hp_.logit_softcap = f.has(key("{arch}.final_logit_softcapping"))
+                            ? float_key("{arch}.final_logit_softcapping", 0, 0, 1e6) : 0.0f;
+    hp_.n_swa = (int) int_key("{arch}.attention.sliding_window", 1, hp_.n_ctx_train);
+    hp_.canvas_length = (int) bounded(f, "diffusion.canvas_length", f.get_int("diffusion.canvas_length"), 1,
+                                      hp_.n_ctx_train);
+    const std::string mask_key = "tokenizer.ggml.mask_token_id";
+    hp_.mask_token_id = f.has(mask_key) ? (int32_t) bounded(f, mask_key, f.get_int(mask_key), 0, INT32_MAX) : 0;
+    hp_.file_type = (int32_t) f.get_int("general.file_type").value_or(-1);
+
+    const size_t n = (size_t) hp_.n_layer;
+    const auto kv = f.get_int_array(key("{arch}.attention.head_count_kv"), n);
+    const auto swa = f.get_int_array(key("{arch}.attention.sliding_window_pattern"), n);
+    if (!kv) f.fail("missing key " + key("{arch}.attention.head_count_kv"));
+    if (!swa) f.fail("missing key " + key("{arch}.attention.sliding_window_pattern"));
+    const int64_t hd = int_key("{arch}.attention.key_length", 2, 1 << 12);
+    const int64_t hd_swa = int_key("{arch}.attention.key_length_swa", 2, 1 << 12);
+    for (const char * v : {"{arch}.attention.value_length", "{arch}.attention.value_length_swa"})
+        if (f.has(key(v)) && int_key(v, 1, 1 << 12) != (std::string(v).find("swa") != std::string::npos ? hd_swa : hd))
+            f.fail("key " + key(v) + " differs from the key length: diffuse runs K and V of one size");
+    const float theta = float_key("{arch}.rope.freq_base", 1e6, 0, 1e12);
+    const float theta_swa = float_key("{arch}.rope.freq_base_swa", 1e4, 0, 1e12);
+    const int64_t rot = f.has(key("{arch}.rope.dimension_count")) ? int_key("{arch}.rope.dimension_count", 2, hd) : hd;
+    const int64_t rot_swa = f.has(key("{arch}.rope.dimension_count_swa"))
+                                ? int_key("{arch}.rope.dimension_count_swa", 2, hd_swa) : hd_swa;
+    if (hd % 2 || hd_swa % 2 || rot % 2 || rot_swa % 2) f.fail("head and RoPE dimensions must be even");
+    for (size_t il = 0; il < n; ++il) {
+        const bool sliding = (*swa)[il] != 0;
+        const int64_t heads = (*kv)[il];
+        if (heads < 1 || heads > hp_.n_head || hp_.n_head % heads)
+            f.fail("layer " + std::to_string(il) + ": " + std::to_string(heads) + " KV heads do not divide the " +
+                   std::to_string(hp_.n_head) + " heads (" + key("{arch}.attention.head_count_kv") + ")");
+        layers_.push_back({sliding ? hd_swa : hd, heads, sliding ? rot_swa : rot, sliding ? theta_swa : theta,
+                           1.0f, sliding, !sliding});
+    }
+    if (swa->back()) f.fail("the last layer is a sliding one; DiffusionGemma's last layer attends to everything");
+    // The full layers' geometry stands for the model where one value is asked for (info, the cache).
+    const LayerShape & full = layers_.back();
+    hp_.head_dim = full.head_dim;
+    hp_.n_head_kv = full.n_head_kv;
+    hp_.n_rot = full.n_rot;
+    hp_.rope_theta = full.rope_theta;
+    read_rope_scaling(key);
+}
+
+// llama.cpp's keys: {arch}.rope.scaling.type "yarn" with factor, original_context_length,
+// yarn_beta_fast/slow and attn_factor (transformers' attention_factor: cos and sin are multiplied by
+// it); {arch}.attention.temperature_scale / temperature_length for the llama-4 query scale.
+// Nemotron-Labs-Diffusion's file must have both (its converter refuses a config without them).
+void ModelImpl::read_rope_scaling(const std::function<std::string(const char *)> & key) {
+    const GGUFFile & f = *file_;
+    hp_.rope_yarn = false;
+    hp_.rope_freq_scale = hp_.rope_attn_factor = 1.0f;
+    hp_.attn_temp_scale = 0.0f;
+    hp_.attn_temp_length = 1;
+    const bool nemotron = hp_.arch == Arch::NemotronDiffusion;
+    auto number = [&](const char * tmpl, double lo, double hi) {
+        const std::string k = key(tmpl);
+        const std::optional<double> v = f.get_float(k);
+        if (!v) f.fail("missing key " + k + (nemotron ? " (Nemotron-Labs-Diffusion uses YaRN RoPE)" : ""));
+        if (!(*v >= lo && *v <= hi)) f.fail("key " + k + " = " + std::to_string(*v) + " is outside [" +
+                                            std::to_string(lo) + ", " + std::to_string(hi) + "]");
+        return *v;
+    };
+    const std::string type_key = key("{arch}.rope.scaling.type");
+    const std::optional<std::string> type = f.get_string(type_key);
+    if (type && *type != "yarn" && *type != "none")
+        f.fail("key " + type_key + " = '" + *type + "': the engine runs YaRN or plain RoPE only");
+    if (nemotron && type != std::string("yarn"))
+        f.fail("missing key " + type_key + " = 'yarn': Nemotron-Labs-Diffusion uses YaRN RoPE");
+    if (type == std::string("yarn")) {
+        hp_.rope_yarn = true;
+        hp_.rope_freq_scale = (float) (1.0 / number("{arch}.rope.scaling.factor", 1.0, 1e6));
+        hp_.rope_orig_ctx = (int64_t) number("{arch}.rope.scaling.original_context_length", 1, 1 << 24);
+        hp_.rope_beta_fast = (float) number("{arch}.rope.scaling.yarn_beta_fast", 0, 1e6);
+        hp_.rope_beta_slow = (float) number("{arch}.rope.scaling.yarn_beta_slow", 0, 1e6);
+        hp_.rope_attn_factor = (float) number("{arch}.rope.scaling.attn_factor", 1e-6, 1e6);
+    }
+    if (nemotron || f.has(key("{arch}.attention.temperature_scale"))) {
+        hp_.attn_temp_scale = (float) number("{arch}.attention.temperature_scale", 0, 1e6);
+        hp_.attn_temp_length = (int64_t) number("{arch}.attention.temperature_length", 1, 1 << 24);
     }
 }
 
@@ -336,9 +457,61 @@ void ModelImpl::bind_weights(bool repack) {
     w_.output = get(tensor_names::output, {n_embd, hp.n_vocab}, true, /*required*/ false);
     if (!w_.output) w_.output = w_.tok_embd;   // tied embeddings
     const bool biases = arch_->qkv_bias;
+    const bool gemma = hp.arch == Arch::DiffusionGemma;
+    // A 1-element F32/F16 tensor's value (DiffusionGemma's layer scalars).
+    auto scalar = [&](ggml_tensor * t) {
+        const char * p = data.at(t);
+        return t->type == GGML_TYPE_F32 ? *(const float *) p
+             : t->type == GGML_TYPE_F16 ? ggml_fp16_to_fp32(*(const ggml_fp16_t *) p)
+                                        : ggml_bf16_to_fp32(*(const ggml_bf16_t *) p);
+    };
+    if (gemma) {
+        w_.rope_freqs = get("rope_freqs.weight", {hp.head_dim / 2}, false);
+        if (w_.rope_freqs->type != GGML_TYPE_F32) f.fail("tensor rope_freqs.weight must be F32");
+        w_.sc_pre_norm = get("self_cond_pre_norm.weight", {n_embd}, false);
+        w_.sc_gate = get("self_cond_gate.weight", {n_embd, hp.n_ff}, true);
+        w_.sc_up = get("self_cond_up.weight", {n_embd, hp.n_ff}, true);
+        w_.sc_down = get("self_cond_down.weight", {hp.n_ff, n_embd}, true);
+    }
     for (int il = 0; il < hp.n_layer; ++il) {
         auto n = [&](const char * what) { return tensor_names::blk(il, what); };
         LayerWeights L{};
+        if (gemma) {
+            // Gemma 4 block (models/diffusion_gemma.cpp): its own geometry per layer.
+            const LayerShape & s = layers_[il];
+            const int64_t q = hp.n_head * s.head_dim, kv = s.kv_row(), E = hp.n_expert, ff = hp.n_ff_exp;
+            L.attn_norm = get(n("attn_norm.weight"), {n_embd}, false);
+            L.wq = get(n("attn_q.weight"), {n_embd, q}, true);
+            L.wk = get(n("attn_k.weight"), {n_embd, kv}, true);
+            L.wv = get(n("attn_v.weight"), {n_embd, kv}, true, /*required*/ !s.kv_shared);
+            if (s.kv_shared && L.wv)
+                f.fail("layer " + std::to_string(il) + " is a full-attention layer (K = V) but has tensor " +
+                       n("attn_v.weight"));
+            L.attn_q_norm = get(n("attn_q_norm.weight"), {s.head_dim}, false);
+            L.attn_k_norm = get(n("attn_k_norm.weight"), {s.head_dim}, false);
+            L.wo = get(n("attn_output.weight"), {q, n_embd}, true);
+            L.attn_post_norm = get(n("post_attention_norm.weight"), {n_embd}, false);
+            L.ffn_norm = get(n("ffn_norm.weight"), {n_embd}, false);
+            L.ffn_gate = get(n("ffn_gate.weight"), {n_embd, hp.n_ff}, true);
+            L.ffn_up = get(n("ffn_up.weight"), {n_embd, hp.n_ff}, true);
+            L.ffn_down = get(n("ffn_down.weight"), {hp.n_ff, n_embd}, true);
+            L.ffn_post_norm_1 = get(n("post_ffw_norm_1.weight"), {n_embd}, false);
+            L.ffn_pre_norm_2 = get(n("pre_ffw_norm_2.weight"), {n_embd}, false);
+            L.ffn_gate_inp = get(n("ffn_gate_inp.weight"), {n_embd, E}, true);
+            L.ffn_gate_inp_s = get(n("ffn_gate_inp.scale"), {n_embd}, false);
+            L.ffn_gate_up_exps = get(n("ffn_gate_up_exps.weight"), {n_embd, 2 * ff, E}, true);
+            L.ffn_down_exps = get(n("ffn_down_exps.weight"), {ff, n_embd, E}, true);
+            L.ffn_down_exps_s = get(n("ffn_down_exps.scale"), {E}, false);
+            L.ffn_post_norm_2 = get(n("post_ffw_norm_2.weight"), {n_embd}, false);
+            L.ffn_post_norm = get(n("post_ffw_norm.weight"), {n_embd}, false);
+            L.out_scale = scalar(get(n("layer_output_scale.weight"), {1}, false));
+            L.enc_out_scale = scalar(get(n("enc_layer_output_scale.weight"), {1}, false));
+            for (ggml_tensor * t : {L.wq, L.wk, L.wv, L.wo, L.ffn_gate, L.ffn_up, L.ffn_down})
+                if (t) layer_matmul_params_ += t->ne[0] * t->ne[1];
+            layer_matmul_params_ += n_embd * E + 3 * hp.n_expert_used * n_embd * ff;
+            w_.layers.push_back(L);
+            continue;
+        }
         L.attn_norm = get(n("attn_norm.weight"), {n_embd}, false);
         if (arch_->fused_qkv) {
             L.wqkv = get(n("attn_qkv.weight"), {n_embd, n_q + 2 * n_kv}, true);
@@ -386,9 +559,12 @@ void ModelImpl::bind_weights(bool repack) {
     // Norms and biases take part in element-wise ops with F32 activations: diffuse-cpp's F16 files
     // store them in F16, so such vectors get F32 copies.
     std::vector<ggml_tensor **> vectors = {&w_.output_norm};
+    if (w_.sc_pre_norm) vectors.push_back(&w_.sc_pre_norm);
+    if (gemma) transpose_embedding(data.at(w_.tok_embd));
     for (LayerWeights & L : w_.layers)
         for (ggml_tensor ** v : {&L.attn_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv, &L.attn_q_norm, &L.attn_k_norm,
-                                 &L.exp_probs_b})
+                                 &L.exp_probs_b, &L.attn_post_norm, &L.ffn_post_norm_1, &L.ffn_pre_norm_2,
+                                 &L.ffn_post_norm_2, &L.ffn_post_norm, &L.ffn_gate_inp_s, &L.ffn_down_exps_s})
             if (*v) vectors.push_back(v);
     widen_vectors(vectors, data);
 
@@ -458,6 +634,45 @@ void ModelImpl::widen_vectors(std::vector<ggml_tensor **> & slots, const std::ma
     }
 }
 
+void ModelImpl::transpose_embedding(const char * data) {
+    const ggml_tensor * E = w_.tok_embd;
+    const int64_t d = E->ne[0], V = E->ne[1];
+    const ggml_type type = E->type == GGML_TYPE_F32 ? GGML_TYPE_F32 : GGML_TYPE_F16;
+    ggml_init_params ip = {ggml_tensor_overhead(), nullptr, /*no_alloc*/ true};
+    transposed_ctx_ = ggml_init(ip);
+    w_.tok_embd_t = ggml_new_tensor_2d(transposed_ctx_, type, V, d);
+    transposed_buf_ = ggml_backend_alloc_ctx_tensors_from_buft(transposed_ctx_, ggml_backend_cpu_buffer_type());
+    if (!transposed_buf_) file_->fail("out of memory transposing the embedding for the self-conditioning");
+    // Rows of E dequantised a block at a time, written as columns; blocks of rows on all cores.
+    const ggml_to_float_t to_float = E->type == GGML_TYPE_F32 ? nullptr : ggml_get_type_traits(E->type)->to_float;
+    const int64_t block = 256;
+    const int n_workers = (int) std::max(1u, std::thread::hardware_concurrency());
+    std::atomic<int64_t> next{0};
+    std::vector<std::thread> workers;
+    for (int k = 0; k < n_workers; ++k) {
+        workers.emplace_back([&] {
+            std::vector<float> rows((size_t) block * d);
+            for (int64_t v0; (v0 = next.fetch_add(block)) < V;) {
+                const int64_t n = std::min(block, V - v0);
+                for (int64_t r = 0; r < n; ++r) {
+                    const char * src = data + (v0 + r) * E->nb[1];
+                    if (to_float) to_float(src, rows.data() + r * d, d);
+                    else std::memcpy(rows.data() + r * d, src, d * sizeof(float));
+                }
+                for (int64_t j = 0; j < d; ++j) {
+                    char * dst = (char *) w_.tok_embd_t->data + j * w_.tok_embd_t->nb[1] + v0 * ggml_type_size(type);
+                    for (int64_t r = 0; r < n; ++r) {
+                        const float x = rows[r * d + j];
+                        if (type == GGML_TYPE_F32) ((float *) dst)[r] = x;
+                        else ((ggml_fp16_t *) dst)[r] = ggml_fp32_to_fp16(x);
+                    }
+                }
+            }
+        });
+    }
+    for (std::thread & t : workers) t.join();
+}
+
 void ModelImpl::check_tokens(const int32_t * ids, size_t n) const {
     for (size_t i = 0; i < n; ++i)
         if (ids[i] < 0 || ids[i] >= hp_.n_vocab)
@@ -469,6 +684,8 @@ void ModelImpl::forward_into(const std::vector<int32_t> & tokens, const std::vec
                              float * out, int block_size) const {
     const int n = (int) tokens.size();
     if (n == 0) throw Error("forward: no tokens");
+    if (hp_.arch == Arch::DiffusionGemma)
+        throw Error("forward: a DiffusionGemma model denoises a canvas over a context: give both (forward_canvas)");
     if (n > hp_.n_ctx_train)
         throw Error("forward: " + std::to_string(n) + " tokens exceed the model's context of " +
                     std::to_string(hp_.n_ctx_train));
@@ -488,6 +705,41 @@ void ModelImpl::forward_into(const std::vector<int32_t> & tokens, const std::vec
     ctx->runner.run({b}, n_threads(), out);
     const size_t n_values = b.out_rows.size() * (size_t) hp_.n_vocab;
     for (size_t i = 0; i < n_values; ++i)
+        if (!std::isfinite(out[i])) throw Error(path() + ": the forward pass produced NaN/Inf logits (corrupt weights?)");
+}
+
+void ModelImpl::forward_canvas(const std::vector<int32_t> & context, const std::vector<int32_t> & canvas,
+                               const float * self_cond, float * out) const {
+    if (hp_.arch != Arch::DiffusionGemma) throw Error("forward_canvas: only DiffusionGemma models denoise a canvas");
+    const int L = (int) context.size(), C = (int) canvas.size();
+    if (L == 0 || C == 0) throw Error("forward_canvas: the context and the canvas need at least one token each");
+    if ((int64_t) L + C > hp_.n_ctx_train)
+        throw Error("forward_canvas: " + std::to_string(L) + " context + " + std::to_string(C) +
+                    " canvas tokens exceed the model's context of " + std::to_string(hp_.n_ctx_train));
+    ContextLease ctx = lease();
+    // The encoder writes the context's K/V (causal: blocks of one); the decoder's canvas rows go to
+    // the rows after it, which the next encoder pass overwrites: what the context wrote is never touched.
+    SequenceRows enc;
+    enc.cache = &ctx->cache(0, L + C);
+    enc.tokens = context;
+    enc.n_kv = L;
+    enc.attn_block = 1;
+    for (int i = 0; i < L; ++i) enc.positions.push_back(i);
+    enc.out_rows = {L - 1};
+    std::vector<float> unused((size_t) hp_.n_vocab);
+    ctx->runner.run({enc}, n_threads(), unused.data());
+    SequenceRows dec;
+    dec.cache = enc.cache;
+    dec.tokens = canvas;
+    dec.n_kv = L + C;
+    dec.canvas = true;
+    dec.self_cond = self_cond;
+    for (int i = 0; i < C; ++i) {
+        dec.positions.push_back(L + i);
+        dec.out_rows.push_back(i);
+    }
+    ctx->runner.run({dec}, n_threads(), out);
+    for (size_t i = 0; i < (size_t) C * hp_.n_vocab; ++i)
         if (!std::isfinite(out[i])) throw Error(path() + ": the forward pass produced NaN/Inf logits (corrupt weights?)");
 }
 

@@ -4,8 +4,10 @@
 #include "architectures.h"
 #include "diffuse.h"
 #include "gguf_file.h"
+#include "head_product.h"
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -42,6 +44,31 @@ struct LayerWeights {
     ggml_tensor * ffn_gate_shexp;  // (n_embd, n_ff_shexp), shared experts
     ggml_tensor * ffn_up_shexp;    // (n_embd, n_ff_shexp)
     ggml_tensor * ffn_down_shexp;  // (n_ff_shexp, n_embd)
+    // DiffusionGemma (Gemma 4 blocks): four post-norms, the MoE's own pre-norm, the router's learned
+    // scale, fused expert gate_up (gate rows first), the per-expert output scale; layer scalars.
+    ggml_tensor * attn_post_norm;   // (n_embd)
+    ggml_tensor * ffn_post_norm_1;  // (n_embd) after the dense MLP
+    ggml_tensor * ffn_pre_norm_2;   // (n_embd) before the experts
+    ggml_tensor * ffn_post_norm_2;  // (n_embd) after the experts
+    ggml_tensor * ffn_post_norm;    // (n_embd) after their sum
+    ggml_tensor * ffn_gate_inp_s;   // (n_embd) router input scale
+    ggml_tensor * ffn_gate_up_exps; // (n_embd, 2 n_ff_exp, n_expert)
+    ggml_tensor * ffn_down_exps_s;  // (n_expert) per-expert scale of the routing weights
+    float out_scale = 1.0f;         // the decoder's layer_scalar (layer_output_scale)
+    float enc_out_scale = 1.0f;     // the encoder's (enc_layer_output_scale)
+};
+
+// A layer's attention geometry: every layer alike except in DiffusionGemma, whose sliding and full
+// layers differ in head size, KV heads and RoPE.
+struct LayerShape {
+    int64_t head_dim;
+    int64_t n_head_kv;
+    int64_t n_rot;          // RoPE over the first n_rot dims of each head
+    float   rope_theta;
+    float   kq_scale;       // attention scores x this (1 / sqrt(head_dim), Gemma 4: 1)
+    bool    swa;            // sliding window of hp.n_swa positions
+    bool    kv_shared;      // K = V: no V projection (Gemma 4's full layers)
+    int64_t kv_row() const { return head_dim * n_head_kv; }
 };
 
 struct Weights {
@@ -49,6 +76,13 @@ struct Weights {
     ggml_tensor * output_norm; // (n_embd)
     ggml_tensor * output;      // (n_embd, n_vocab); tok_embd when tied
     std::vector<LayerWeights> layers;
+    // DiffusionGemma: RoPE frequency factors of the full layers (head_dim / 2), self-conditioning.
+    ggml_tensor * rope_freqs = nullptr;
+    ggml_tensor * sc_pre_norm = nullptr, * sc_gate = nullptr, * sc_up = nullptr, * sc_down = nullptr;
+    // The embedding transposed, (n_vocab, n_embd): the self-conditioning's softmax(logits) E is a
+    // product over the vocabulary, which ggml's mat-mul runs along rows only. F32 for an F32
+    // embedding, else F16; built at load (n_vocab x n_embd x 2 bytes: 1.4 GiB for the real model).
+    ggml_tensor * tok_embd_t = nullptr;
 };
 
 // Read-only memory map of the whole file.
@@ -90,6 +124,9 @@ public:
     void set_n_threads(int n) override;
     void forward_into(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows,
                       float * out, int block_size = -1) const override;
+    void forward_canvas(const std::vector<int32_t> & context, const std::vector<int32_t> & canvas,
+                        const float * self_cond, float * out) const override;
+    void forward_causal_into(const std::vector<int32_t> & tokens, int open_block, float * out) const override;
     size_t weights_bytes() const override { return weights_bytes_; }
     size_t repacked_bytes() const override { return repacked_bytes_; }
     bool flash_attn() const override { return flash_attn_; }
@@ -97,8 +134,10 @@ public:
 
     const Weights & weights() const { return w_; }
     const ArchInfo & arch() const { return *arch_; }
+    const LayerShape & layer(int il) const { return layers_[il]; }
     int64_t layer_matmul_params() const { return layer_matmul_params_; }   // all layers' matrices one position uses
     const GGUFFile & file() const { return *file_; }
+    const HeadChoice & head_choice() const { return head_choice_; }   // which product computes the logits
 
     // A context of its own for the caller (from the pool, or new); it goes back when the lease ends.
     ContextLease lease() const;
@@ -109,8 +148,11 @@ public:
 
 private:
     void read_hparams();
+    void read_gemma_hparams(const std::string & arch_key);
+    void read_rope_scaling(const std::function<std::string(const char *)> & key);   // YaRN, the query scale
     void bind_weights(bool repack);
     void widen_vectors(std::vector<ggml_tensor **> & slots, const std::map<ggml_tensor *, char *> & data);
+    void transpose_embedding(const char * data);
 
     std::unique_ptr<GGUFFile> file_;
     std::unique_ptr<FileMapping> map_;
@@ -118,8 +160,11 @@ private:
     ggml_backend_buffer * repack_buf_ = nullptr;   // repacked copies of quantised matrices
     ggml_context * widened_ctx_ = nullptr;         // F32 copies of F16/BF16 norms and biases
     ggml_backend_buffer * widened_buf_ = nullptr;
+    ggml_context * transposed_ctx_ = nullptr;      // DiffusionGemma's transposed embedding
+    ggml_backend_buffer * transposed_buf_ = nullptr;
     const ArchInfo * arch_ = nullptr;
     HParams hp_{};
+    std::vector<LayerShape> layers_;
     Weights w_{};
     size_t weights_bytes_ = 0;
     size_t repacked_bytes_ = 0;
@@ -127,6 +172,7 @@ private:
     bool flash_attn_ = true;
     bool kv_f16_ = true;
     std::atomic<int> n_threads_{1};
+    HeadChoice head_choice_;
     mutable std::mutex pool_mutex_;
     mutable std::vector<std::unique_ptr<Context>> pool_;   // idle contexts
 };

@@ -33,8 +33,10 @@ struct EnumChoice {
 
 constexpr const char * CACHE_POLICY_NAMES[] = {"active", "prefix", "dual"};
 constexpr const char * EOS_STOP_NAMES[] = {"none", "all_eos", "holds_eos", "prefix"};
+constexpr const char * DECODING_NAMES[] = {"diffusion", "ar", "self_spec"};
 using CachePolicyChoice = EnumChoice<CachePolicy, CACHE_POLICY_NAMES, 3>;
 using EosStopChoice = EnumChoice<EosStop, EOS_STOP_NAMES, 4>;
+using DecodingChoice = EnumChoice<Decoding, DECODING_NAMES, 3>;
 
 #define ENUM_FIELD(field, Choice)                                                      \
     nullptr, nullptr, [](const GenerateParams & p) { return Choice::name(p.field); },  \
@@ -104,6 +106,15 @@ const std::vector<OptionInfo> & generate_options() {
         {"max_post_steps", OptionKind::Int, 0, BIG, false, false,
          "with editing on: passes over a block after its last mask is committed, ending at the first that edits "
          "nothing; 0 = none", NUM_FIELD(max_post_steps, int)},
+        {"temperature_end", OptionKind::Float, 0, 100, false, false,
+         "DiffusionGemma: the temperature at a canvas's last step (it falls linearly from temperature)",
+         NUM_FIELD(temperature_end, float)},
+        {"stability", OptionKind::Int, 0, BIG, false, false,
+         "DiffusionGemma: a canvas may stop once its argmax has not changed for this many steps (0: at once)",
+         NUM_FIELD(stability, int)},
+        {"stop_entropy", OptionKind::Float, 0, 1e6, true, false,
+         "DiffusionGemma: ... and the mean entropy of its positions is below this, nats",
+         NUM_FIELD(stop_entropy, float)},
         {"temperature", OptionKind::Float, 0, 100, false, false, "sampling temperature; 0 = greedy",
          NUM_FIELD(temperature, float)},
         {"top_k", OptionKind::Int, 0, 1 << 24, false, false, "keep the k most likely tokens; 0 = off",
@@ -119,6 +130,15 @@ const std::vector<OptionInfo> & generate_options() {
          NUM_FIELD(eps, float)},
         {"seed", OptionKind::Seed, 0, SEED_MAX, false, false, "random seed (same tokens at any thread count)",
          NUM_FIELD(seed, uint64_t)},
+        {"mode", OptionKind::Choice, 0, 0, false, false,
+         "diffusion = the model's own loop; ar = one token per causal pass over the K/V cache (the same weights "
+         "as an autoregressive model); self_spec = a bidirectional pass drafts a block, a causal pass verifies it "
+         "(linear_spec_generate of NVIDIA's Nemotron diffusion models): exactly ar's answer, in fewer passes when "
+         "drafts match",
+         ENUM_FIELD(mode, DecodingChoice)},
+        {"draft_length", OptionKind::Int, 1, BIG, false, false,
+         "self_spec: rows of each draft and verify pass, the seed and draft_length - 1 drafted tokens "
+         "(32 as NVIDIA's; 1 = ar)", NUM_FIELD(draft_length, int)},
     };
     return table;
 }

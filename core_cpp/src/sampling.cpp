@@ -262,7 +262,7 @@ void sample_rows(const float * logits, int n_rows, int64_t n_vocab, const std::v
             RowStats & o = out[r];
             o.top1 = prob(s, s.max);
             o.entropy = (float) s.entropy;
-            o.x0 = s.argmax;
+            o.x0 = o.argmax = s.argmax;
             if (cfg.gumbel && cfg.temperature > 0) o.x0 = gumbel_argmax(l, n_vocab, cfg.temperature, key, s.argmax);
             // Raw-distribution values, also Dream's when no temperature/top-k/top-p applies.
             o.p_x0 = prob(s, l[o.x0]);

@@ -19,6 +19,7 @@ struct SampleConfig {
 
 struct RowStats {
     int32_t x0;          // sampled (or argmax) token
+    int32_t argmax;      // the most likely token
     float   p_x0;        // softmax probability of x0 under the raw logits (LLaDA confidence)
     float   top1;        // raw top-1 probability
     float   entropy;     // raw softmax entropy, nats

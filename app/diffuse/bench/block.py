@@ -6,6 +6,8 @@ For each cached depth d and block width w (issue 20's benchmark):
   rule may commit);
 - ours, 1 logit row: the same pass with the logits of the last row only, the work llama-bench's
   `pp` does; the difference is the output head's (vocabulary x hidden) product for w - 1 more rows;
+- ours, ggml's head: the step with the head forced onto ggml's mat-mul (DIFFUSE_HEAD=ggml), as
+  before the engine's own few-row head product (issue 31); "ours" uses whichever the engine picks;
 - llama-bench `pp w` at depth d: the same w rows through llama.cpp, logits of the last row only;
 - llama-bench `tg` at depth d: one autoregressive decode token.
 Points alternate ours / llama.cpp rep by rep, so both see the same machine load. Then whole runs
@@ -26,8 +28,9 @@ import numpy as np
 from diffuse import DiffuseError
 
 STEP_COLUMNS = [("depth", "depth", "{}"), ("w", "rows w", "{}"), ("ours_ms", "ours ms", "{:.1f}"),
-                ("ours1_ms", "ours, 1 logit row, ms", "{:.1f}"), ("pp_ms", "llama pp w ms", "{:.1f}"),
-                ("ratio_pp1", "ours, 1 logit row / pp", "{:.2f}"), ("ratio_pp", "ours / pp", "{:.2f}"),
+                ("ours1_ms", "ours, 1 logit row, ms", "{:.1f}"), ("ours_ggml_ms", "ours, ggml's head, ms", "{:.1f}"),
+                ("pp_ms", "llama pp w ms", "{:.1f}"), ("ratio_pp1", "ours, 1 logit row / pp", "{:.2f}"),
+                ("ratio_pp_ggml", "ours, ggml's head / pp", "{:.2f}"), ("ratio_pp", "ours / pp", "{:.2f}"),
                 ("tg_ms", "llama tg ms", "{:.1f}"), ("ratio_tg", "ours / tg (in decode tokens)", "{:.2f}")]
 RUN_COLUMNS = [("depth", "depth", "{}"), ("recipe", "recipe", "{}"), ("steps", "steps", "{}"),
                ("tokens", "tokens", "{}"), ("tokens_per_step", "tokens/step", "{:.2f}"),
@@ -49,6 +52,7 @@ def run(path: str, ar_path: str, depths: list[int], widths: list[int], threads: 
         llama_bin: str | None, gen_length: int = 64, log=lambda line: None) -> dict:
     import diffuse
     from diffuse import _core
+    from diffuse.bench.head import forced_head
     from diffuse.bench.llama_ref import find_bins, llama_bench
 
     bins = find_bins(llama_bin)
@@ -69,20 +73,25 @@ def run(path: str, ar_path: str, depths: list[int], widths: list[int], threads: 
                          depth=d)
         tg_ms = tg["ms"] / 16
         for w in widths:
-            ours, ours1, pp = [], [], []
+            ours, ours1, ours_ggml, pp = [], [], [], []
             for _ in range(reps):
                 # both variants over one prefill of the d cached rows: (width, masked, threads, logit_rows)
                 both = _core.bench_block_steps(model._core, d, [(w, 0, threads, 0), (w, 0, threads, 1)], reps=3,
                                                routing=False)
                 for (ms, _), out in zip(both, (ours, ours1)):
                     out.append(float(np.median(ms)))
+                with forced_head("ggml"):
+                    (ms, _), = _core.bench_block_steps(model._core, d, [(w, 0, threads, 0)], reps=3, routing=False)
+                ours_ggml.append(float(np.median(ms)))
                 pp.append(llama_bench(bins.bench, ar_path, n_prompt=w, n_gen=0, threads=threads, reps=1,
                                       flash_attn=True, depth=d)["ms"])
-            o, o1, p = float(np.median(ours)), float(np.median(ours1)), float(np.median(pp))
-            steps.append({"depth": d, "w": w, "ours_ms": o, "ours1_ms": o1, "pp_ms": p, "ratio_pp": o / p,
-                          "ratio_pp1": o1 / p, "tg_ms": tg_ms, "ratio_tg": o / tg_ms, "ours_samples": ours,
-                          "ours1_samples": ours1, "pp_samples": pp})
-            log(f"depth {d} w {w}: ours {o:.1f} ms ({o1:.1f} with 1 logit row), pp {p:.1f} ms, tg {tg_ms:.1f} ms")
+            o, o1, og, p = (float(np.median(x)) for x in (ours, ours1, ours_ggml, pp))
+            steps.append({"depth": d, "w": w, "ours_ms": o, "ours1_ms": o1, "ours_ggml_ms": og, "pp_ms": p,
+                          "ratio_pp": o / p, "ratio_pp1": o1 / p, "ratio_pp_ggml": og / p, "tg_ms": tg_ms,
+                          "ratio_tg": o / tg_ms, "ours_samples": ours, "ours1_samples": ours1,
+                          "ours_ggml_samples": ours_ggml, "pp_samples": pp})
+            log(f"depth {d} w {w}: ours {o:.1f} ms ({o1:.1f} with 1 logit row, {og:.1f} with ggml's head), "
+                f"pp {p:.1f} ms, tg {tg_ms:.1f} ms")
         for name, recipe in RECIPES.items():
             r = model.generate(_prompt(model, d), gen_length=gen_length, temperature=0, chat=False, **recipe)
             decode_ms = float(np.sum(r.step_ms))

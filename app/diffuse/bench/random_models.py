@@ -70,6 +70,30 @@ def write_random_sdar(path: Path, n_layer: int, n_embd: int, n_head: int, n_head
     return write_random(path, "sdar", kv, layer, n_layer, d, n_vocab)
 
 
+# Nemotron-Labs-Diffusion's layer shapes (config.json of the 3B and 8B checkpoints): hidden, FFN,
+# query / KV heads of 128, vocabulary 131072; their layer counts are 26 and 34.
+NEMOTRON_SHAPES = {"3b": dict(n_embd=3072, n_ff=9216, n_head=32, n_head_kv=8),
+                   "8b": dict(n_embd=4096, n_ff=14336, n_head=32, n_head_kv=8)}
+
+
+def write_random_nemotron(path: Path, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int,
+                          n_vocab: int = 131072, head_dim: int = 128, n_ctx: int = 262144) -> Path:
+    """A Nemotron-Labs-Diffusion model (Ministral3 blocks: GQA, YaRN factor 16 over 16384, the
+    llama-4 query scale 0.1), mask id 100 and block 32 as the real config.json states them."""
+    d, f, q, kv_w = n_embd, n_ff, n_head * head_dim, n_head_kv * head_dim
+    kv = {"context_length": n_ctx, "embedding_length": d, "block_count": n_layer, "feed_forward_length": f,
+          "attention.head_count": n_head, "attention.head_count_kv": n_head_kv, "attention.key_length": head_dim,
+          "rope.freq_base": 1000000.0, "attention.layer_norm_rms_epsilon": 1e-5, "rope.scaling.type": "yarn",
+          "rope.scaling.factor": 16.0, "rope.scaling.original_context_length": 16384,
+          "rope.scaling.yarn_beta_fast": 32.0, "rope.scaling.yarn_beta_slow": 1.0, "rope.scaling.attn_factor": 1.0,
+          "attention.temperature_scale": 0.1, "attention.temperature_length": 16384,
+          "tokenizer.ggml.mask_token_id": 100, "diffusion.block_size": 32}
+    layer = {"attn_norm.weight": (d,), "attn_q.weight": (d, q), "attn_k.weight": (d, kv_w),
+             "attn_v.weight": (d, kv_w), "attn_output.weight": (q, d), "ffn_norm.weight": (d,),
+             "ffn_gate.weight": (d, f), "ffn_up.weight": (d, f), "ffn_down.weight": (f, d)}
+    return write_random(path, "nemotron-diffusion", kv, layer, n_layer, d, n_vocab)
+
+
 def write_random_dream(path: Path, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int,
                        n_vocab: int, n_ctx: int) -> Path:
     """A Dream model (Qwen2.5 blocks: GQA, q/k/v biases, SwiGLU of width n_ff); the mask token

@@ -25,6 +25,16 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def float_list(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or not all(1 <= v < 1e6 for v in values):
+        raise argparse.ArgumentTypeError(f"expected numbers of at least 1, got {text!r}")
+    return values
+
+
 def str_list(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
@@ -158,6 +168,55 @@ def add_parser(sub) -> argparse.ArgumentParser:
     bl.add_argument("--json", type=Path, metavar="PATH", help="write the measurements as JSON")
     bl.add_argument("--markdown", type=Path, metavar="PATH", help="write the tables as markdown")
 
+    kn = bs.add_parser("knee", help="where diffusion wins here: a pass over w rows in decode tokens, each "
+                                    "family's reported tokens per forward against AR decode",
+                       description="The cost of a pass over w new rows (logits for every row) at a few cache "
+                                   "depths, in decode tokens of the same weights, and the speed against AR decode "
+                                   "that each family's published tokens per forward would give on this machine and "
+                                   "file (see docs/benchmarks.md). Any family's GGUF.")
+    kn.add_argument("model", help="GGUF model file")
+    kn.add_argument("--depths", type=int_list, default=[512, 2048], help="cached depths (default 512,2048)")
+    kn.add_argument("--widths", type=int_list, default=[1, 2, 4, 8, 16, 32],
+                    help="rows per pass (default 1,2,4,8,16,32)")
+    kn.add_argument("--threads", type=int, default=physical_cores(),
+                    help=f"threads (default: the physical cores, {physical_cores()} here)")
+    kn.add_argument("--reps", type=int, default=5, help="alternated rounds over the widths (default 5)")
+    kn.add_argument("--json", type=Path, metavar="PATH", help="write the measurements as JSON")
+    kn.add_argument("--markdown", type=Path, metavar="PATH", help="write the tables as markdown")
+
+    hd = bs.add_parser("head", help="the output head's product for 1-32 rows: ggml's against the engine's own, "
+                                    "with the memory bandwidth each reaches",
+                       description="Best time of the output head's product W x for each row count, ggml's mat-mul "
+                                   "and the engine's few-row product alternated, with GB/s against this machine's "
+                                   "memory read and copy figures (see docs/benchmarks.md).")
+    hd.add_argument("model", nargs="?", help="a GGUF whose output matrix's type and shape to use (default: "
+                                             "Qwen2.5's 151936 x 896 Q8_0); the values are random")
+    hd.add_argument("--rows", type=int_list, default=[1, 2, 4, 8, 16, 32], help="row counts (default 1,2,4,8,16,32)")
+    hd.add_argument("--threads", type=int, default=physical_cores(),
+                    help=f"threads (default: the physical cores, {physical_cores()} here)")
+    hd.add_argument("--reps", type=int, default=9, help="alternated runs per row count, best kept (default 9)")
+    hd.add_argument("--json", type=Path, metavar="PATH", help="write the measurements as JSON")
+    hd.add_argument("--markdown", type=Path, metavar="PATH", help="write the table as markdown")
+
+    sp = bs.add_parser("spec", help="self-speculation against AR decode: draft and verify passes per draft length",
+                       description="Per draft length k, the draft pass (the seed and k - 1 masks) and the verify "
+                                   "pass (k rows, causal) at a cached depth, against one AR decode token of the "
+                                   "same file in the same engine; the break-even acceptance, and tok/s at the "
+                                   "acceptance lengths given (see docs/benchmarks.md).")
+    sp.add_argument("model", help="a GGUF with a mask token (python -m diffuse.bench.spec make makes a random "
+                                  "Nemotron-Labs-Diffusion one of real shapes)")
+    sp.add_argument("--depth", type=int, default=512, help="cached depth (default %(default)s)")
+    sp.add_argument("--draft-lengths", type=int_list, default=[4, 8, 16, 32],
+                    help="rows of a draft: the seed and k - 1 masks (default 4,8,16,32)")
+    sp.add_argument("--acceptance", type=float_list, default=[5.46, 6.82],
+                    help="tokens committed per iteration, the bonus included (default: the published 5.46 and "
+                         "6.82 of Nemotron-Labs-Diffusion-8B at draft 32, without and with its draft LoRA)")
+    sp.add_argument("--reps", type=int, default=5, help="alternated repetitions per pass (default 5)")
+    sp.add_argument("--ar-tokens", type=int, default=32, help="tokens of the real AR run (default 32)")
+    add_threads_option(sp)
+    sp.add_argument("--json", type=Path, metavar="PATH", help="write the measurements as JSON")
+    sp.add_argument("--markdown", type=Path, metavar="PATH", help="write the tables as markdown")
+
     fa = bs.add_parser("fast", help="fast decoding (threshold, factor, DualCache, PrefixCache, suffix window, "
                                     "early EOS) against the model's own decoding",
                        description="Each fast-decoding method beside the model's defaults: forward passes, ms per "
@@ -185,7 +244,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     return {"forward": _forward, "grid": _grid, "prompts": _prompts, "batch": _batch, "context": _context,
-            "steps": _steps, "block": _block, "fast": _fast, "report": _report}[args.bench_command](args)
+            "steps": _steps, "block": _block, "knee": _knee, "head": _head, "fast": _fast,
+            "report": _report, "spec": _spec}[args.bench_command](args)
 
 
 def _check_files(args, *inputs) -> None:
@@ -381,6 +441,53 @@ def _block(args) -> int:
     print(text_table(result["runs"], block.RUN_COLUMNS))
     _write_json(args.json, result)
     _write(args.markdown, block.markdown(result))
+    return 0
+
+
+def _knee(args) -> int:
+    from diffuse.bench import knee
+    from diffuse.bench.tables import text_table
+    _check_reps(args.reps)
+    if args.threads < 1:
+        raise DiffuseError("--threads must be at least 1")
+    _check_files(args, args.model)
+    result = knee.run(args.model, args.depths, args.widths, args.threads, args.reps,
+                      log=lambda line: print(line, file=sys.stderr))
+    print(knee.header(result))
+    print(text_table(result["passes"], knee.PASS_COLUMNS))
+    print(text_table(result["families"], knee.FAMILY_COLUMNS))
+    _write_json(args.json, result)
+    _write(args.markdown, knee.markdown(result))
+    return 0
+
+
+def _head(args) -> int:
+    from diffuse.bench import head
+    from diffuse.bench.tables import text_table
+    _check_reps(args.reps)
+    if args.threads < 1:
+        raise DiffuseError("--threads must be at least 1")
+    _check_files(args, args.model)
+    result = head.run(args.model, args.rows, args.threads, args.reps, log=lambda line: print(line, file=sys.stderr))
+    print(head.header(result))
+    print(text_table(result["rows"], head.COLUMNS))
+    _write_json(args.json, result)
+    _write(args.markdown, head.markdown(result))
+    return 0
+
+
+def _spec(args) -> int:
+    from diffuse.bench import spec
+    from diffuse.bench.tables import text_table
+    _check_reps(args.reps)
+    _check_files(args, args.model)
+    result = spec.run(args.model, args.depth, args.draft_lengths, args.acceptance, args.threads or 0, args.reps,
+                      ar_tokens=args.ar_tokens, log=lambda line: print(line, file=sys.stderr))
+    print(spec.header(result))
+    print(text_table(result["rows"], spec.COLUMNS))
+    print(text_table(result["speed"], spec.SPEED_COLUMNS))
+    _write_json(args.json, result)
+    _write(args.markdown, spec.markdown(result))
     return 0
 
 

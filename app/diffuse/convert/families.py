@@ -43,6 +43,8 @@ class Family:
     # Layers below n_layer_dense (config_keys) take dense_tensors; the others moe_tensors and experts.
     dense_tensors: dict[str, str] | None = None
     moe_tensors: dict[str, str] | None = None
+    # YaRN RoPE and the llama-4 query scale, from config.json's rope_parameters (or rope_scaling).
+    yarn: bool = False
 
 
 LLADA = Family(
@@ -265,7 +267,45 @@ LLADA2 = Family(
     editing_recipe=PRESETS["llada2.1-quality"],
 )
 
-FAMILIES = {f.hf_architecture: f for f in (LLADA, DREAM, LLADA_MOE, SDAR, FAST_DLLM_V2, LLADA2)}
+# NVIDIA Nemotron-Labs-Diffusion-{3B,8B,14B} (remote code NemotronLabsDiffusionModel): a Ministral3
+# stack run as Llama (no biases, no q/k norm, SiLU) under `encoder.`, an untied `diffusion_head`,
+# YaRN RoPE and the llama-4 query scale (transformers' ministral3), mask_token_id (100) and
+# block_size (32) in config.json. One checkpoint decodes in three modes over a causal K/V cache
+# (AR, diffusion, self-speculation: loops/causal.cpp). No GGUF architecture exists for it: ours is
+# "nemotron-diffusion"; the keys are llama.cpp's (rope.scaling.*, attention.temperature_*). The draft
+# LoRA (linear_spec_lora/) is not converted: self-speculation drafts with the base weights.
+NEMOTRON_DIFFUSION = Family(
+    arch="nemotron-diffusion",
+    hf_architecture="NemotronLabsDiffusionModel",
+    config_keys={**SDAR.config_keys, "tied": "tie_word_embeddings"},
+    defaults={**SDAR.defaults, "rope_theta": None, "block_size": 32, "mask_token_id": 100},
+    fixed={"hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "sliding_window": None},
+    tensors={
+        "token_embd.weight": "encoder.embed_tokens.weight",
+        "blk.{i}.attn_norm.weight": "encoder.layers.{i}.input_layernorm.weight",
+        "blk.{i}.attn_q.weight": "encoder.layers.{i}.self_attn.q_proj.weight",
+        "blk.{i}.attn_k.weight": "encoder.layers.{i}.self_attn.k_proj.weight",
+        "blk.{i}.attn_v.weight": "encoder.layers.{i}.self_attn.v_proj.weight",
+        "blk.{i}.attn_output.weight": "encoder.layers.{i}.self_attn.o_proj.weight",
+        "blk.{i}.ffn_norm.weight": "encoder.layers.{i}.post_attention_layernorm.weight",
+        "blk.{i}.ffn_gate.weight": "encoder.layers.{i}.mlp.gate_proj.weight",
+        "blk.{i}.ffn_up.weight": "encoder.layers.{i}.mlp.up_proj.weight",
+        "blk.{i}.ffn_down.weight": "encoder.layers.{i}.mlp.down_proj.weight",
+        "output_norm.weight": "encoder.norm.weight",
+        "output.weight": "diffusion_head.weight",
+    },
+    permute_qk=False,
+    shift_logits=False,
+    mask_token="[MASK]",
+    eot_token="</s>",
+    default_mask_id=100,
+    # Its generate_diffusion: blocks of 32 seeded by the AR token, threshold 0.9, greedy.
+    recipe={"scheduler": "confidence_threshold", "confidence_threshold": 0.9, "temperature": 0.0},
+    yarn=True,
+)
+
+FAMILIES = {f.hf_architecture: f for f in (LLADA, DREAM, LLADA_MOE, SDAR, FAST_DLLM_V2, LLADA2,
+                                             NEMOTRON_DIFFUSION)}
 
 MAX_JSON_BYTES = 64 << 20   # real config files are KBs, tokenizer.json tens of MBs at most
 MAX_INT = 2**31 - 1         # the engine holds sizes and ids in 32-bit ints
@@ -313,6 +353,15 @@ class HParams:
     n_layer_dense: int = 0            # the first layers are a dense SwiGLU of n_ff
     rope_factor: float = 1.0          # RoPE rotates head_dim * rope_factor dims
     expert_scale: float = 1.0         # routed weights x this
+    # YaRN (Family.yarn): interpolation factor (0: plain RoPE), the pre-training context, the ramp's
+    # rotation bounds, transformers' attention_factor (cos and sin are multiplied by it); the
+    # llama-4 query scale 1 + attn_temp_scale * ln(1 + floor(pos / yarn_orig_ctx)).
+    yarn_factor: float = 0.0
+    yarn_orig_ctx: int = 0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_attn_factor: float = 1.0
+    attn_temp_scale: float = 0.0
 
     @property
     def n_rot(self) -> int:
@@ -388,8 +437,10 @@ def read_config(hf_dir: Path) -> tuple[Family, HParams, dict]:
             raise DiffuseError(f"{path}: {key} = {shown(config[key])} is a {family.arch} variant diffuse "
                                f"does not run (expected {want!r})")
 
-    values = {}
+    values = _yarn(path, config) if family.yarn else {}
     for field, key in family.config_keys.items():
+        if field in values:
+            continue
         value = config.get(key)
         if value is None:
             if field not in family.defaults:
@@ -424,6 +475,42 @@ def read_config(hf_dir: Path) -> tuple[Family, HParams, dict]:
         raise DiffuseError(f"{path}: partial_rotary_factor = {hp.rope_factor} gives {hp.n_rot} of {hp.head_dim} "
                            "dimensions to rotate (RoPE needs an even number, at least 2)")
     return family, hp, config
+
+
+def _yarn(path: Path, config: dict) -> dict:
+    """YaRN and the llama-4 query scale of a Ministral3 config (transformers 5's rope_parameters, or the
+    older rope_scaling beside a top-level rope_theta), as HParams fields; one error naming what is missing."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling")
+    need = "rope_parameters with rope_type 'yarn', factor, original_max_position_embeddings, llama_4_scaling_beta"
+    if not isinstance(rope, dict) or (rope.get("rope_type") or rope.get("type")) != "yarn":
+        raise DiffuseError(f"{path}: no YaRN RoPE parameters (expected {need}); Nemotron-Labs-Diffusion uses YaRN")
+
+    def number(key: str, low: float, high: float, default=None, where: dict = rope) -> float:
+        value = where.get(key, default)
+        if value is None:
+            raise DiffuseError(f"{path}: the YaRN parameters lack {key!r} (expected {need})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and low <= value <= high):
+            raise DiffuseError(f"{path}: {key} = {shown(value)} is not a number from {low:g} to {high:g}")
+        return float(value)
+
+    factor = number("factor", 1.0, 1e6)
+    # transformers' _compute_yarn_parameters: attention_factor, else from mscale / mscale_all_dim.
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+    attn = rope.get("attention_factor")
+    if attn is None:
+        m, m_all = rope.get("mscale"), rope.get("mscale_all_dim")
+        attn = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    theta_in = rope if "rope_theta" in rope else config
+    return dict(
+        rope_theta=number("rope_theta", 1e-6, MAX_F32, where=theta_in),
+        yarn_factor=factor,
+        yarn_orig_ctx=int(number("original_max_position_embeddings", 1, MAX_INT)),
+        yarn_beta_fast=number("beta_fast", 0.0, 1e6, 32.0),
+        yarn_beta_slow=number("beta_slow", 0.0, 1e6, 1.0),
+        yarn_attn_factor=number("attention_factor", 1e-6, 1e6, attn),
+        attn_temp_scale=number("llama_4_scaling_beta", 0.0, 1e6),
+    )
 
 
 def _check_groups(path: Path, hp: HParams) -> None:
@@ -464,7 +551,7 @@ def _range_text(kind: str, low, high) -> str:
 
 
 def _typed(field: str, value):
-    if value is None or RANGES[field][0] == "bool":
+    if value is None or field not in RANGES or RANGES[field][0] == "bool":   # not in RANGES: checked by _yarn
         return value
     return float(value) if RANGES[field][0] == "float" else int(value)
 

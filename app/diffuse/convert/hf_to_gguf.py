@@ -16,7 +16,9 @@ from gguf.quants import quantize as gguf_quantize
 
 from diffuse import _core, gguf_file, recipe as recipes
 from diffuse._core import DiffuseError
-from diffuse.convert.families import Family, HParams, authors_recipe, expected_shapes, qk_row_order, read_config
+from diffuse.convert import diffusion_gemma
+from diffuse.convert.families import (Family, HParams, authors_recipe, expected_shapes, qk_row_order, read_config,
+                                      read_json_object)
 from diffuse.convert.safetensors_reader import Checkpoint
 from diffuse.convert.vocab import Vocab, read_vocab
 
@@ -45,6 +47,8 @@ class _Tensor:
     out: gguf_file.OutTensor          # name, ggml type, ggml-order shape
     hf_names: list[str]               # one; or one per expert, stacked in order (MoE)
     row_order: np.ndarray | None      # LLaDA q/k permutation: output row r is HF row row_order[r]
+    stacked: bool = False             # hf_names[p] is one 3-D (experts, out, in) tensor: part p is expert p
+    data: np.ndarray | None = None    # a tensor the converter computes (no HF name)
 
 
 def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None = None,
@@ -60,6 +64,8 @@ def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None
         raise DiffuseError(f"unknown output type {outtype!r} (expected one of {', '.join(OUTTYPES)})")
     hf_dir, out_path = Path(hf_dir), Path(out_path)
     gguf_file.refuse_overwrite(out_path, [hf_dir, *_files_under(hf_dir)])
+    if (hf_dir / "config.json").is_file() and diffusion_gemma.is_diffusion_gemma(read_json_object(hf_dir / "config.json")):
+        return _convert_diffusion_gemma(hf_dir, out_path, outtype, progress, cancel, recipe)
     family, hp, config = read_config(hf_dir)
     # The authors' decoding (the family's table; LLaDA2.1's editing), overridden by the user's --recipe.
     recipe = recipes.check({**authors_recipe(family, hp, hf_dir, config), **(recipe or {})},
@@ -74,8 +80,45 @@ def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None
                            f"token {family.mask_token!r} in the vocabulary: {vocab.id_of(family.mask_token)})")
     kv, kv_types = _metadata(family, hp, vocab, n_vocab, mask_id, outtype, hf_dir.resolve().name)
     recipe_kv, recipe_types = recipes.metadata(recipe)
-    kv, kv_types = kv | recipe_kv, kv_types | recipe_types
+    return _write(out_path, kv | recipe_kv, kv_types | recipe_types, tensors, ckpt, progress, cancel)
 
+
+def _convert_diffusion_gemma(hf_dir: Path, out_path: Path, outtype: str, progress: Progress | None,
+                             cancel: Callable[[], bool] | None, recipe: dict | None) -> Path | None:
+    """DiffusionGemma's text model in PR #24423's dialect (convert/diffusion_gemma.py)."""
+    config = read_json_object(hf_dir / "config.json")
+    p = diffusion_gemma.read_params(hf_dir, config)
+    recipe = recipes.check({**diffusion_gemma.recipe(hf_dir), **(recipe or {})}, diffusion_gemma.ARCH, p.n_ctx)
+    ckpt = Checkpoint(hf_dir)
+    tensors = []
+    for out, hf in diffusion_gemma.plan(p, ckpt, hf_dir, OUTTYPES[outtype][0]):
+        if hf is None:
+            tensors.append(_Tensor(out, [], None, data=diffusion_gemma.rope_freqs(p)))
+        elif len(out.shape) == 3:
+            tensors.append(_Tensor(out, [hf] * out.shape[2], None, stacked=True))
+        else:
+            tensors.append(_Tensor(out, [hf], None))
+    vocab = read_vocab(hf_dir, diffusion_gemma.FAMILY, config.get("text_config") or {}, p.vocab_size)
+    kv, kv_types = {}, {}
+
+    def put(key: str, value, type_name: str) -> None:
+        key = key.format(arch=diffusion_gemma.ARCH)
+        kv[key], kv_types[key] = value, type_name
+
+    mask_id = vocab.id_of(diffusion_gemma.FAMILY.mask_token)
+    _common_metadata(put, diffusion_gemma.ARCH, vocab, mask_id, outtype, hf_dir.resolve().name)
+    diffusion_gemma.metadata(p, put)
+    eos = diffusion_gemma.eos_ids(hf_dir, config)
+    if eos:
+        put(Keys.Tokenizer.EOS_ID, eos[0], "u32")
+        if len(eos) > 1:   # Gemma 4's end of turn (106), which ends an answer too
+            put(Keys.Tokenizer.EOT_ID, eos[1], "u32")
+    recipe_kv, recipe_types = recipes.metadata(recipe)
+    return _write(out_path, kv | recipe_kv, kv_types | recipe_types, tensors, ckpt, progress, cancel)
+
+
+def _write(out_path: Path, kv: dict, kv_types: dict, tensors: list[_Tensor], ckpt: Checkpoint,
+           progress: Progress | None, cancel: Callable[[], bool] | None) -> Path | None:
     def data(pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:
         for done, t in enumerate(tensors, 1):
             if cancel is not None and cancel():
@@ -156,6 +199,8 @@ def _plan(family: Family, hp: HParams, ckpt: Checkpoint, hf_dir: Path, outtype: 
 def _encode(t: _Tensor, ckpt: Checkpoint, pool: ThreadPoolExecutor, cancel) -> np.ndarray:
     """A tensor in its output type, as uint8 (rows, bytes per row); converted in row chunks on the
     pool. An expert tensor's rows are its experts' rows one expert after another."""
+    if t.data is not None:
+        return t.data.view(np.uint8)
     if len(t.out.shape) == 1:
         return ckpt.read(t.hf_names[0]).view(np.uint8)
     cols, rows = t.out.shape[:2]               # per part (expert)
@@ -166,7 +211,8 @@ def _encode(t: _Tensor, ckpt: Checkpoint, pool: ThreadPoolExecutor, cancel) -> n
     def work(item: tuple[int, int]) -> None:
         part, r0 = item
         r1 = min(rows, r0 + step)
-        x = ckpt.read(t.hf_names[part], slice(r0, r1) if t.row_order is None else t.row_order[r0:r1])
+        x = ckpt.read(t.hf_names[part], slice(r0, r1) if t.row_order is None else t.row_order[r0:r1],
+                      expert=part if t.stacked else None)
         dst = slice(part * rows + r0, part * rows + r1)
         if t.out.type == T.F32:
             out[dst] = x.view(np.uint8)
@@ -193,12 +239,7 @@ def _metadata(family: Family, hp: HParams, vocab: Vocab, n_vocab: int, mask_id: 
         key = key.format(arch=family.arch)
         kv[key], types[key] = value, type_name
 
-    put(Keys.General.ARCHITECTURE, family.arch, "str")
-    put(Keys.General.NAME, name, "str")
-    put(Keys.General.FILE_TYPE, int(OUTTYPES[outtype][1]), "u32")
-    put(Keys.General.QUANTIZATION_VERSION, 2, "u32")   # GGML_QNT_VERSION, as llama.cpp's converters write
-    put("diffuse.format_version", FORMAT_VERSION, "u32")
-
+    _common_metadata(put, family.arch, vocab, mask_id, outtype, name)
     put(Keys.LLM.CONTEXT_LENGTH, hp.n_ctx, "u32")
     put(Keys.LLM.EMBEDDING_LENGTH, hp.n_embd, "u32")
     put(Keys.LLM.BLOCK_COUNT, hp.n_layer, "u32")
@@ -222,6 +263,15 @@ def _metadata(family: Family, hp: HParams, vocab: Vocab, n_vocab: int, mask_id: 
     put(Keys.Rope.FREQ_BASE, hp.rope_theta, "f32")
     put(Keys.Attention.LAYERNORM_RMS_EPS, hp.rms_eps, "f32")
     put(Keys.Rope.DIMENSION_COUNT, hp.n_rot, "u32")
+    if hp.yarn_factor:
+        put(Keys.Rope.SCALING_TYPE, "yarn", "str")
+        put(Keys.Rope.SCALING_FACTOR, hp.yarn_factor, "f32")
+        put(Keys.Rope.SCALING_ORIG_CTX_LEN, hp.yarn_orig_ctx, "u32")
+        put(Keys.Rope.SCALING_YARN_BETA_FAST, hp.yarn_beta_fast, "f32")
+        put(Keys.Rope.SCALING_YARN_BETA_SLOW, hp.yarn_beta_slow, "f32")
+        put(Keys.Rope.SCALING_ATTN_FACTOR, hp.yarn_attn_factor, "f32")
+        put(Keys.Attention.TEMPERATURE_SCALE, hp.attn_temp_scale, "f32")
+        put(Keys.Attention.TEMPERATURE_LENGTH, hp.yarn_orig_ctx, "u32")
     put(Keys.LLM.VOCAB_SIZE, n_vocab, "u32")
     put(Keys.Attention.CAUSAL, False, "bool")
     put(Keys.Diffusion.SHIFT_LOGITS, family.shift_logits, "bool")
@@ -234,6 +284,16 @@ def _metadata(family: Family, hp: HParams, vocab: Vocab, n_vocab: int, mask_id: 
         if family.sub_block_size:
             put(SUB_BLOCK_SIZE_KEY, family.sub_block_size, "u32")
 
+    return kv, types
+
+
+def _common_metadata(put, arch: str, vocab: Vocab, mask_id: int | None, outtype: str, name: str) -> None:
+    """The keys of every family: general.*, our format version, the tokenizer."""
+    put(Keys.General.ARCHITECTURE, arch, "str")
+    put(Keys.General.NAME, name, "str")
+    put(Keys.General.FILE_TYPE, int(OUTTYPES[outtype][1]), "u32")
+    put(Keys.General.QUANTIZATION_VERSION, 2, "u32")   # GGML_QNT_VERSION, as llama.cpp's converters write
+    put("diffuse.format_version", FORMAT_VERSION, "u32")
     put(Keys.Tokenizer.MODEL, "gpt2", "str")
     put(Keys.Tokenizer.PRE, vocab.pre, "str")
     put(Keys.Tokenizer.LIST, vocab.tokens, "array[str]")
@@ -244,10 +304,10 @@ def _metadata(family: Family, hp: HParams, vocab: Vocab, n_vocab: int, mask_id: 
                       ("pad", Keys.Tokenizer.PAD_ID), ("eot", Keys.Tokenizer.EOT_ID)):
         if kind in vocab.special_ids:
             put(key, vocab.special_ids[kind], "u32")
-    put(Keys.Tokenizer.MASK_ID, mask_id, "u32")
+    if mask_id is not None:
+        put(Keys.Tokenizer.MASK_ID, mask_id, "u32")
     if vocab.add_bos is not None:
         put(Keys.Tokenizer.ADD_BOS, vocab.add_bos, "bool")
     if vocab.chat_template:
         put(Keys.Tokenizer.CHAT_TEMPLATE, vocab.chat_template, "str")
     put(Keys.Tokenizer.HF_JSON, vocab.hf_json, "str")
-    return kv, types

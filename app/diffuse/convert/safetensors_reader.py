@@ -62,13 +62,16 @@ class Checkpoint:
                     raise DiffuseError(f"{path}: tensor {shown(name)} listed in {INDEX_NAME} is not in this shard")
                 self.tensors[name] = entries[name]
 
-    def read(self, name: str, rows=None) -> np.ndarray:
-        """Tensor `name` as float32; for a matrix, only `rows` (a slice or an index array)."""
+    def read(self, name: str, rows=None, expert: int | None = None) -> np.ndarray:
+        """Tensor `name` as float32; for a matrix, only `rows` (a slice or an index array); for a
+        3-D (experts, out, in) tensor, those rows of matrix `expert`."""
         e = self.tensors[name]
         try:
             mm = np.memmap(e.path, dtype=DTYPES[e.dtype], mode="r", offset=e.offset, shape=e.shape)
         except OSError as err:
             raise DiffuseError(f"{e.path}: cannot read tensor {name}: {err.strerror or err}") from err
+        if expert is not None:
+            mm = mm[expert]
         raw = mm if rows is None else mm[rows]
         if e.dtype == "BF16":
             # bf16 is the top half of a float32.

@@ -419,7 +419,9 @@ def step_event(index: int, ev, pieces: dict[int, str], eos_ids: list[int] | None
     rebuilds the StepEvent): positions relative to the answer, NaN -> null. The prompt stays on the
     server: `active`, `cached` (and the rows of MoE `experts`) list the answer's positions only, and
     `block_start` is negative when the block began in the prompt. `pieces` are the texts of the
-    tokens this event brings that the client has not had; `eos_ids` come with an answer's first event."""
+    tokens this event brings that the client has not had; `eos_ids` come with an answer's first event.
+    Uniform-state diffusion (DiffusionGemma) adds the argmax draft of the canvas, the re-drawn
+    positions (`unmasked`: the accepted ones) and the entropy cut (StepEvent's fields)."""
     p = ev.prompt_length
     active, cached = np.asarray(ev.active, np.int64), np.asarray(ev.cached, np.int64)
     d = {"index": index, "step": ev.step, "block": ev.block, "n_blocks": ev.n_blocks,
@@ -433,6 +435,9 @@ def step_event(index: int, ev, pieces: dict[int, str], eos_ids: list[int] | None
          "forward_ms": round(ev.forward_ms, 3), "sample_ms": round(ev.sample_ms, 3), "total_ms": round(ev.total_ms, 3)}
     if eos_ids is not None:
         d["eos_ids"] = eos_ids
+    if ev.draft is not None:   # uniform-state diffusion (DiffusionGemma): argmax draft, re-drawn positions, cut
+        d |= {"draft": ev.draft.tolist(), "redrawn": [int(i) - p for i in ev.redrawn],
+              "entropy_cut": round(float(ev.entropy_cut), 4)}
     if ev.experts is not None:
         d["experts"] = np.asarray(ev.experts)[:, active >= p].tolist()
     return d

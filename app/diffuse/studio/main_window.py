@@ -35,6 +35,7 @@ from diffuse.studio.chat import ChatPanel, fit_history, system_support
 from diffuse.studio.compare import CompareWindow
 from diffuse.studio.conversations import Conversation, Message
 from diffuse.studio.experts_view import ExpertsView
+from diffuse.studio.uniform_view import UniformView
 from diffuse.studio.heatmap import EntropyHeatmap
 from diffuse.studio.model_panel import ModelPanel
 from diffuse.studio.panes import PaneToggle
@@ -103,6 +104,8 @@ class MainWindow(QMainWindow):
         self.views.addTab(self.cache_view, "Cache")
         self.views.addTab(self.throughput, "Throughput")
         self.views.addTab(self.experts_view, "Experts")
+        self.uniform_view = UniformView()
+        self.views.addTab(self.uniform_view, "Uniform state")
         self.views.currentChanged.connect(self._mark_dirty)
         centre_top = QWidget()
         top_layout = QVBoxLayout(centre_top)
@@ -510,7 +513,8 @@ class MainWindow(QMainWindow):
     def show_run(self, run: RunState | None) -> None:
         self.runs.shown = run
         self.timeline.reset()
-        for view in (self.canvas_panel, self.heatmap, self.cache_view, self.throughput, self.experts_view):
+        for view in (self.canvas_panel, self.heatmap, self.cache_view, self.throughput, self.experts_view,
+                     self.uniform_view):
             view.set_run(run)
         self.timeline.set_count(run.n_steps if run else 0)
         self._draw_canvas()
