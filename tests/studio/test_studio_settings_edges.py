@@ -134,3 +134,20 @@ def test_a_run_records_the_recipes_options_and_its_views_use_them(qtbot, window,
     run = done.args[0]
     assert model.calls[0]["scheduler"] == run.options["scheduler"] == "entropy_exit"
     assert run.options["threshold"] == 0.8 and run.rule.tau == 0.8
+
+
+def test_options_of_another_kind_of_decoding_are_off_with_the_reason(qtbot):
+    """DiffusionGemma's canvas options only for DiffusionGemma, which has no AR or self-speculation
+    mode; the draft length only under self_spec."""
+    panel = SettingsPanel()
+    qtbot.addWidget(panel)
+    f = panel.fields
+    panel.show_defaults("llada")
+    assert not f["stop_entropy"].isEnabled() and "(off: DiffusionGemma's canvas only" in f["stop_entropy"].toolTip()
+    assert f["mode"].isEnabled() and not f["draft_length"].isEnabled()
+    assert f["draft_length"].toolTip().startswith(f["draft_length"].property("help"))
+    panel.set_options({"mode": "self_spec"})
+    assert f["draft_length"].isEnabled() and f["draft_length"].toolTip() == f["draft_length"].property("help")
+    panel.show_defaults("diffusion-gemma")
+    assert all(f[k].isEnabled() for k in ("temperature_end", "stability", "stop_entropy"))
+    assert not f["mode"].isEnabled() and not f["draft_length"].isEnabled()

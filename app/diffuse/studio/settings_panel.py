@@ -94,7 +94,15 @@ PLACES = {
     "alg_temp": Place(SAMPLING, "Alg temp", 0.1),
     "cfg_scale": Place(SAMPLING, "CFG scale", 0.5),
     "seed": Place(SAMPLING, "Seed"),
+    # the causal-cache modes (AR decode, self-speculation) of every family but DiffusionGemma
+    "mode": Place(SCHEDULE, "Decoding mode"),
+    "draft_length": Place(SCHEDULE, "Draft length"),
+    # DiffusionGemma's uniform-state canvas: its temperature schedule and its stop rule
+    "temperature_end": Place(SAMPLING, "Temperature at the end", 0.1),
+    "stability": Place(SAMPLING, "Stable steps to stop"),
+    "stop_entropy": Place(SAMPLING, "Stop below mean entropy", 0.001, decimals=4, suffix=" nats"),
 }
+UNIFORM_STATE = ("temperature_end", "stability", "stop_entropy")
 KINDS = {o["name"]: o["kind"] for o in OPTIONS} | {"threads": "int", "chat": "bool"}
 
 
@@ -141,6 +149,7 @@ def _field(o: dict, place: Place) -> QWidget:
         _fit_digits(box)
         tip += "; auto: the model's default"
     box.setToolTip(tip)
+    box.setProperty("help", tip)      # kept for a tooltip that adds why the field is off
     return box
 
 
@@ -350,6 +359,7 @@ class SettingsPanel(QWidget):
                 note.show()
             else:
                 note.hide()
+        self._update_enabled()
         self._update_schedule_line()
 
     # -- persistence --------------------------------------------------------------------------
@@ -398,6 +408,21 @@ class SettingsPanel(QWidget):
         for key in ("keep_active", "refresh_every", "cache_policy"):
             f[key].setEnabled(f["cache"].isChecked())
         f["max_post_steps"].setEnabled(_value(f["editing_threshold"]) != 1)    # 1: editing off
+        # Options of one kind of decoding are off, saying why, where the loaded model decodes otherwise.
+        uniform = self.arch == "diffusion-gemma"
+        for key in UNIFORM_STATE:
+            self._enable(key, self.arch is None or uniform,
+                         "DiffusionGemma's canvas only: this model unmasks masked positions")
+        self._enable("mode", not uniform, "DiffusionGemma decodes its canvas only: no AR or self-speculation mode")
+        self._enable("draft_length", not uniform and f["mode"].currentData() == "self_spec",
+                     "used by the self_spec decoding mode only")
+
+    def _enable(self, key: str, on: bool, why_off: str) -> None:
+        """A field on, or off with the reason after its help in the tooltip."""
+        box = self.fields[key]
+        help_text = box.property("help")
+        box.setEnabled(on)
+        box.setToolTip(help_text if on else f"{help_text}\n(off: {why_off})")
 
     def _update_schedule_line(self) -> None:
         rounded, refused = schedule_check(self.options(), self.arch or FAMILIES[0], self.n_ctx, self.recipe)
