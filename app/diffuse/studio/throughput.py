@@ -110,6 +110,7 @@ class ThroughputView(RunView, QWidget):
         self.steps_label.setObjectName("Muted")
         self.memory = QLabel()
         self.memory.setObjectName("Muted")
+        self.memory.setWordWrap(True)     # the views column is about 400 px at 1024x700
 
         plots = QHBoxLayout()
         plots.addWidget(self.cpu_plot)
