@@ -15,8 +15,8 @@
 #include <cstdlib>
 #include <memory>
 #include <random>
-#include <string>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
