@@ -264,10 +264,11 @@ def test_block_steps_against_llama_bench(tiny_gguf, tmp_path, fake_llama, capsys
     assert "ours, 1 logit row / pp" in (tmp_path / "b.md").read_text()
 
 
-@pytest.mark.parametrize("family", ["sdar", "llada"])
+@pytest.mark.parametrize("family", ["sdar", "llada", "dream", "llada-moe", "llada2", "fast-dllm-v2"])
 def test_knee_costs_in_decode_tokens_and_the_families(family, tiny_gguf, tmp_path, capsys):
-    """`bench knee` on a block-diffusion and a full-attention file: every width at every depth in
-    decode tokens (the 1-row pass is 1), and each family's reported rate over that cost."""
+    """`bench knee` on every family's file (block-causal or full attention, dense or MoE): every
+    width at every depth in decode tokens (the 1-row pass is 1), and each family's reported rate
+    over that cost."""
     rc = main(["bench", "knee", str(tiny_gguf(family, "f32")), "--depths", "16,32", "--widths", "1,4,16",
                "--threads", "1", "--reps", "2", "--json", str(tmp_path / "k.json"), "--markdown", str(tmp_path / "k.md")])
     assert rc == 0, capsys.readouterr().err

@@ -86,3 +86,19 @@ def test_a_wrong_head_setting_is_one_clear_error(tiny_gguf, monkeypatch):
     monkeypatch.setenv("DIFFUSE_HEAD", "fastest")
     with pytest.raises(diffuse.DiffuseError, match="DIFFUSE_HEAD is 'fastest': expected own, ggml or auto"):
         model.forward(np.arange(3, 7))
+
+
+def test_auto_choice_gives_exactly_one_of_the_two_heads(tmp_path, monkeypatch):
+    """Unforced, the engine times both products on a head past the 16 MiB floor (F16, 16384 x 512)
+    and keeps one per row count: its logits are bit for bit those of one forced path."""
+    from diffuse.bench.random_models import write_random_sdar
+    path = write_random_sdar(tmp_path / "sdar.gguf", n_layer=1, n_embd=512, n_head=4, n_head_kv=2, head_dim=128,
+                             n_ff=512, n_vocab=16384, n_ctx=256)
+    ids = np.arange(3, 11)
+    logits = {}
+    for head in ("ggml", "own", "auto"):
+        monkeypatch.setenv("DIFFUSE_HEAD", head)
+        logits[head] = diffuse.load(path, threads=2, kv_f16=False).forward(ids)
+    assert not np.array_equal(logits["own"], logits["ggml"])   # F16: ggml rounds the activations to F16
+    assert _rel(logits["own"], logits["ggml"]) <= 1e-3
+    assert np.array_equal(logits["auto"], logits["own"]) or np.array_equal(logits["auto"], logits["ggml"])

@@ -15,8 +15,8 @@
 #include <cstdlib>
 #include <memory>
 #include <random>
-#include <string>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -649,8 +649,12 @@ bool HeadChoice::own(const ggml_tensor * w, int n, int n_threads) const {
     while ((1 << bucket) < n) ++bucket;
     std::lock_guard<std::mutex> lock(mu_);
     if (decided_[bucket] < 0) {
-        const HeadTimes t = time_head(w, 1 << bucket, n_threads, 3);
-        decided_[bucket] = t.own < 0.95 * t.ggml;
+        try {
+            const HeadTimes t = time_head(w, 1 << bucket, n_threads, 3);
+            decided_[bucket] = t.own < 0.95 * t.ggml;
+        } catch (const std::exception &) {
+            decided_[bucket] = 0;   // timing failed (out of memory): the pass still runs, on ggml's product
+        }
     }
     return decided_[bucket] == 1;
 }
