@@ -185,11 +185,8 @@ class Connection:
 
     def _json(self, response, path: str) -> dict:
         data = self._read(response, MAX_REPLY_BYTES)
-        try:
-            value = json.loads(data)
-        except (ValueError, RecursionError):
-            value = None
-        if not isinstance(value, dict):
+        value = _json_object(data)
+        if value is None:
             raise DiffuseError(f"{self.url}{path} did not answer as an OpenAI-compatible server does "
                                f"({_snippet(response, data)})")
         return value
@@ -242,11 +239,8 @@ class Connection:
                     text, data, size = b"\n".join(data), [], 0
                     if text.strip() == b"[DONE]":
                         return
-                    try:
-                        value = json.loads(text)
-                    except (ValueError, RecursionError):
-                        value = None
-                    if not isinstance(value, dict):
+                    value = _json_object(text)
+                    if value is None:
                         raise DiffuseError(f"{self.url}{path}: the stream holds an event that is not OpenAI's "
                                            f"JSON ({text[:60].decode('utf-8', 'replace')!r})")
                     deadline = time.monotonic() + self.timeout
@@ -266,6 +260,15 @@ def _error_message(data: bytes) -> str | None:
     error = value.get("error", value)
     message = error.get("message") or error.get("detail") if isinstance(error, dict) else error
     return " ".join(str(message).split())[:300] if message else None
+
+
+def _json_object(data: bytes) -> dict | None:
+    """`data` as a JSON object; None for anything else (not JSON, too deep, a list or a number)."""
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _snippet(response, data: bytes) -> str:
