@@ -251,11 +251,8 @@ class Connection:
 
 def _error_message(data: bytes) -> str | None:
     """OpenAI's {"error": {"message": ...}} (or {"error": "..."}, {"message": ...}, {"detail": ...})."""
-    try:
-        value = json.loads(data)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(value, dict):
+    value = _json_object(data)
+    if value is None:
         return None
     error = value.get("error", value)
     message = error.get("message") or error.get("detail") if isinstance(error, dict) else error
