@@ -15,6 +15,7 @@ import hmac
 import json
 import signal
 import socket
+import struct
 import threading
 import time
 import uuid
@@ -497,6 +498,11 @@ class _H11(H11Protocol):
         self._stall_timer = None
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.scope["diffuse.error"] = f"the client read nothing for {self._write_stall:g} s"
+        # A reset, not a close: a close would leave what the kernel still holds for this client to
+        # trickle out to it, and the client with a stream cut without a word; a reset drops it and says so.
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.transport.abort()    # connection_lost: the response's sends end, the request is cancelled
 
     def connection_made(self, transport) -> None:
