@@ -182,8 +182,14 @@ def test_every_request_is_logged_refused_ones_too(server):
     request(server, "GET", "/v1/models", headers={"Host": "evil.example"})
     request(server, "POST", "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 4, "seed": 1}), JSON)
     # An entry is written once its response is sent: an earlier test's last one may land after
-    # `before` was read, so the entries are found by what they are.
-    seen = [(e["method"], e["path"], e["status"]) for e in server.log[before:]]
+    # `before` was read, and this test's last one after its answer was read, so the entries are
+    # found by what they are, once the last is there.
+    def logged():
+        return [(e["method"], e["path"], e["status"]) for e in server.log[before:]]
+    deadline = time.monotonic() + 30
+    while ("POST", "/v1/completions", 200) not in logged() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    seen = logged()
     first = seen.index(("GET", "/v1/models", 400))
     assert seen[first:] == [("GET", "/v1/models", 400), ("POST", "/v1/completions", 200)]
     entries = server.log[before + first:]
