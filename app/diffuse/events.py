@@ -57,6 +57,13 @@ class StepEvent:
     # when there is one, was the first rejected. None / -1 in the other modes.
     spec_draft: np.ndarray | None = None
     spec_accepted: int = -1
+    # WeDLM (diffusion under causal attention): block_start/block_end span the sliding window;
+    # window_order: int32 (w,), the window's absolute positions in the order the causal pass ran
+    # them (filled tokens first, at their true RoPE positions, then the still-masked ones);
+    # committed: int32 (c,), the leading filled positions whose exact causal K/V this step wrote
+    # to the cache for good (the window slides past them). None in the other families.
+    window_order: np.ndarray | None = None
+    committed: np.ndarray | None = None
 
     @property
     def gen_tokens(self) -> np.ndarray:
