@@ -1,17 +1,20 @@
-// _core.generate_batch and _core.generate_stream: the denoising loop (Model.generate is a batch of one)
+// _core.generate_batch and _core.generate_stream: the decoding loops (Model.generate is a batch of one)
 // with the GIL released; the GIL is taken only to hand plain data to and from Python (events, new
 // items, outputs). _core.OPTIONS exposes the option table that the engine validates with, so
-// Python, the CLI and the Studio build their inputs from it.
+// Python, the CLI and the Studio build their inputs from it; _core.ARCHITECTURES and FAMILIES the
+// architecture table, and _core.plan the plan the loops make of a request.
 #include "bindings.h"
 
 #include "diffuse.h"
 #include "gguf_dialects.h"
+#include "loops/stream.h"
 #include "options.h"
 #include "schedulers.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace py = pybind11;
@@ -90,11 +93,11 @@ static const char * kind_name(OptionKind k) {
     return "?";
 }
 
-static diffuse::Arch arch_of(const std::string & family) {
-    for (diffuse::Arch a : {diffuse::Arch::LLaDA, diffuse::Arch::Dream, diffuse::Arch::SDAR, diffuse::Arch::FastDLLMv2,
-                            diffuse::Arch::DiffusionGemma, diffuse::Arch::NemotronDiffusion})
-        if (family == diffuse::arch_name(a)) return a;
-    throw diffuse::Error("unknown model family '" + family + "'");
+// An architecture by name (a family's name is its first architecture's).
+static const diffuse::ArchInfo & arch_named(const std::string & name) {
+    const diffuse::ArchInfo * a = diffuse::arch_by_name(name);
+    if (!a) throw diffuse::Error("unknown architecture '" + name + "' (known: " + diffuse::arch_names() + ")");
+    return *a;
 }
 
 static py::object option_value(const OptionInfo & o, const diffuse::GenerateParams & p) {
@@ -162,7 +165,7 @@ static void set_option(const OptionInfo & o, diffuse::GenerateParams & p, py::ha
 
 static diffuse::GenerateParams params_from(const std::string & arch, const py::dict & options, int threads,
                                            const std::vector<int32_t> & eos_ids) {
-    diffuse::GenerateParams p = diffuse::default_generate_params(arch_of(arch));
+    diffuse::GenerateParams p = diffuse::default_generate_params(arch_named(arch).family);
     for (auto item : options) {
         const std::string name = py::str(item.first).cast<std::string>();
         if (item.second.is_none()) continue;   // None: the family default
@@ -193,6 +196,63 @@ static diffuse::StepCallback step_callback(const diffuse::Model & model, const p
 void diffuse_py::register_generate(py::module_ & m) {
     m.attr("SCHEDULERS") = diffuse::scheduler_names();
 
+    py::list families;
+    for (diffuse::Family f : diffuse::all_families()) families.append(diffuse::family_name(f));
+    m.attr("FAMILIES") = families;
+    py::list archs;
+    for (const diffuse::ArchInfo * a : diffuse::all_archs()) {
+        py::dict d;
+        d["name"] = a->name;
+        d["family"] = diffuse::family_name(a->family);
+        d["loop"] = diffuse::loop_name(a->loop);
+        d["moe"] = a->moe;
+        d["shift_logits"] = a->shift_logits;         // unless the file says
+        d["block_diffusion"] = a->block_diffusion;
+        d["default_mask_id"] = a->default_mask_id;   // -1: the file must record it
+        archs.append(d);
+    }
+    m.attr("ARCHITECTURES") = archs;
+
+    m.def("plan", [](const std::string & arch, const py::dict & options, int64_t n_prompt, int64_t n_ctx, int block_size,
+                     int sub_block_size, int canvas_length, int trained_block) {
+        const diffuse::ArchInfo & a = arch_named(arch);
+        const diffuse::GenerateParams p = params_from(arch, options, 0, {});
+        diffuse::HParams hp{};
+        hp.family = a.family;
+        hp.arch = a.name;
+        hp.shift_logits = a.shift_logits;
+        hp.n_ctx_train = n_ctx > 0 ? n_ctx : INT32_MAX;
+        // A block-diffusion model's block: its own, or where the caller does not know it, the one asked for.
+        hp.block_size = !a.block_diffusion ? 0 : block_size > 0 ? block_size : std::max(p.block_length, 0);
+        hp.sub_block_size = sub_block_size;
+        hp.canvas_length = canvas_length;
+        hp.trained_block = trained_block;
+        // A size the caller does not know (0) plans nothing the options do not decide themselves.
+        const diffuse::Loop loop = diffuse::loop_of(a, p);
+        const bool unknown = p.block_length <= 0 &&
+                             ((loop == diffuse::Loop::Masked && a.block_diffusion && block_size <= 0) ||
+                              (loop == diffuse::Loop::UniformState && canvas_length <= 0) ||
+                              (loop == diffuse::Loop::Causal && p.mode == diffuse::Decoding::Diffusion && trained_block <= 0));
+        if (loop == diffuse::Loop::UniformState && canvas_length <= 0) hp.canvas_length = p.block_length;
+        if (n_prompt < 1) throw diffuse::Error("plan: n_prompt must be at least 1");
+        py::dict d;
+        d["loop"] = diffuse::loop_name(loop);
+        if (unknown) return d;
+        const diffuse::Plan g = diffuse::plan_run(a, hp, n_prompt, p);
+        d["gen_length"] = g.n_total - (int) n_prompt;   // whole blocks of the answer, as the loop runs them
+        d["block_length"] = g.block;
+        d["n_blocks"] = g.n_blocks;
+        d["sub_block_length"] = g.sub;
+        d["steps_per_sub_block"] = g.steps_per_sub;
+        d["rounded"] = g.rounded;
+        return d;
+    }, py::arg("arch"), py::arg("options"), py::kw_only(), py::arg("n_prompt") = 1, py::arg("n_ctx") = 0,
+       py::arg("block_size") = 0, py::arg("sub_block_size") = 0, py::arg("canvas_length") = 0, py::arg("trained_block") = 0,
+       "The plan the engine's loop makes of a request (the same code generate runs): {loop, gen_length, block_length, "
+       "n_blocks, sub_block_length, steps_per_sub_block, rounded: what it changed of the steps asked for, or ''}, or "
+       "a DiffuseError with the reason it refuses it. The model's sizes (its n_ctx, block_size, ...; 0: not known) "
+       "are its hparams'; when one the plan needs is not known, only 'loop'.");
+
     py::list options;
     for (const OptionInfo & o : diffuse::generate_options()) {
         py::dict d;
@@ -210,11 +270,11 @@ void diffuse_py::register_generate(py::module_ & m) {
     m.attr("OPTIONS") = options;
 
     m.def("default_options", [](const std::string & arch) {
-        const diffuse::GenerateParams p = diffuse::default_generate_params(arch_of(arch));
+        const diffuse::GenerateParams p = diffuse::default_generate_params(arch_named(arch).family);
         py::dict d;
         for (const OptionInfo & o : diffuse::generate_options()) d[o.name] = option_value(o, p);
         return d;
-    }, py::arg("arch"), "Default generation options of a family ('llada' or 'dream').");
+    }, py::arg("arch"), "Default generation options of an architecture (its family's).");
 
     m.def("check_options", [](const std::string & arch, const py::dict & options) {
         const diffuse::GenerateParams p = params_from(arch, options, 0, {});
@@ -222,7 +282,7 @@ void diffuse_py::register_generate(py::module_ & m) {
         for (const OptionInfo & o : diffuse::generate_options()) d[o.name] = option_value(o, p);
         return d;
     }, py::arg("arch"), py::arg("options"),
-       "The family defaults overridden by `options` (None keeps a default), checked: every option "
+       "The architecture's defaults overridden by `options` (None keeps a default), checked: every option "
        "resolved, or a DiffuseError naming the first bad one and its allowed range.");
 
     m.def("generate_batch",
@@ -234,7 +294,7 @@ void diffuse_py::register_generate(py::module_ & m) {
               for (size_t i = 0; i < prompts.size(); ++i) {
                   try {
                       items.push_back({prompt_ids(prompts[i]),
-                                       params_from(diffuse::arch_name(model.hparams().arch), options[i], threads, eos_ids)});
+                                       params_from(model.hparams().arch, options[i], threads, eos_ids)});
                       items.back().params.expert_routing = expert_routing;
                   } catch (const diffuse::Error & e) {
                       throw diffuse::Error("prompt " + std::to_string(i) + ": " + e.what());
@@ -260,7 +320,7 @@ void diffuse_py::register_generate(py::module_ & m) {
     m.def("generate_stream",
           [](const diffuse::Model & model, const py::function & admit, const py::function & finished, int threads,
              const std::vector<int32_t> & eos_ids, py::object on_step, bool expert_routing) {
-              const std::string arch = diffuse::arch_name(model.hparams().arch);
+              const std::string arch = model.hparams().arch;
               const diffuse::BatchFeed feed{
                   [&] {
                       py::gil_scoped_acquire gil;

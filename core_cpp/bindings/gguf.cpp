@@ -2,6 +2,7 @@
 // CLI, info, converter tests and quantizer see a file exactly as the engine does.
 #include "bindings.h"
 
+#include "gguf_dialects.h"
 #include "gguf_file.h"
 
 #include "ggml.h"
@@ -119,6 +120,18 @@ static py::dict read_gguf(const std::string & path) {
     out["kv"] = kv;
     out["kv_types"] = kv_types;
     out["tensors"] = tensors;
+    // The engine's reading of the file: architecture, family and dialect, or None when it runs no such file.
+    py::object identity = py::none();
+    try {
+        const diffuse::Identity id = diffuse::identify(f);
+        py::dict d;
+        d["arch"] = id.arch->name;
+        d["family"] = diffuse::family_name(id.arch->family);
+        d["dialect"] = id.keys->name;
+        identity = d;
+    } catch (const diffuse::Error &) {
+    }
+    out["identity"] = identity;
     return out;
 }
 

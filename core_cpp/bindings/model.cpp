@@ -16,7 +16,8 @@ using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
 static py::dict hparams_dict(const diffuse::HParams & hp) {
     py::dict d;
-    d["arch"] = diffuse::arch_name(hp.arch);
+    d["arch"] = hp.arch;                                  // the architecture ("llada2")
+    d["family"] = diffuse::family_name(hp.family);        // whose loop and defaults apply ("sdar")
     d["dialect"] = diffuse::dialect_name(hp.dialect);
     d["n_vocab"] = hp.n_vocab;
     d["n_embd"] = hp.n_embd;

@@ -4,7 +4,7 @@
 //   auto model = diffuse::Model::load("llada-8b-q4_k_m.gguf", {});   // throws diffuse::Error
 //   std::vector<float> logits = model->forward({1, 2, 3});           // (n_tokens, n_vocab), row-major
 //
-//   diffuse::GenerateParams p = diffuse::default_generate_params(model->hparams().arch);
+//   diffuse::GenerateParams p = diffuse::default_generate_params(model->hparams().family);
 //   p.gen_length = 128; p.scheduler = diffuse::Scheduler::EntropyExit;
 //   diffuse::GenerateOutput out = diffuse::generate(*model, prompt_ids, p,
 //       [](const diffuse::StepEvent & ev) { return true; /* false cancels */ });
@@ -34,18 +34,20 @@ struct Error : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
-// Model families: each has its own defaults and chat conventions. LLaDA and Dream attend to the whole
+// Model families: each has its own loop, defaults and chat conventions; several architectures (GGUF
+// general.architecture, architectures.h) may share one (LLaDA-MoE is LLaDA's, LLaDA2 SDAR's). LLaDA and Dream attend to the whole
 // sequence; SDAR (and TraDo) and Fast-dLLM v2 are block diffusion (causal across blocks).
 // DiffusionGemma is uniform-state diffusion: a causal encoder writes the prompt's (and each finished
 // canvas's) K/V, a bidirectional decoder denoises a canvas of random tokens over that cache.
 // NemotronDiffusion (Nemotron-Labs-Diffusion) is trained for three modes over one causal K/V cache:
 // AR, diffusion of blocks over the cached prefix, and self-speculation (loops/causal.h).
-enum class Arch { LLaDA, Dream, SDAR, FastDLLMv2, DiffusionGemma, NemotronDiffusion };
+enum class Family { LLaDA, Dream, SDAR, FastDLLMv2, DiffusionGemma, NemotronDiffusion };
 enum class Dialect { Ours, LlamaCpp, DiffuseCpp };
 
 // Hyper-parameters, read from any of the three GGUF dialects.
 struct HParams {
-    Arch     arch;
+    Family   family;        // whose loop, schedules and defaults apply
+    const char * arch;      // the architecture, as the engine names it ("llada2"; a diffuse-cpp file: its family's)
     Dialect  dialect;
     int64_t  n_vocab;
     int64_t  n_embd;        // d_model
@@ -209,7 +211,7 @@ struct GenerateParams {
 
 // Per-family defaults (LLaDA: low_confidence in blocks of 32; Dream: its entropy rule, no blocks;
 // block diffusion: the model's block, one step per position, low_confidence_dynamic greedy).
-GenerateParams default_generate_params(Arch arch);
+GenerateParams default_generate_params(Family family);
 
 // One denoising step, as seen by listeners. Positions are absolute (prompt included).
 struct StepEvent {

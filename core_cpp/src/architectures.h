@@ -1,12 +1,14 @@
 // The architectures the engine runs, as one table (llama.cpp's llama-arch.cpp in small): the GGUF
-// general.architecture name, the family whose schedules and defaults apply, the graph that computes
-// it (core_cpp/src/models/) and what the loader requires of the file. Everything else a model
-// differs by (head counts, block size, mask id, logit shift) is read from its GGUF.
+// general.architecture name, the family whose schedules and defaults apply, the decoding loop that
+// runs it (core_cpp/src/loops/), the graph that computes it (core_cpp/src/models/) and what the
+// loader requires of the file. Everything else a model differs by (head counts, block size, mask
+// id, logit shift) is read from its GGUF. Python reads this table as _core.ARCHITECTURES.
 #pragma once
 
 #include "diffuse.h"
 
 #include <string>
+#include <vector>
 
 struct ggml_tensor;
 
@@ -15,9 +17,17 @@ namespace diffuse {
 class GraphBuilder;
 using BuildGraph = ggml_tensor * (*)(GraphBuilder & g);   // returns the logits (n_vocab, n_out)
 
+// The decoding loops, one file each under loops/ (generate.cpp dispatches on this column).
+enum class Loop {
+    Masked,        // loops/masked.cpp: unmask masked positions, full attention or block diffusion
+    UniformState,  // loops/uniform_state.cpp: a canvas of random tokens re-drawn until it settles
+    Causal,        // loops/causal.cpp: diffusion over one causal K/V cache (and every model's ar / self_spec)
+};
+
 struct ArchInfo {
     const char * name;         // general.architecture
-    Arch         family;
+    Family       family;
+    Loop         loop;         // the loop of its diffusion mode
     BuildGraph   build;
     bool         qkv_bias;     // q/k/v projections carry biases (Qwen2)
     bool         qk_norm;      // per-head RMSNorm of q and k before RoPE (Qwen3, LLaDA-MoE)
@@ -32,9 +42,15 @@ struct ArchInfo {
 // nullptr for a name the engine does not run.
 const ArchInfo * arch_by_name(const std::string & name);
 // diffuse-cpp files name only the family (diffuse.model_type): its dense architecture.
-const ArchInfo & arch_of_family(Arch family);
+const ArchInfo & arch_of_family(Family family);
+// Every row, in the table's order.
+std::vector<const ArchInfo *> all_archs();
 // Every architecture name, for messages.
 std::string arch_names();
+
+const char * family_name(Family f);   // "llada", "sdar", ...: a family is named by its first architecture
+std::vector<Family> all_families();
+const char * loop_name(Loop l);       // "masked", "uniform-state", "causal"
 
 // The graphs (core_cpp/src/models/*.cpp).
 ggml_tensor * build_llada(GraphBuilder & g);

@@ -35,18 +35,6 @@ static const DialectKeys DIFFUSE_CPP_KEYS = {
     nullptr, nullptr,
 };
 
-const char * arch_name(Arch a) {
-    switch (a) {
-        case Arch::LLaDA:      return "llada";
-        case Arch::Dream:      return "dream";
-        case Arch::SDAR:       return "sdar";
-        case Arch::FastDLLMv2: return "fast-dllm-v2";
-        case Arch::DiffusionGemma: return "diffusion-gemma";
-        case Arch::NemotronDiffusion: return "nemotron-diffusion";
-    }
-    return "?";
-}
-
 const char * dialect_name(Dialect d) {
     switch (d) {
         case Dialect::Ours:       return OURS_KEYS.name;
@@ -78,7 +66,7 @@ Identity identify(const GGUFFile & file) {
         if (type != "llada" && type != "dream")
             file.fail("diffuse-cpp file with unknown diffuse.model_type '" + type.value_or("") +
                       "' (expected llada or dream)");
-        id.arch = &arch_of_family(*type == "llada" ? Arch::LLaDA : Arch::Dream);
+        id.arch = &arch_of_family(*type == "llada" ? Family::LLaDA : Family::Dream);
         id.keys = &DIFFUSE_CPP_KEYS;
         return id;
     }

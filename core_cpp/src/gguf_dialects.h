@@ -52,7 +52,6 @@ Identity identify(const GGUFFile & file);
 
 std::string key_for(const char * tmpl, const std::string & arch_key);
 
-const char * arch_name(Arch a);
 const char * dialect_name(Dialect d);
 
 // Tensor names (llama.cpp's, shared by every dialect).

@@ -156,9 +156,10 @@ void ModelImpl::read_hparams() {
     };
 
     arch_ = id.arch;
-    hp_.arch = id.arch->family;
+    hp_.family = id.arch->family;
+    hp_.arch = id.arch->name;
     hp_.dialect = K.dialect;
-    if (hp_.arch == Arch::DiffusionGemma) return read_gemma_hparams(id.arch_key);
+    if (hp_.family == Family::DiffusionGemma) return read_gemma_hparams(id.arch_key);
     hp_.n_layer = int_key(K.block_count, 1, 1024);
     hp_.n_embd = int_key(K.embedding_length, 1, 1 << 17);
     hp_.n_head = int_key(K.head_count, 1, 4096);
@@ -178,8 +179,8 @@ void ModelImpl::read_hparams() {
 
     const std::string theta_key = key(K.rope_freq_base);
     const std::string eps_key = key(K.rms_eps);
-    hp_.rope_theta = (float) f.get_float(theta_key).value_or(hp_.arch == Arch::LLaDA ? 500000.0 : 1000000.0);
-    hp_.rms_eps = (float) f.get_float(eps_key).value_or(hp_.arch == Arch::LLaDA ? 1e-5 : 1e-6);
+    hp_.rope_theta = (float) f.get_float(theta_key).value_or(hp_.family == Family::LLaDA ? 500000.0 : 1000000.0);
+    hp_.rms_eps = (float) f.get_float(eps_key).value_or(hp_.family == Family::LLaDA ? 1e-5 : 1e-6);
     if (!(hp_.rope_theta > 0 && std::isfinite(hp_.rope_theta))) f.fail("key " + theta_key + " must be a positive number");
     if (!(hp_.rms_eps > 0 && hp_.rms_eps < 1)) f.fail("key " + eps_key + " must be in (0, 1)");
 
@@ -350,7 +351,7 @@ void ModelImpl::read_rope_scaling(const std::function<std::string(const char *)>
     hp_.rope_freq_scale = hp_.rope_attn_factor = 1.0f;
     hp_.attn_temp_scale = 0.0f;
     hp_.attn_temp_length = 1;
-    const bool nemotron = hp_.arch == Arch::NemotronDiffusion;
+    const bool nemotron = hp_.family == Family::NemotronDiffusion;
     auto number = [&](const char * tmpl, double lo, double hi) {
         const std::string k = key(tmpl);
         const std::optional<double> v = f.get_float(k);
@@ -457,7 +458,7 @@ void ModelImpl::bind_weights(bool repack) {
     w_.output = get(tensor_names::output, {n_embd, hp.n_vocab}, true, /*required*/ false);
     if (!w_.output) w_.output = w_.tok_embd;   // tied embeddings
     const bool biases = arch_->qkv_bias;
-    const bool gemma = hp.arch == Arch::DiffusionGemma;
+    const bool gemma = hp.family == Family::DiffusionGemma;
     // A 1-element F32/F16 tensor's value (DiffusionGemma's layer scalars).
     auto scalar = [&](ggml_tensor * t) {
         const char * p = data.at(t);
@@ -684,7 +685,7 @@ void ModelImpl::forward_into(const std::vector<int32_t> & tokens, const std::vec
                              float * out, int block_size) const {
     const int n = (int) tokens.size();
     if (n == 0) throw Error("forward: no tokens");
-    if (hp_.arch == Arch::DiffusionGemma)
+    if (hp_.family == Family::DiffusionGemma)
         throw Error("forward: a DiffusionGemma model denoises a canvas over a context: give both (forward_canvas)");
     if (n > hp_.n_ctx_train)
         throw Error("forward: " + std::to_string(n) + " tokens exceed the model's context of " +
@@ -710,7 +711,7 @@ void ModelImpl::forward_into(const std::vector<int32_t> & tokens, const std::vec
 
 void ModelImpl::forward_canvas(const std::vector<int32_t> & context, const std::vector<int32_t> & canvas,
                                const float * self_cond, float * out) const {
-    if (hp_.arch != Arch::DiffusionGemma) throw Error("forward_canvas: only DiffusionGemma models denoise a canvas");
+    if (hp_.family != Family::DiffusionGemma) throw Error("forward_canvas: only DiffusionGemma models denoise a canvas");
     const int L = (int) context.size(), C = (int) canvas.size();
     if (L == 0 || C == 0) throw Error("forward_canvas: the context and the canvas need at least one token each");
     if ((int64_t) L + C > hp_.n_ctx_train)

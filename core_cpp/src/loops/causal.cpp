@@ -33,10 +33,6 @@ namespace diffuse {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
-
 // A prompt is prefilled in passes of at most this many rows: compute memory stays bounded.
 constexpr int PREFILL_ROWS = 512;
 
@@ -49,15 +45,15 @@ const char * mode_name(Decoding m) {
     return "?";
 }
 
-int diffusion_block(const ModelImpl & model, const GenerateParams & p) {
-    return p.block_length > 0 ? p.block_length : model.hparams().trained_block;
+int diffusion_block(const HParams & hp, const GenerateParams & p) {
+    return p.block_length > 0 ? p.block_length : hp.trained_block;
 }
 
 // Positions of a run: the answer's tokens (diffusion: whole blocks) after the prompt.
-int total_length(const ModelImpl & model, int64_t n_prompt, const GenerateParams & p) {
+int total_length(const HParams & hp, int64_t n_prompt, const GenerateParams & p) {
     int64_t gen = p.gen_length;
     if (p.mode == Decoding::Diffusion) {
-        const int64_t B = diffusion_block(model, p);
+        const int64_t B = diffusion_block(hp, p);
         gen = (gen + B - 1) / B * B;
     }
     return (int) std::min<int64_t>(n_prompt + gen, INT32_MAX);
@@ -79,15 +75,7 @@ SequenceRows pass_rows(KVCache * cache, const std::vector<int32_t> & x, int from
 
 }  // namespace
 
-bool runs_causally(const ModelImpl & model, const GenerateParams & p) {
-    return p.mode != Decoding::Diffusion || model.hparams().arch == Arch::NemotronDiffusion;
-}
-
-void check_causal(const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p) {
-    const HParams & hp = model.hparams();
-    if (prompt.empty()) throw Error("the prompt is empty");
-    model.check_tokens(prompt.data(), prompt.size());
-    check_options(p);
+Plan plan_causal(const HParams & hp, int64_t n_prompt, const GenerateParams & p) {
     const std::string mode = std::string("mode ") + mode_name(p.mode);
     // Options of the denoising loop that mean nothing over a causal cache.
     if (p.cfg_scale > 0) throw Error("cfg_scale does not apply to " + mode);
@@ -99,12 +87,15 @@ void check_causal(const ModelImpl & model, const std::vector<int32_t> & prompt, 
     if (p.mode == Decoding::SelfSpec && p.draft_length > hp.n_ctx_train)
         throw Error("draft_length (" + std::to_string(p.draft_length) + ") exceeds the model's context of " +
                     std::to_string(hp.n_ctx_train) + " positions");
-    const int64_t n_total = total_length(model, (int64_t) prompt.size(), p);
-    if (n_total > hp.n_ctx_train)
-        throw Error("prompt (" + std::to_string(prompt.size()) + " tokens) + gen_length (" +
-                    std::to_string(p.gen_length) + ")" +
-                    (p.mode == Decoding::Diffusion ? ", in whole blocks of " + std::to_string(diffusion_block(model, p)) : "") +
-                    " exceeds the model's context of " + std::to_string(hp.n_ctx_train) + " positions");
+    Plan g{Loop::Causal};
+    g.origin = (int) n_prompt;
+    g.n_total = total_length(hp, n_prompt, p);
+    g.block = g.sub = p.mode == Decoding::Diffusion ? diffusion_block(hp, p) : 1;
+    if (g.n_total > hp.n_ctx_train)
+        throw context_error(n_prompt, p, p.mode == Decoding::Diffusion ? "block" : "", g.block, hp.n_ctx_train);
+    g.n_blocks = (g.n_total - g.origin) / g.block;
+    g.steps_per_sub = p.mode == Decoding::Diffusion ? p.steps : 1;
+    return g;
 }
 
 // One sequence of a causal mode. Positions [0, n_done) are committed (x, mask 0; diffusion: the
@@ -136,10 +127,10 @@ struct CausalSequence {
 
     CausalSequence(int index_, const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p_)
         : index(index_), p(p_), sched(scheduler_info(p_.scheduler)), shift(model.hparams().shift_logits) {
-        check_causal(model, prompt, p);
+        const Plan g = check_request(model, prompt, p);
         n_prompt = (int) prompt.size();
-        n_total = total_length(model, n_prompt, p);
-        block = p.mode == Decoding::Diffusion ? diffusion_block(model, p) : 1;
+        n_total = g.n_total;
+        block = g.block;
         x = prompt;
         x.resize(n_total, model.hparams().mask_token_id);
         mask.assign(n_total, 0);
@@ -395,7 +386,7 @@ std::vector<BatchItem> CausalSide::admit() {
         const bool loop_idle = (int) loop_index_.size() == loop_finished_;
         for (BatchItem & item : items) {
             const int index = n_admitted_++;
-            if (runs_causally(model_, item.params)) {
+            if (loop_of(model_.arch(), item.params) == Loop::Causal) {
                 start(index, item);
             } else {
                 loop_index_.push_back(index);
@@ -419,11 +410,7 @@ void CausalSide::start(int index, const BatchItem & item) {
     }
     if (!lease_) lease_ = std::make_unique<Lease>(model_);
     CausalSequence & q = running_.back();
-    if (free_slots_.empty()) q.slot = n_slots_++;
-    else {
-        q.slot = free_slots_.back();
-        free_slots_.pop_back();
-    }
+    q.slot = slots_.take();
     q.cache = &lease_->lease->cache(q.slot, q.n_total);
 }
 
@@ -437,7 +424,7 @@ void CausalSide::iterate() {
             ++it;
             continue;
         }
-        free_slots_.push_back(q.slot);
+        slots_.give_back(q.slot);
         outer_.finished(q.index, q.take_output());
         it = running_.erase(it);
     }
@@ -447,7 +434,7 @@ void CausalSide::iterate() {
 
 void ModelImpl::forward_causal_into(const std::vector<int32_t> & tokens, int open_block, float * out) const {
     const int n = (int) tokens.size();
-    if (hp_.arch == Arch::DiffusionGemma)
+    if (hp_.family == Family::DiffusionGemma)
         throw Error("forward: mode 'ar' does not apply to DiffusionGemma: it denoises a canvas over a context (forward_canvas)");
     if (n == 0) throw Error("forward: no tokens");
     if (n > hp_.n_ctx_train)

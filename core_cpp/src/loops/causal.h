@@ -6,6 +6,7 @@
 
 #include "../context.h"
 #include "../model_impl.h"
+#include "stream.h"
 
 #include <list>
 #include <memory>
@@ -13,16 +14,13 @@
 
 namespace diffuse {
 
-// Whether an item runs here rather than in the denoising loop: mode ar or self_spec, or any mode of
-// a model whose diffusion is over a causal cache (Nemotron-Labs-Diffusion).
-bool runs_causally(const ModelImpl & model, const GenerateParams & p);
-
-// Checks such an item against the model (throws diffuse::Error naming the problem).
-void check_causal(const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p);
+// An item runs here when loop_of (stream.h) says Loop::Causal: mode ar or self_spec, or any mode
+// of a model whose diffusion is over a causal cache (Nemotron-Labs-Diffusion). Its plan is
+// plan_causal.
 
 struct CausalSequence;
 
-// Stands between generate_stream's denoising loop and its feed: the loop asks feed() for items and
+// Stands between the masked loop (loops/masked.cpp) and its feed: the loop asks feed() for items and
 // gets only the ones it runs, numbered its own way (numbers, finished() and events are mapped
 // back); the causal items run here, one iteration of each at every step boundary of the loop, on
 // a context of their own. While the loop has nothing to run, feed().admit() keeps the causal
@@ -47,8 +45,7 @@ private:
     struct Lease;
     std::unique_ptr<Lease> lease_;                // the context, leased at the first causal item
     std::list<CausalSequence> running_;
-    std::vector<size_t> free_slots_;
-    size_t n_slots_ = 0;
+    CacheSlots slots_;
     int n_admitted_ = 0;                          // items numbered so far (the outer numbering)
     std::vector<int> loop_index_;                 // the loop's sequence i is the outer loop_index_[i]
     int loop_finished_ = 0;                       // of them, ended

@@ -35,11 +35,6 @@ namespace diffuse {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double ms_between(Clock::time_point a, Clock::time_point b) {
-    return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
 // RNG streams of the loop (the draws use sample_rows' own: seed, step, position).
 constexpr uint64_t CANVAS_STREAM = 0xca27a5ULL, REDRAW_STREAM = 0x4ed4a3ULL;
 
@@ -64,11 +59,11 @@ struct Sequence {
 
     Sequence(int index_, const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p_)
         : index(index_), p(p_) {
-        check_uniform_state(model, prompt, p);
+        const Plan g = check_request(model, prompt, p);
         n_prompt = (int) prompt.size();
-        C = model.hparams().canvas_length;
-        n_canvases = (p.gen_length + C - 1) / C;
-        n_total = n_prompt + n_canvases * C;
+        C = g.block;
+        n_canvases = g.n_blocks;
+        n_total = g.n_total;
         x = prompt;
         x.resize(n_total, 0);
         decided.assign(n_total, -1);
@@ -120,11 +115,7 @@ struct Sequence {
 
 }  // namespace
 
-void check_uniform_state(const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p) {
-    const HParams & hp = model.hparams();
-    if (prompt.empty()) throw Error("the prompt is empty");
-    model.check_tokens(prompt.data(), prompt.size());
-    check_options(p);
+Plan plan_uniform_state(const HParams & hp, int64_t n_prompt, const GenerateParams & p) {
     if (p.mode != Decoding::Diffusion)
         throw Error("mode ar and self_spec do not apply to DiffusionGemma: its decoder denoises canvases");
     const int C = hp.canvas_length;
@@ -136,10 +127,14 @@ void check_uniform_state(const ModelImpl & model, const std::vector<int32_t> & p
         throw Error("temperature_end (" + std::to_string(p.temperature_end) + ") must not exceed temperature (" +
                     std::to_string(p.temperature) + "): the temperature falls over a canvas's steps");
     const int64_t n_canvases = (p.gen_length + C - 1) / C;
-    if ((int64_t) prompt.size() + n_canvases * C > hp.n_ctx_train)
-        throw Error("prompt (" + std::to_string(prompt.size()) + " tokens) + gen_length (" + std::to_string(p.gen_length) +
-                    "), in whole canvases of " + std::to_string(C) + ", exceeds the model's context of " +
-                    std::to_string(hp.n_ctx_train) + " positions");
+    if (n_prompt + n_canvases * C > hp.n_ctx_train) throw context_error(n_prompt, p, "canvas", C, hp.n_ctx_train);
+    Plan g{Loop::UniformState};
+    g.origin = (int) n_prompt;
+    g.n_total = (int) (n_prompt + n_canvases * C);
+    g.block = g.sub = C;
+    g.n_blocks = (int) n_canvases;
+    g.steps_per_sub = p.steps;   // at most: a canvas may settle sooner
+    return g;
 }
 
 int uniform_state_stream(const ModelImpl & model, const BatchFeed & feed, const StepCallback & on_step) {
@@ -148,8 +143,7 @@ int uniform_state_stream(const ModelImpl & model, const BatchFeed & feed, const 
     const float nan = std::numeric_limits<float>::quiet_NaN();
     ContextLease ctx = model.lease();
     std::list<Sequence> running;       // a list: a Sequence stays put while it runs
-    std::vector<size_t> free_slots;
-    size_t n_slots = 0;
+    CacheSlots slots;
     int n_admitted = 0;
 
     std::vector<float> logits, entropy, confidence, encoder_logits;
@@ -167,7 +161,7 @@ int uniform_state_stream(const ModelImpl & model, const BatchFeed & feed, const 
                 work.push_back(&*it++);
                 continue;
             }
-            free_slots.push_back(it->slot);
+            slots.give_back(it->slot);
             feed.finished(it->index, it->take_output());
             it = running.erase(it);
         }
@@ -180,11 +174,7 @@ int uniform_state_stream(const ModelImpl & model, const BatchFeed & feed, const 
         batch.clear();
         for (Sequence * q : work) {
             if (!q->cache) {
-                if (free_slots.empty()) q->slot = n_slots++;
-                else {
-                    q->slot = free_slots.back();
-                    free_slots.pop_back();
-                }
+                q->slot = slots.take();
                 q->cache = &ctx->cache(q->slot, q->n_total);
             }
             if (q->n_encoded == q->start()) continue;
@@ -204,7 +194,7 @@ int uniform_state_stream(const ModelImpl & model, const BatchFeed & feed, const 
             ctx->runner.run(batch, n_threads, encoder_logits.data());
         }
         const Clock::time_point t1 = Clock::now();
-        const double encoder_ms = ms_between(t0, t1);
+        const double encoder_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
 
         // ---- the decoder: every running canvas, one bidirectional pass ----
         batch.clear();
@@ -226,7 +216,7 @@ int uniform_state_stream(const ModelImpl & model, const BatchFeed & feed, const 
         for (const Sequence * q : work) n_rows += (size_t) q->C;
         logits.resize(n_rows * (size_t) V);
         ctx->runner.run(batch, n_threads, logits.data());
-        const double forward_ms = ms_between(t1, Clock::now());
+        const double forward_ms = ms_since(t1);
 
         // ---- per sequence: draw, accept, re-draw, stop rule, report ----
         float * row = logits.data();
@@ -298,7 +288,7 @@ int uniform_state_stream(const ModelImpl & model, const BatchFeed & feed, const 
             std::iota(cached.begin(), cached.end(), 0);
             std::vector<uint8_t> mask(q.n_total, 0);
             for (int32_t pos : redrawn) mask[pos] = 1;
-            const double sample_ms = ms_between(t2, Clock::now());
+            const double sample_ms = ms_since(t2);
             q.out.step_ms.push_back(forward_ms + sample_ms);
             q.out.forward_ms.push_back(forward_ms);
             q.out.sample_ms.push_back(sample_ms);
@@ -323,7 +313,7 @@ int uniform_state_stream(const ModelImpl & model, const BatchFeed & feed, const 
             q.self_cond.assign(lg, lg + (size_t) C * V);   // the processed logits condition the next step
         }
     }
-    return (int) n_slots;
+    return (int) slots.count();
 }
 
 }  // namespace diffuse

@@ -1,16 +1,13 @@
 // Uniform-state diffusion (DiffusionGemma): the canvas starts as uniform random tokens; each step
 // accepts the lowest-entropy draws and re-draws the rest at random; a canvas's output is its
 // argmax. Its own loop over the shared steps (a ForwardRunner pass over the rows of every running
-// sequence, sample_rows, the entropy-bounded rule), beside generate.cpp's masked-diffusion loop.
+// sequence, sample_rows, the entropy-bounded rule), beside loops/masked.cpp. Its plan is
+// plan_uniform_state (stream.h).
 #pragma once
 
 #include "../model_impl.h"
 
 namespace diffuse {
-
-// Throws diffuse::Error when the request cannot run on this model (generate_batch checks every
-// item before any step).
-void check_uniform_state(const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p);
 
 // generate_stream for a DiffusionGemma model: same contract (admit / finished at step boundaries,
 // one event per sequence per step, False cancels that sequence).
