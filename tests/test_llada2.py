@@ -100,12 +100,31 @@ def test_a_2_1_checkpoint_gets_editing_in_its_recipe(code, editing, tiny_hf_llad
 
 def test_hparams(llada2):
     hp = llada2.hparams
-    assert (hp["arch"], hp["block_size"], hp["n_expert"], hp["n_expert_used"]) == ("sdar", 32, 16, 4)
+    assert (hp["arch"], hp["family"]) == ("llada2", "sdar")
+    assert (hp["block_size"], hp["n_expert"], hp["n_expert_used"]) == (32, 16, 4)
     assert llada2.mask_token_id == llada2.tokenizer.mask_token_id
     assert llada2.recipe["steps"] == 32
     assert (hp["router"], hp["n_expert_groups"], hp["n_group_used"], hp["n_expert_shared"], hp["n_layer_dense"],
             hp["n_rot"]) == ("sigmoid", 4, 2, 1, 1, 32)
     assert hp["expert_weights_scale"] == pytest.approx(2.5)
+
+
+def test_an_llada2_file_reports_its_architecture_and_its_family(llada2, tiny_gguf):
+    """An LLaDA2 file is an llada2 (what labels show) that runs SDAR's loop and defaults (its family):
+    the engine says both, wherever Python asks."""
+    from diffuse import info
+    from diffuse.generation import ARCHITECTURES, default_options
+    path = tiny_gguf("llada2", "f32")
+    assert (llada2.arch, llada2.family) == ("llada2", "sdar")
+    read = gguf_file.read(path)
+    assert (read.arch, read.family, read.dialect) == ("llada2", "sdar", "diffuse")
+    d = info.describe(path)
+    assert (d["architecture"], d["family"]) == ("llada2", "sdar")
+    assert "architecture  llada2 (family sdar" in info.format_info(d)
+    assert ARCHITECTURES["llada2"] | {"default_mask_id": None} == {
+        "name": "llada2", "family": "sdar", "loop": "masked", "moe": True, "shift_logits": False,
+        "block_diffusion": True, "default_mask_id": None}
+    assert default_options("llada2") == default_options("sdar")
 
 
 def test_info_shows_the_router(tiny_gguf):

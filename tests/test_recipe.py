@@ -77,7 +77,7 @@ def test_a_file_without_recipe_says_so(tiny_gguf):
     ("speed=11", "expected OPTION=VALUE"),
     ("steps", "expected OPTION=VALUE"),
     ("steps=many", "steps must be an integer in"),
-    ("gen_length=40", "gen_length 40 is not a multiple of block_length 32"),
+    ("gen_length=40", "gen_length (40) must be a multiple of block_length (32)"),
 ])
 def test_convert_refuses_a_bad_recipe_before_any_work(tiny_hf_llada, tmp_path, capsys, given, why):
     out = tmp_path / "m.gguf"
@@ -115,7 +115,7 @@ def test_the_recipe_command(tmp_path, capsys):
 @pytest.mark.parametrize("argv, why", [
     (["--set", "steps=0"], "diffuse.recipe.steps: steps = 0 is out of range"),
     (["--set", "gen_length=256"], "exceeds the model's context of 256"),
-    (["--set", "block_length=24"], "gen_length 64 is not a multiple of block_length 24"),
+    (["--set", "block_length=24"], "gen_length (64) must be a multiple of block_length (24)"),
     (["--unset", "speed"], "--unset speed: no such option"),
     (["--clear", "-o", "SELF"], "would overwrite the input"),
 ])
@@ -180,7 +180,7 @@ HOSTILE = [
     ({"diffuse.recipe.cache": 1}, {"diffuse.recipe.cache": "u8"}, "diffuse.recipe.cache: stored as a GGUF u8"),
     ({"diffuse.recipe.scheduler": "\x1b[2Jfast"}, {}, "diffuse.recipe.scheduler"),
     ({"diffuse.recipe.\x1b[2J": 1}, {"diffuse.recipe.\x1b[2J": "i32"}, "no such generation option"),
-    ({"diffuse.recipe.gen_length": 250}, {"diffuse.recipe.gen_length": "u32"}, "not a multiple of block_length"),
+    ({"diffuse.recipe.gen_length": 250}, {"diffuse.recipe.gen_length": "u32"}, "must be a multiple of block_length"),
     ({"diffuse.recipe.gen_length": 2**31 - 1}, {"diffuse.recipe.gen_length": "i32"}, "out of range"),
 ]
 

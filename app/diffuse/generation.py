@@ -1,8 +1,9 @@
 """Generation options: the engine's option table, per-family defaults, a model's recipe over
-them, validation.
+them, validation; the engine's architecture table and the plan it makes of a run.
 
 Every option's name, kind, range and help text come from the engine (`_core.OPTIONS`), which
 validates with the same table: the CLI flags and the Studio's settings panel are built from it.
+The architectures (`_core.ARCHITECTURES`) and a run's plan (`_core.plan`) come from the engine too.
 """
 from __future__ import annotations
 
@@ -18,12 +19,13 @@ SCHEDULERS: list[str] = list(_core.SCHEDULERS)
 OPTIONS: list[dict] = [dict(o) for o in _core.OPTIONS]
 OPTION_NAMES: tuple[str, ...] = tuple(o["name"] for o in OPTIONS)
 
-# Block diffusion (SDAR/TraDo, Fast-dLLM v2): blocks aligned at position 0, causal across them; the
-# engine runs whole blocks (the answer may run on to the end of the last one), steps count per block.
-BLOCK_FAMILIES = ("sdar", "fast-dllm-v2")
-# Diffusion over a causal K/V cache (Nemotron-Labs-Diffusion): blocks of [AR seed, masks] from the
-# prompt's end, each finished block written by a causal pass; steps count per block.
-CAUSAL_FAMILIES = ("nemotron-diffusion",)
+# The architectures the engine runs (GGUF general.architecture): name -> {name, family (whose
+# defaults and chat conventions apply: "llada2" is "sdar"'s), loop ("masked", "uniform-state",
+# "causal": how its diffusion decodes), moe, shift_logits, block_diffusion (causal across blocks
+# aligned at position 0, steps counted per block), default_mask_id}. Every option call takes an
+# architecture's name; a family is named by its first architecture.
+ARCHITECTURES: dict[str, dict] = {a["name"]: dict(a) for a in _core.ARCHITECTURES}
+FAMILIES: tuple[str, ...] = tuple(_core.FAMILIES)
 
 
 # Named decoding modes, as options over the model's defaults: the CLI's --preset, a server request's
@@ -84,7 +86,7 @@ def random_seed() -> int:
 
 
 def default_options(arch: str, recipe: dict | None = None) -> dict:
-    """A model's defaults: its family's ('llada' or 'dream', the engine's), overridden by the
+    """A model's defaults: its architecture's family's (the engine's), overridden by the
     recipe its file suggests (Model.recipe, see diffuse.recipe). The seed is None, unless the
     recipe names one: every run that leaves it unset draws its own (resolve_options)."""
     options = resolve_options(arch, recipe)
@@ -107,42 +109,24 @@ def resolve_options(arch: str, recipe: dict | None = None, /, **given) -> dict:
     return dict(_core.check_options(arch, options))
 
 
-def schedule_check(opts: dict, arch: str, n_ctx: int | None = None,
-                   recipe: dict | None = None) -> tuple[str, str | None]:
-    """(what the engine will round in the schedule, or ""; why it would refuse it, or None),
-    by the engine's block rule: every block gets the same number of steps, at least one and at most
-    one per position (full attention: the run's steps shared evenly among the blocks; block
-    diffusion: steps per block). Options of `opts` that are None take the model's default (the
-    family's and `recipe`)."""
+# The model sizes a run's plan depends on (hparams keys, as _core.plan takes them).
+_PLAN_SIZES = ("block_size", "sub_block_size", "canvas_length", "trained_block")
+
+
+def schedule_check(opts: dict, arch: str, n_ctx: int | None = None, recipe: dict | None = None,
+                   hparams: dict | None = None) -> tuple[str, str | None]:
+    """(what the engine will round in the schedule, or ""; why it would refuse it, or None): the
+    engine's own plan of the run (_core.plan) for a prompt of one token, on a model of architecture
+    `arch` with context `n_ctx` and, where known, the sizes in `hparams` (the model's block,
+    sub-block, canvas). Options of `opts` that are None take the model's default (the
+    architecture's and `recipe`)."""
     try:
-        o = resolve_options(arch, recipe, **{k: opts.get(k) for k in ("gen_length", "steps", "block_length", "mode")})
+        o = resolve_options(arch, recipe, **{k: opts.get(k) for k in OPTION_NAMES if k != "seed"})
+        sizes = {k: int((hparams or {}).get(k) or 0) for k in _PLAN_SIZES}
+        plan = _core.plan(arch, o, n_ctx=n_ctx or 0, **sizes)
     except DiffuseError as e:
         return "", str(e)
-    gen, steps, block = o["gen_length"], o["steps"], o["block_length"]
-    if o["mode"] != "diffusion" or arch in CAUSAL_FAMILIES:   # loops/causal.cpp: no schedule to round
-        if n_ctx is not None and gen >= n_ctx:
-            return "", f"gen_length {gen} + the prompt exceeds the model's context of {n_ctx}"
-        return "", None
-    if n_ctx is not None and gen >= n_ctx:      # the prompt itself is checked where it is encoded
-        return "", f"gen_length {gen} + the prompt exceeds the model's context of {n_ctx}"
-    if arch == "diffusion-gemma":   # steps per canvas, any number of them; whole canvases (the engine's)
-        return "", None
-    if arch in BLOCK_FAMILIES:
-        if 0 < block < steps:     # block_length 0: the model's own block, known to the engine
-            return f"steps {steps} -> {block}: at most one step per position ({block} per block)", None
-        return "", None
-    block = gen if block <= 0 else min(block, gen)
-    if gen % block:
-        return "", f"gen_length {gen} is not a multiple of block_length {block}"
-    n_blocks = gen // block
-    per_block = min(max(1, steps // n_blocks), block)
-    if per_block * n_blocks == steps:
-        return "", None
-    if steps // n_blocks > block:
-        return (f"steps {steps} -> {per_block * n_blocks}: at most one step per position ({block} per "
-                f"block)"), None
-    return (f"steps {steps} -> {per_block * n_blocks}: {n_blocks} blocks get {per_block} "
-            f"step{'s' if per_block != 1 else ''} each"), None
+    return plan.get("rounded", ""), None
 
 
 def whole_blocks(gen_length: int, options: dict, arch: str) -> int:
@@ -150,6 +134,6 @@ def whole_blocks(gen_length: int, options: dict, arch: str) -> int:
     multiple of block_length (the CLI and the server then cut the answer at the length asked for).
     Block diffusion pads to whole blocks itself, from position 0."""
     block = options["block_length"]
-    if arch in BLOCK_FAMILIES or block <= 0 or block >= gen_length:
+    if ARCHITECTURES[arch]["block_diffusion"] or block <= 0 or block >= gen_length:
         return gen_length
     return -(-gen_length // block) * block

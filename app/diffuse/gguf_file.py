@@ -22,12 +22,6 @@ DIALECT_OURS = "diffuse"
 DIALECT_LLAMA_CPP = "llama.cpp"
 DIALECT_DIFFUSE_CPP = "diffuse-cpp"
 DIALECT_OTHER = "other"
-FAMILIES = ("llada", "dream", "sdar", "fast-dllm-v2", "nemotron-diffusion")
-# general.architecture -> family: LLaDA-MoE runs as the LLaDA family (schedules, chat, no shift).
-# LLaDA2 is block diffusion with SDAR's rules and defaults.
-ARCH_FAMILIES = {"llada": "llada", "dream": "dream", "llada-moe": "llada", "sdar": "sdar",
-                 "fast-dllm-v2": "fast-dllm-v2", "llada2": "sdar", "diffusion-gemma": "diffusion-gemma",
-                 "nemotron-diffusion": "nemotron-diffusion"}
 
 # ggml's names for GGUF value types (gguf_type_name), as read_gguf reports them in kv_types.
 _VALUE_TYPES = {
@@ -78,20 +72,30 @@ class GGUFInfo:
     kv: dict
     kv_types: dict               # key -> ggml type name ("u32", "str", "array[i32]", ...)
     tensors: list[TensorInfo] = field(default_factory=list)
+    # The engine's reading of the file (its loader's rules): {arch, family, dialect}, None when it
+    # runs no such file.
+    identity: dict | None = None
 
     @property
     def architecture(self) -> str | None:
+        """general.architecture as the file writes it ("diffuse" for a diffuse-cpp file)."""
         arch = self.kv.get("general.architecture")
         return arch if isinstance(arch, str) else None
 
     @property
+    def arch(self) -> str | None:
+        """The architecture the engine runs it as ("llada2"; a diffuse-cpp file: "llada" or
+        "dream"), or None when the file is no diffusion model the engine runs."""
+        return self.identity["arch"] if self.identity else None
+
+    @property
     def dialect(self) -> str:
-        return dialect_of(self.kv)[0]
+        return self.identity["dialect"] if self.identity else DIALECT_OTHER
 
     @property
     def family(self) -> str | None:
-        """llada, dream, or None when the file is no diffusion model."""
-        return dialect_of(self.kv)[1]
+        """The family whose loop and defaults apply ("sdar" for an LLaDA2 file), or None."""
+        return self.identity["family"] if self.identity else None
 
     def tensor(self, name: str) -> TensorInfo | None:
         return next((t for t in self.tensors if t.name == name), None)
@@ -104,18 +108,8 @@ def read(path: str | os.PathLike) -> GGUFInfo:
     tensors = [TensorInfo(name=t["name"], type=t["type"], type_name=t["type_name"], shape=tuple(t["shape"]),
                           offset=t["offset"], nbytes=t["nbytes"], path=path) for t in d["tensors"]]
     return GGUFInfo(path=path, version=d["version"], alignment=d["alignment"], data_offset=d["data_offset"],
-                    file_size=d["file_size"], kv=dict(d["kv"]), kv_types=dict(d["kv_types"]), tensors=tensors)
-
-
-def dialect_of(kv: dict) -> tuple[str, str | None]:
-    """(dialect, family) from the metadata, by the same rules as the engine's loader."""
-    arch = kv.get("general.architecture")
-    if arch == "diffuse":
-        family = kv.get("diffuse.model_type")
-        return DIALECT_DIFFUSE_CPP, family if family in FAMILIES else None
-    if arch in ARCH_FAMILIES:
-        return (DIALECT_OURS if "diffuse.format_version" in kv else DIALECT_LLAMA_CPP), ARCH_FAMILIES[arch]
-    return DIALECT_OTHER, None
+                    file_size=d["file_size"], kv=dict(d["kv"]), kv_types=dict(d["kv_types"]), tensors=tensors,
+                    identity=d["identity"])
 
 
 # ---- writing ----

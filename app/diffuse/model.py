@@ -34,7 +34,8 @@ class Model:
                                  kv_f16=kv_f16)
         hp = self._core.hparams
         self.hparams: dict = hp
-        self.arch: str = hp["arch"]
+        self.arch: str = hp["arch"]         # the architecture ("llada2"): what labels show, what options take
+        self.family: str = hp["family"]     # whose loop, defaults and chat conventions apply ("sdar")
         self.dialect: str = hp["dialect"]
         self.n_vocab: int = hp["n_vocab"]
         self.n_layer: int = hp["n_layer"]
@@ -47,7 +48,7 @@ class Model:
         self.recipe_problem: str | None = None     # why the file's recipe was ignored
         info = gguf_file.read(self.path)
         try:
-            self.recipe = recipe.from_metadata(info.kv, info.kv_types, self.arch, self.n_ctx_train)
+            self.recipe = recipe.from_metadata(info.kv, info.kv_types, self.arch, self.n_ctx_train, hp)
         except DiffuseError as e:
             self.recipe_problem = (f"{self.path}: {e}; the file's recipe is ignored, the "
                                    f"{self.arch} defaults apply (diffuse recipe MODEL --clear removes it)")

@@ -49,9 +49,10 @@ def text(recipe: dict) -> str:
     return ", ".join(f"{n} {shown(recipe[n])}" for n in OPTION_NAMES if n in recipe) or "none"
 
 
-def check(recipe: dict, arch: str, n_ctx: int | None = None) -> dict:
+def check(recipe: dict, arch: str, n_ctx: int | None = None, hparams: dict | None = None) -> dict:
     """`recipe` with its values as the engine reads them (a float32 0.699999988 is 0.7), each
-    option and the schedule it makes checked for a model of family `arch` and context `n_ctx`.
+    option and the schedule it makes checked for a model of architecture `arch` and context
+    `n_ctx` (and, where known, the sizes in its `hparams`: see generation.schedule_check).
     Raises DiffuseError naming the first key that is wrong."""
     out = {}
     for name, value in recipe.items():
@@ -62,14 +63,18 @@ def check(recipe: dict, arch: str, n_ctx: int | None = None) -> dict:
         except DiffuseError as e:
             raise DiffuseError(f"{key(name)}: {e}") from None
     # A schedule the family's own defaults cannot run on this model is not the recipe's doing.
-    refused = schedule_check(out, arch, n_ctx)[1]
-    if refused and schedule_check({}, arch, n_ctx)[1] is None:
-        keys = [key(n) for n in ("gen_length", "steps", "block_length") if n in out]
+    refused = schedule_check(out, arch, n_ctx, hparams=hparams)[1]
+    if refused and schedule_check({}, arch, n_ctx, hparams=hparams)[1] is None:
+        # Named: the options whose removal alone lets the engine run it, else all of them.
+        keys = [key(n) for n in out
+                if schedule_check({k: v for k, v in out.items() if k != n}, arch, n_ctx, hparams=hparams)[1] is None]
+        keys = keys or [key(n) for n in out]
         raise DiffuseError(f"{', '.join(keys)}: the recipe's schedule is refused: {refused}")
     return out
 
 
-def from_metadata(kv: dict, kv_types: dict, arch: str, n_ctx: int | None = None) -> dict:
+def from_metadata(kv: dict, kv_types: dict, arch: str, n_ctx: int | None = None,
+                  hparams: dict | None = None) -> dict:
     """The recipe in a GGUF file's metadata ({} when it has none), checked (see check)."""
     recipe = {}
     for k, value in kv.items():
@@ -82,7 +87,7 @@ def from_metadata(kv: dict, kv_types: dict, arch: str, n_ctx: int | None = None)
                 raise DiffuseError(f"{k}: stored as a GGUF {kv_types.get(k)}; {name} is "
                                    f"{option(name)['range']}, stored as a GGUF {WRITE_TYPES[kind]}")
         recipe[name] = value
-    return check(recipe, arch, n_ctx)
+    return check(recipe, arch, n_ctx, hparams)
 
 
 def metadata(recipe: dict) -> tuple[dict, dict]:
@@ -122,7 +127,7 @@ def write(path: str | os.PathLike, recipe: dict, out_path: str | os.PathLike | N
     else:
         gguf_file.refuse_overwrite(out, [path])
     model = load(path, threads=1)     # the engine's checks, its family and context
-    recipe = check(recipe, model.arch, model.n_ctx_train)
+    recipe = check(recipe, model.arch, model.n_ctx_train, model.hparams)
     del model
     info = gguf_file.read(path)
     kv = {k: v for k, v in info.kv.items() if not k.startswith(PREFIX)}

@@ -122,7 +122,7 @@ class Tokenizer:
         gguf_path = Path(gguf_path)
         info = gguf_file.read(gguf_path)
         kv = info.kv
-        family = (hparams or {}).get("arch") or info.family
+        family = (hparams or {}).get("family") or info.family
         template = kv.get("tokenizer.chat_template") if isinstance(kv.get("tokenizer.chat_template"), str) else None
 
         json_path = None

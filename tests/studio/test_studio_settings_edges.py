@@ -38,7 +38,7 @@ def test_auto_schedule_is_checked_against_the_models_defaults(window, fake_model
     panel = window.settings_panel
     panel.reset()
     panel.set_options({"gen_length": 40})         # not whole blocks of the recipe's 16
-    assert panel.refusal() == "gen_length 40 is not a multiple of block_length 16"
+    assert panel.refusal() == "gen_length (40) must be a multiple of block_length (16)"
 
 
 def test_reset_of_another_model_leaves_everything_to_its_family(window, synthetic_model):
@@ -66,10 +66,10 @@ def test_a_gen_length_off_the_blocks_is_refused_before_the_run(qtbot, window, fa
     window.set_model(model)
     panel = window.settings_panel
     panel.set_options({"gen_length": 50, "block_length": 16, "steps": 16, "threads": 1})
-    assert "gen_length 50 is not a multiple of block_length 16" in panel.schedule_line.text()
+    assert "gen_length (50) must be a multiple of block_length (16)" in panel.schedule_line.text()
     window.chat.prompt.setPlainText("hello")
     window.chat.submit()
-    assert "not a multiple of block_length 16" in window.chat.view.toPlainText()
+    assert "must be a multiple of block_length (16)" in window.chat.view.toPlainText()
     assert model.calls == [] and not window.engine.busy
 
 

@@ -17,9 +17,8 @@ import numpy as np
 from diffuse import DiffuseError, load, physical_cores
 from diffuse.cli import check_input, check_output
 from diffuse.events import GenerateResult, StepEvent
-from diffuse.generation import (OPTIONS, PRESETS, default_options, preset, resolve_options, schedule_check,
-                                 whole_blocks)
-from diffuse.gguf_file import FAMILIES
+from diffuse.generation import (FAMILIES, OPTIONS, PRESETS, default_options, preset, resolve_options,
+                                 schedule_check, whole_blocks)
 from diffuse.recording import Recording
 from diffuse.remote import TIMEOUT_S, RemoteModel, api_key_from_env
 
@@ -325,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
     view = LiveView(model.tokenizer, sys.stderr) if not args.quiet and sys.stderr.isatty() else None
     options = generation_options(args)
     resolved, length_note = fit_blocks(resolve_options(model.arch, model.recipe, **options), model.arch)
-    for note in (length_note, schedule_check(resolved, model.arch)[0]):
+    for note in (length_note, schedule_check(resolved, model.arch, hparams=model.hparams)[0]):
         if note:
             print(f"diffuse: note: {note}", file=sys.stderr)
     # The recording keeps the values that ran, the model's defaults included.

@@ -68,8 +68,7 @@ def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None
         return _convert_diffusion_gemma(hf_dir, out_path, outtype, progress, cancel, recipe)
     family, hp, config = read_config(hf_dir)
     # The authors' decoding (the family's table; LLaDA2.1's editing), overridden by the user's --recipe.
-    recipe = recipes.check({**authors_recipe(family, hp, hf_dir, config), **(recipe or {})},
-                           gguf_file.ARCH_FAMILIES[family.arch], hp.n_ctx)
+    recipe = recipes.check({**authors_recipe(family, hp, hf_dir, config), **(recipe or {})}, family.arch, hp.n_ctx)
     ckpt = Checkpoint(hf_dir)
     tensors, n_vocab = _plan(family, hp, ckpt, hf_dir, outtype)
     vocab = read_vocab(hf_dir, family, config, n_vocab)

@@ -86,8 +86,8 @@ class Served:
     def entry(self) -> dict:
         m = self.model
         return {"id": self.id, "object": "model", "created": self.created, "owned_by": "diffuse",
-                "diffuse": {"arch": m.arch, "n_ctx_train": m.n_ctx_train, "recipe": m.recipe, "n_expert": m.n_expert,
-                            "eos_ids": sorted(m.tokenizer.eos_token_ids)}}
+                "diffuse": {"arch": m.arch, "family": m.family, "n_ctx_train": m.n_ctx_train, "recipe": m.recipe,
+                            "n_expert": m.n_expert, "eos_ids": sorted(m.tokenizer.eos_token_ids)}}
 
 
 def create_app(served: Callable[[], Served], batcher: Batcher, api_key: str | None = None,

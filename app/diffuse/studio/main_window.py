@@ -315,7 +315,8 @@ class MainWindow(QMainWindow):
         self.model_label.setText(model.status_text() if remote else f"{name} · {model.arch}")
         # Auto means the model's defaults: the recipe in its file over its family's. A server
         # that does not say its family keeps its own defaults, which no note claims to know.
-        self.settings_panel.show_defaults(model.arch or None, model.n_ctx_train or None, model.recipe)
+        self.settings_panel.show_defaults(model.arch or None, model.n_ctx_train or None, model.recipe,
+                                          getattr(model, "hparams", None))
         if model.recipe_problem:
             self._show_status(model.recipe_problem)
         note = model.views_note() if remote else ""

@@ -23,6 +23,7 @@ import diffuse
 from diffuse import DiffuseError, catalog, gguf_file
 from diffuse.convert import OUTTYPES, convert_hf
 from diffuse.convert.families import read_config
+from diffuse.generation import ARCHITECTURES
 from diffuse.info import ftype_name
 from diffuse.quantize import QTYPES, plan, quantize_file
 from diffuse.studio import storage, theme
@@ -37,9 +38,9 @@ FLOAT_TYPES = ("F32", "F16", "BF16")
 @dataclass
 class ModelEntry:
     path: Path
-    family: str | None          # llada | dream | None (not a diffusion model)
+    family: str | None          # whose loop and defaults apply (generation.FAMILIES); None: not a diffusion model
     dialect: str
-    architecture: str | None
+    architecture: str | None    # general.architecture ("llada2"); None: the file could not be read
     weight_type: str            # the type holding most of the weight bytes, e.g. Q4_K
     file_type: str              # general.file_type as a name, e.g. Q4_K_M, or the weight type
     size: int                   # file bytes
@@ -92,7 +93,7 @@ def inspect_model(path: str | Path) -> ModelEntry:
                        positions=plan_positions(info))
     if info.family is None:
         entry.error = (f"architecture '{info.architecture}' is not a diffusion model "
-                       f"(diffuse runs LLaDA and Dream)")
+                       f"(diffuse runs {', '.join(ARCHITECTURES)})")
     return entry
 
 
@@ -354,7 +355,8 @@ class ModelPanel(QWidget):
                 tip = f"{e.path}\n{theme.size_text(e.size)} · unreadable: {e.error}"
             else:
                 cells = (f"{mark} {shown}", e.file_type, theme.size_text(e.ram_needed))
-                tip = (f"{e.path}\n{e.family or e.architecture} family · {e.file_type} · "
+                tip = (f"{e.path}\n{e.architecture}" + (f" ({e.family} family)" if e.family else "") +
+                       f" · {e.file_type} · "
                        f"{theme.size_text(e.size)} · needs {theme.size_text(e.ram_needed)} of RAM at "
                        f"{e.positions} positions, {theme.size_text(available)} available\n{status}"
                        + (f": {problem}" if problem else ""))
@@ -390,8 +392,8 @@ class ModelPanel(QWidget):
                      f"diffuse can read"]
         else:
             lines = [f"<b>{e.name}</b>", f"{e.path}",
-                     f"family <b>{e.family or '-'}</b> · dialect {e.dialect} · weights "
-                     f"{e.weight_type} · file type {e.file_type} · {theme.size_text(e.size)}",
+                     f"architecture <b>{e.architecture}</b> · family {e.family or '-'} · dialect {e.dialect} · "
+                     f"weights {e.weight_type} · file type {e.file_type} · {theme.size_text(e.size)}",
                      f"RAM needed ≈ {theme.size_text(e.ram_needed)} for {e.positions} positions "
                      f"(prompt + answer)"]
         problem = fit_problem(e)

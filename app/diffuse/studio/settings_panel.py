@@ -19,9 +19,8 @@ from PySide6.QtWidgets import (QAbstractSpinBox, QCheckBox, QComboBox, QDoubleSp
 
 from diffuse import DiffuseError, physical_cores
 from diffuse.generation import PRESET_TITLES, PRESETS as GENERATION_PRESETS
-from diffuse.generation import (OPTION_NAMES, OPTIONS, default_options, option, resolve_options,
-                                 schedule_check)
-from diffuse.gguf_file import FAMILIES
+from diffuse.generation import (ARCHITECTURES, FAMILIES, OPTION_NAMES, OPTIONS, default_options, option,
+                                 resolve_options, schedule_check)
 from diffuse.studio import storage, theme
 from diffuse.studio.wheel import guard_wheel
 
@@ -231,7 +230,8 @@ class SettingsPanel(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.arch: str | None = None        # the loaded model's family
+        self.arch: str | None = None        # the loaded model's architecture (generation.ARCHITECTURES)
+        self.hparams: dict | None = None    # the loaded model's sizes, where known (a local model's hparams)
         self.n_ctx: int | None = None       # the loaded model's context (positions)
         self.recipe: dict = {}              # the loaded model's recipe (Model.recipe)
         self.fields: dict[str, QWidget] = {}
@@ -327,21 +327,25 @@ class SettingsPanel(QWidget):
     def refusal(self) -> str | None:
         """Why the engine would refuse the settings, or None (the prompt is measured where it is
         encoded, on the engine thread)."""
-        return schedule_check(self.options(), self.arch or FAMILIES[0], self.n_ctx, self.recipe)[1]
+        return schedule_check(self.options(), self.arch or FAMILIES[0], self.n_ctx, self.recipe, self.hparams)[1]
+
+    def _family(self) -> str | None:
+        return ARCHITECTURES[self.arch]["family"] if self.arch in ARCHITECTURES else None
 
     def show_defaults(self, arch: str | None, n_ctx: int | None = None,
-                      recipe: dict | None = None) -> None:
-        """Show, under each field, what "auto" means for the loaded model (its family's defaults
-        under the recipe its file suggests, Model.recipe); cap the gen length at the model's
-        context; label the schedulers of the other family."""
-        self.arch, self.n_ctx, self.recipe = arch, n_ctx, dict(recipe or {})
+                      recipe: dict | None = None, hparams: dict | None = None) -> None:
+        """Show, under each field, what "auto" means for the loaded model of architecture `arch`
+        (its family's defaults under the recipe its file suggests, Model.recipe); cap the gen length
+        at the model's context; label the schedulers of the other family. `hparams`: the model's
+        sizes where known (its block, canvas), for the schedule line."""
+        self.arch, self.n_ctx, self.recipe, self.hparams = arch, n_ctx, dict(recipe or {}), hparams
         gen = self.fields["gen_length"]
         gen.setMaximum(int(option("gen_length")["max"]) if n_ctx is None else max(n_ctx - PROMPT_ALLOWANCE, 1))
         scheduler = self.fields["scheduler"]
         for i in range(1, scheduler.count()):
             name = scheduler.itemData(i)
             family = SCHEDULER_HELP.get(name, (None, ""))[0]
-            other = arch is not None and family is not None and family != arch
+            other = arch is not None and family is not None and family != self._family()
             scheduler.setItemText(i, f"{name} ({FAMILY_NAMES[family]}'s rule)" if other else name)
         defaults = self.defaults() if arch else {}
         for key, note in self.defaults_note.items():
@@ -355,7 +359,7 @@ class SettingsPanel(QWidget):
                     shown = f"{value:g}" if isinstance(value, float) else str(value)
                     note.setText(f"model default: {shown}")
                     note.setToolTip("suggested by the model's file (its recipe)" if key in self.recipe
-                                    else f"the {FAMILY_NAMES.get(arch, arch)} family's default")
+                                    else f"the {FAMILY_NAMES.get(self._family(), self._family())} family's default")
                 note.show()
             else:
                 note.hide()
@@ -409,7 +413,8 @@ class SettingsPanel(QWidget):
             f[key].setEnabled(f["cache"].isChecked())
         f["max_post_steps"].setEnabled(_value(f["editing_threshold"]) != 1)    # 1: editing off
         # Options of one kind of decoding are off, saying why, where the loaded model decodes otherwise.
-        uniform = self.arch == "diffusion-gemma"
+        loop = ARCHITECTURES[self.arch]["loop"] if self.arch in ARCHITECTURES else None
+        uniform = loop == "uniform-state"
         for key in UNIFORM_STATE:
             self._enable(key, self.arch is None or uniform,
                          "DiffusionGemma's canvas only: this model unmasks masked positions")
@@ -425,6 +430,7 @@ class SettingsPanel(QWidget):
         box.setToolTip(help_text if on else f"{help_text}\n(off: {why_off})")
 
     def _update_schedule_line(self) -> None:
-        rounded, refused = schedule_check(self.options(), self.arch or FAMILIES[0], self.n_ctx, self.recipe)
+        rounded, refused = schedule_check(self.options(), self.arch or FAMILIES[0], self.n_ctx, self.recipe,
+                                          self.hparams)
         self.schedule_line.setText(f"Generate is refused: {refused}" if refused else rounded)
         self.schedule_line.setVisible(bool(refused or rounded))
