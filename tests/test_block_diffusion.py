@@ -230,6 +230,22 @@ def test_fast_dllm_v2_reads_its_sub_block_size(tiny_fast, tiny_gguf):
         diffuse.load(tiny_gguf("llada", "f32")).generate([1, 2], sub_block_length=4, chat=False)
 
 
+def test_the_schedule_note_is_the_engines_plan_sub_blocks_included(tiny_fast):
+    """schedule_check asks the engine's plan (_core.plan): 6 steps for a block of 4 sub-blocks of 8 run
+    as one per sub-block, 4, which the run's own budget shows (plus the block's carry step)."""
+    from diffuse.generation import schedule_check
+    model, _ = tiny_fast
+    opts = {"steps": 6, "gen_length": 32, "scheduler": "low_confidence_static"}
+    note, refused = schedule_check(opts, model.arch, model.n_ctx_train, model.recipe, model.hparams)
+    assert (note, refused) == ("steps 6 -> 4: 4 sub-blocks of 8 get 1 step each", None)
+    r = model.generate(list(range(1, 33)), chat=False, **opts)
+    assert r.steps_allowed == 4 + 1
+    plan = _core.plan(model.arch, opts, n_prompt=13, block_size=32, sub_block_size=8)
+    assert (plan["loop"], plan["gen_length"], plan["n_blocks"], plan["steps_per_sub_block"]) == ("masked", 51, 2, 1)
+    with pytest.raises(DiffuseError, match="exceeds the model's context of 40 positions"):
+        _core.plan(model.arch, opts, n_prompt=13, n_ctx=40, block_size=32)
+
+
 @pytest.mark.parametrize("block_length, sub_block_length", [(32, 8), (16, 4)])
 @pytest.mark.parametrize("n_prompt", [32, 13, 40])
 @pytest.mark.parametrize("driver", ["engine forward", "float64"])
