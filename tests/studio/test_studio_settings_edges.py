@@ -2,8 +2,10 @@
 model's context, and schedulers of the other family."""
 from __future__ import annotations
 
+from PySide6.QtWidgets import QGroupBox
+
 from diffuse.generation import resolve_options
-from diffuse.studio.settings_panel import SettingsPanel
+from diffuse.studio.settings_panel import CAUSAL, UNIFORM, SettingsPanel
 
 
 def test_reset_gives_the_model_its_files_recipe(window, fake_model):
@@ -137,13 +139,16 @@ def test_a_run_records_the_recipes_options_and_its_views_use_them(qtbot, window,
 
 
 def test_options_of_another_kind_of_decoding_are_off_with_the_reason(qtbot):
-    """DiffusionGemma's canvas options only for DiffusionGemma, which has no AR or self-speculation
-    mode; the draft length only under self_spec."""
+    """The uniform-state canvas options only for an architecture of that loop (the engine's table:
+    DiffusionGemma), which has no AR or self-speculation mode; the draft length only under
+    self_spec. Each kind's options are a group of their own."""
     panel = SettingsPanel()
     qtbot.addWidget(panel)
     f = panel.fields
     panel.show_defaults("llada")
-    assert not f["stop_entropy"].isEnabled() and "(off: DiffusionGemma's canvas only" in f["stop_entropy"].toolTip()
+    assert not f["stop_entropy"].isEnabled() and "(off: a uniform-state canvas only" in f["stop_entropy"].toolTip()
+    titles = [g.title() for g in panel.findChildren(QGroupBox)]
+    assert titles.index(CAUSAL) < titles.index(UNIFORM) and f["stop_entropy"].parent().parent().title() == UNIFORM
     assert f["mode"].isEnabled() and not f["draft_length"].isEnabled()
     assert f["draft_length"].toolTip().startswith(f["draft_length"].property("help"))
     panel.set_options({"mode": "self_spec"})

@@ -357,7 +357,7 @@ class FirstRunDialog(QDialog):
         entry = inspect_model(path)
         if entry.error:
             return self._say(f"{Path(path).name}: {entry.error}", error=True)
-        self._say(f"{entry.name} ({entry.family}, {entry.file_type}) is in the Models list.")
+        self._say(f"{entry.name} ({entry.architecture}, {entry.file_type}) is in the Models list.")
         self.model_ready.emit(str(entry.path))
         return True
 

@@ -66,6 +66,8 @@ class Place(NamedTuple):
 
 
 SCHEDULE, CACHE, SAMPLING = "Schedule", "Inter-step cache", "Sampling and compute"
+# The options of one decoding loop only (generation.ARCHITECTURES' "loop"), each in a group of its own.
+CAUSAL, UNIFORM = "AR and self-speculation (causal cache)", "Uniform-state canvas"
 # In panel order; an option the engine adds later shows at the end of the sampling group.
 PLACES = {
     "scheduler": Place(SCHEDULE, "Scheduler"),
@@ -93,15 +95,15 @@ PLACES = {
     "alg_temp": Place(SAMPLING, "Alg temp", 0.1),
     "cfg_scale": Place(SAMPLING, "CFG scale", 0.5),
     "seed": Place(SAMPLING, "Seed"),
-    # the causal-cache modes (AR decode, self-speculation) of every family but DiffusionGemma
-    "mode": Place(SCHEDULE, "Decoding mode"),
-    "draft_length": Place(SCHEDULE, "Draft length"),
-    # DiffusionGemma's uniform-state canvas: its temperature schedule and its stop rule
-    "temperature_end": Place(SAMPLING, "Temperature at the end", 0.1),
-    "stability": Place(SAMPLING, "Stable steps to stop"),
-    "stop_entropy": Place(SAMPLING, "Stop below mean entropy", 0.001, decimals=4, suffix=" nats"),
+    # the causal-cache modes (AR decode, self-speculation) of every loop but the uniform-state one
+    "mode": Place(CAUSAL, "Decoding mode"),
+    "draft_length": Place(CAUSAL, "Draft length"),
+    # the uniform-state canvas (DiffusionGemma): its temperature schedule and its stop rule
+    "temperature_end": Place(UNIFORM, "Temperature at the end", 0.1),
+    "stability": Place(UNIFORM, "Stable steps to stop"),
+    "stop_entropy": Place(UNIFORM, "Stop below mean entropy", 0.001, decimals=4, suffix=" nats"),
 }
-UNIFORM_STATE = ("temperature_end", "stability", "stop_entropy")
+UNIFORM_STATE = tuple(name for name, place in PLACES.items() if place.group == UNIFORM)
 KINDS = {o["name"]: o["kind"] for o in OPTIONS} | {"threads": "int", "chat": "bool"}
 
 
@@ -412,13 +414,14 @@ class SettingsPanel(QWidget):
         for key in ("keep_active", "refresh_every", "cache_policy"):
             f[key].setEnabled(f["cache"].isChecked())
         f["max_post_steps"].setEnabled(_value(f["editing_threshold"]) != 1)    # 1: editing off
-        # Options of one kind of decoding are off, saying why, where the loaded model decodes otherwise.
+        # Options of one decoding loop are off, saying why, where the loaded model decodes otherwise.
         loop = ARCHITECTURES[self.arch]["loop"] if self.arch in ARCHITECTURES else None
         uniform = loop == "uniform-state"
         for key in UNIFORM_STATE:
             self._enable(key, self.arch is None or uniform,
-                         "DiffusionGemma's canvas only: this model unmasks masked positions")
-        self._enable("mode", not uniform, "DiffusionGemma decodes its canvas only: no AR or self-speculation mode")
+                         f"a uniform-state canvas only: this model ({self.arch}) unmasks masked positions")
+        self._enable("mode", not uniform,
+                     f"this model ({self.arch}) decodes a uniform-state canvas only: no AR or self-speculation mode")
         self._enable("draft_length", not uniform and f["mode"].currentData() == "self_spec",
                      "used by the self_spec decoding mode only")
 
