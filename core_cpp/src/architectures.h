@@ -26,8 +26,9 @@ enum class Loop {
 
 struct ArchInfo {
     const char * name;         // general.architecture
-    Family       family;
-    Loop         loop;         // the loop of its diffusion mode
+    Family       family;       // whose defaults, schedules and chat conventions apply (shared: LLaDA2 is SDAR's)
+    Loop         loop;         // the loop of its diffusion mode (a new one: a case in generate.cpp's
+                               // generate_stream and plan_run, and in loop_name)
     BuildGraph   build;
     bool         qkv_bias;     // q/k/v projections carry biases (Qwen2)
     bool         qk_norm;      // per-head RMSNorm of q and k before RoPE (Qwen3, LLaDA-MoE)

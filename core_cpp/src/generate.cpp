@@ -87,11 +87,17 @@ Error context_error(int64_t n_prompt, const GenerateParams & p, const std::strin
 
 int generate_stream(const Model & base, const BatchFeed & feed, const StepCallback & on_step) {
     const ModelImpl & model = static_cast<const ModelImpl &>(base);
-    if (model.arch().loop == Loop::UniformState) return uniform_state_stream(model, feed, on_step);
-    // The others run ar and self_spec (a causal-cache model: every mode) over a causal cache beside
-    // the masked loop, which gets only its own items (loops/causal.h).
-    CausalSide causal(model, feed, on_step);
-    return masked_stream(model, causal.feed(), causal.on_step());
+    switch (model.arch().loop) {
+        case Loop::UniformState: return uniform_state_stream(model, feed, on_step);
+        case Loop::Masked:
+        case Loop::Causal: {
+            // ar and self_spec (a causal-cache model: every mode) run over a causal cache beside the
+            // masked loop, which gets only its own items (loops/causal.h).
+            CausalSide causal(model, feed, on_step);
+            return masked_stream(model, causal.feed(), causal.on_step());
+        }
+    }
+    throw Error("unknown decoding loop");
 }
 
 std::vector<GenerateOutput> generate_batch(const Model & base, const std::vector<BatchItem> & items,

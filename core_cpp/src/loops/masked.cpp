@@ -472,10 +472,7 @@ int masked_stream(const ModelImpl & model, const BatchFeed & feed, const StepCal
             sc.mask_token_id = hp.mask_token_id;
             keys = q.cand;   // the positions the rows predict
             keys.insert(keys.end(), q.editable.begin(), q.editable.end());
-            sample_rows(lg, n_rows, V, keys, sc, n_threads, stats);
-            for (const RowStats & s : stats)
-                if (!std::isfinite(s.entropy))
-                    throw Error(model.path() + ": the forward pass produced NaN/Inf logits (corrupt weights?)");
+            sample_pass(model, lg, n_rows, keys, sc, n_threads, stats);
 
             entropy.assign(q.n_total, nan);
             confidence.assign(q.n_total, nan);

@@ -1,11 +1,13 @@
 // The steps every decoding loop (loops/*.cpp, one file per loop of architectures.h) shares: the
 // plan of a request, the admission of new items at a step boundary, the K/V cache slots of the
-// context, the timing of a step.
+// context, sampling a pass's rows, the timing of a step.
 #pragma once
 
 #include "../model_impl.h"
+#include "../sampling.h"
 
 #include <chrono>
+#include <cmath>
 #include <list>
 #include <string>
 #include <vector>
@@ -83,6 +85,15 @@ private:
     std::vector<size_t> free_;
     size_t n_ = 0;
 };
+
+// sample_rows over a pass's logits; rows that are not finite mean a broken model, said as such.
+inline void sample_pass(const ModelImpl & model, const float * logits, int n_rows, const std::vector<int32_t> & keys,
+                        const SampleConfig & cfg, int n_threads, std::vector<RowStats> & stats) {
+    sample_rows(logits, n_rows, model.hparams().n_vocab, keys, cfg, n_threads, stats);
+    for (const RowStats & s : stats)
+        if (!std::isfinite(s.entropy))
+            throw Error(model.path() + ": the forward pass produced NaN/Inf logits (corrupt weights?)");
+}
 
 using Clock = std::chrono::steady_clock;
 

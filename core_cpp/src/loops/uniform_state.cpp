@@ -236,10 +236,7 @@ int uniform_state_stream(const ModelImpl & model, const BatchFeed & feed, const 
             cfg.step = (uint64_t) q.step;
             keys.resize(C);
             std::iota(keys.begin(), keys.end(), s0);
-            sample_rows(lg, C, V, keys, cfg, n_threads, stats);
-            for (const RowStats & s : stats)
-                if (!std::isfinite(s.entropy))
-                    throw Error(model.path() + ": the forward pass produced NaN/Inf logits (corrupt weights?)");
+            sample_pass(model, lg, C, keys, cfg, n_threads, stats);
 
             // Accept the lowest entropies within the bound; re-draw the others uniformly.
             SelectInput in{stats, 0, 0, 0, q.p.entropy_budget, 0, 0, 0, 0};
