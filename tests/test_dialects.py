@@ -7,7 +7,9 @@ import pytest
 from fixtures.dialects import to_diffuse_cpp, to_llama_cpp
 
 import diffuse
-from diffuse import DiffuseError
+from diffuse import DiffuseError, gguf_file
+from diffuse.convert.families import FAMILIES as CONVERTED
+from diffuse.generation import ARCHITECTURES, FAMILIES
 
 IDS = [5, 17, 123, 300, 44, 9, 250, 1, 77, 399, 210, 3]
 
@@ -50,6 +52,33 @@ def test_diffuse_cpp_is_the_same_model(dialect_files):
     got, want = theirs.forward(IDS), ours.forward(IDS)
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
     assert theirs.tokenizer.encode("the river") == ours.tokenizer.encode("the river")   # tokenizer.json beside
+
+
+def test_python_reads_each_file_as_the_engine_loads_it(dialect_files):
+    """gguf_file's architecture, family and dialect are the loader's own (read_gguf's identity),
+    for every dialect: no Python copy of the rules to drift."""
+    family, paths = dialect_files
+    for dialect, path in paths.items():
+        info, model = gguf_file.read(path), diffuse.load(path)
+        assert (info.arch, info.family, info.dialect) == (model.arch, model.family, model.dialect) == \
+            (family, family, dialect)
+
+
+def test_the_engines_table_names_every_architecture_the_converter_writes():
+    assert {f.arch for f in CONVERTED.values()} <= set(ARCHITECTURES)
+    assert set(FAMILIES) == {a["family"] for a in ARCHITECTURES.values()} and set(FAMILIES) <= set(ARCHITECTURES)
+    assert {a["loop"] for a in ARCHITECTURES.values()} == {"masked", "uniform-state", "causal"}
+
+
+def test_a_file_the_engine_does_not_run_has_no_family(tiny_gguf, tmp_path):
+    """A diffuse-cpp file of a model type its loader refuses (Python's old copy listed sdar as one)."""
+    from test_moe import _set, rewrite
+    path = rewrite(to_diffuse_cpp(tiny_gguf("llada", "f32"), tmp_path / "cpp"), tmp_path / "sdar.gguf",
+                   _set("diffuse.model_type", "sdar"))
+    info = gguf_file.read(path)
+    assert (info.architecture, info.arch, info.family, info.dialect) == ("diffuse", None, None, "other")
+    with pytest.raises(DiffuseError, match="unknown diffuse.model_type 'sdar'"):
+        diffuse.load(path)
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
