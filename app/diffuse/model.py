@@ -13,6 +13,7 @@ import numpy as np
 
 from diffuse import _core, gguf_file, recipe
 from diffuse._core import DiffuseError
+from diffuse.convert import diffusion_gemma
 from diffuse.events import GenerateResult, StepEvent
 from diffuse.generation import resolve_options
 
@@ -46,8 +47,13 @@ class Model:
         self.recipe: dict = {}
         self.recipe_problem: str | None = None     # why the file's recipe was ignored
         info = gguf_file.read(self.path)
+        gemma = self.arch == diffusion_gemma.ARCH
+        # Image tokens a text-only model refuses (DiffusionGemma: its vision tower is not converted).
+        self.image_token_ids: frozenset[int] = diffusion_gemma.image_token_ids(info.kv) if gemma else frozenset()
         try:
             self.recipe = recipe.from_metadata(info.kv, info.kv_types, self.arch, self.n_ctx_train)
+            if gemma and not self.recipe:   # PR #24423's files: its sampler keys
+                self.recipe = recipe.check(diffusion_gemma.recipe_from_pr_keys(info.kv), self.arch, self.n_ctx_train)
         except DiffuseError as e:
             self.recipe_problem = (f"{self.path}: {e}; the file's recipe is ignored, the "
                                    f"{self.arch} defaults apply (diffuse recipe MODEL --clear removes it)")
@@ -141,6 +147,12 @@ class Model:
         if bad.any():
             i = int(np.argmax(bad))
             raise DiffuseError(f"token id {int(ids[i])} at index {i} is outside the vocabulary [0, {self.n_vocab})")
+        if self.image_token_ids:
+            image = np.isin(ids, list(self.image_token_ids))
+            if image.any():
+                i = int(np.argmax(image))
+                raise DiffuseError(f"token id {int(ids[i])} at index {i} is an image token: diffuse runs "
+                                   f"{self.arch}'s text model only (its vision tower is not converted)")
 
     def encode_prompt(self, prompt: str | list[int], chat: bool = True) -> list[int]:
         """Token ids for a text prompt (chat template applied unless chat=False) or a list of ids."""
