@@ -147,12 +147,6 @@ class Model:
         if bad.any():
             i = int(np.argmax(bad))
             raise DiffuseError(f"token id {int(ids[i])} at index {i} is outside the vocabulary [0, {self.n_vocab})")
-        if self.image_token_ids:
-            image = np.isin(ids, list(self.image_token_ids))
-            if image.any():
-                i = int(np.argmax(image))
-                raise DiffuseError(f"token id {int(ids[i])} at index {i} is an image token: diffuse runs "
-                                   f"{self.arch}'s text model only (its vision tower is not converted)")
 
     def encode_prompt(self, prompt: str | list[int], chat: bool = True) -> list[int]:
         """Token ids for a text prompt (chat template applied unless chat=False) or a list of ids."""
@@ -166,6 +160,12 @@ class Model:
         if not ids:
             raise DiffuseError("the prompt is empty")
         self._check_ids(np.asarray(ids))
+        # A prompt's image tokens would stand for pictures the model cannot see (forward, the raw
+        # pass, takes any token: a random canvas or a generated one may hold them).
+        image = [i for i, t in enumerate(ids) if t in self.image_token_ids]
+        if image:
+            raise DiffuseError(f"token id {ids[image[0]]} at index {image[0]} is an image token: diffuse runs "
+                               f"{self.arch}'s text model only (its vision tower is not converted)")
         return ids
 
     def generate(self, prompt: str | list[int], *, chat: bool = True, threads: int | None = None,
