@@ -18,11 +18,14 @@ def test_every_entry_is_complete_and_consistent():
     assert len(set(ids)) == len(ids)
     assert {"llada-8b-instruct", "dream-v0-instruct-7b", "llada-moe-7b-a1b-instruct"} <= set(ids)
     for m in models:
-        assert m["download_bytes"] == 2 * m["params"]       # every checkpoint is bf16
+        # every checkpoint is bf16; DiffusionGemma's also holds a vision tower diffuse does not convert
+        text_bytes = 2 * m["params"]
+        assert m["download_bytes"] == text_bytes or \
+            (m["family"] == "diffusion-gemma" and text_bytes < m["download_bytes"] < 1.05 * text_bytes)
         assert m["url"] == f"https://huggingface.co/{m['hf_repo']}"
         for need in m["quantizations"].values():
             assert 0 < need["file_gb"] < need["ram_gb"]
-        assert abs(m["quantizations"]["f16"]["file_gb"] - m["download_bytes"] / 1e9) < 0.05
+        assert abs(m["quantizations"]["f16"]["file_gb"] - text_bytes / 1e9) < 0.05
         gguf = m.get("ready_gguf")
         if gguf is None:                  # block diffusion: no ready GGUF known, converted here
             assert m["family"] in ("sdar", "fast-dllm-v2", "llada2")
@@ -52,6 +55,25 @@ BLOCK_MODELS = {   # id: (repository, parameters); every one has a 32768-positio
     "fast-dllm-v2-1.5b": ("Efficient-Large-Model/Fast_dLLM_v2_1.5B", 1_543_714_304),
     "fast-dllm-v2-7b": ("Efficient-Large-Model/Fast_dLLM_v2_7B", 7_615_616_512),
 }
+
+
+def test_diffusion_gemma_and_unsloths_gguf():
+    """The checkpoint and the GGUF Unsloth wrote with PR #24423's converter: no sha256 is known, so
+    the download is checked against the pinned size, the hub's sha256 and the header, and says so;
+    the figures no primary record confirmed are marked."""
+    m = catalog.find(catalog.load(), "diffusiongemma-26b-a4b-it")
+    assert (m["family"], m["hf_repo"], m["license"]) == ("diffusion-gemma", "google/diffusiongemma-26B-A4B-it",
+                                                         "Apache-2.0")
+    assert (m["experts"], m["experts_per_token"], m["context_length"]) == (128, 8, 262144)
+    assert 25.2e9 < m["params"] < 25.3e9 and 3.8e9 < m["active_params"] < 3.9e9
+    gguf = m["ready_gguf"]
+    assert (gguf["repo"], gguf["file"], gguf["architecture"]) == (
+        "unsloth/diffusiongemma-26B-A4B-it-GGUF", "diffusiongemma-26B-A4B-it-Q4_K_M.gguf", "diffusion-gemma")
+    assert gguf["file_bytes"] == 16_806_810_336 and "sha256" not in gguf
+    assert catalog.gguf_size_text(gguf) == "16.81 GB"
+    assert catalog.gguf_checks_text(gguf) == ("checked against the size pinned in the catalog, the hub's sha256 "
+                                              "(the catalog pins none) and its GGUF header")
+    assert {"download_bytes", "ram_gb"} <= set(m["unverified"])
 
 
 def test_the_block_diffusion_models():
@@ -137,11 +159,13 @@ def _damage(entry: dict, how: str) -> None:
         gguf["sha256"] = "ABC"
     elif how == "gguf quantization unknown":
         gguf["quantization"] = "iq2_xs"
+    elif how == "unverified names nothing":
+        entry["unverified"] = ["ready_gguf.checksum"]
 
 
 DAMAGES = ["missing field", "wrong type", "bool as number", "recommended unknown",
            "quantization without RAM", "gguf field missing",
-           "gguf in a subfolder", "not a gguf", "bad sha256", "gguf quantization unknown"]
+           "gguf in a subfolder", "not a gguf", "bad sha256", "gguf quantization unknown", "unverified names nothing"]
 
 
 @pytest.mark.parametrize("how", DAMAGES)

@@ -13,6 +13,7 @@ import numpy as np
 
 from diffuse import _core, gguf_file, recipe
 from diffuse._core import DiffuseError
+from diffuse.convert import diffusion_gemma
 from diffuse.events import GenerateResult, StepEvent
 from diffuse.generation import resolve_options
 
@@ -47,8 +48,14 @@ class Model:
         self.recipe: dict = {}
         self.recipe_problem: str | None = None     # why the file's recipe was ignored
         info = gguf_file.read(self.path)
+        gemma = self.arch == diffusion_gemma.ARCH
+        # Image tokens a text-only model refuses (DiffusionGemma: its vision tower is not converted).
+        self.image_token_ids: frozenset[int] = diffusion_gemma.image_token_ids(info.kv) if gemma else frozenset()
         try:
             self.recipe = recipe.from_metadata(info.kv, info.kv_types, self.arch, self.n_ctx_train, hp)
+            if gemma and not self.recipe:   # PR #24423's files: its sampler keys
+                self.recipe = recipe.check(diffusion_gemma.recipe_from_pr_keys(info.kv), self.arch,
+                                           self.n_ctx_train, hp)
         except DiffuseError as e:
             self.recipe_problem = (f"{self.path}: {e}; the file's recipe is ignored, the "
                                    f"{self.arch} defaults apply (diffuse recipe MODEL --clear removes it)")
@@ -155,6 +162,12 @@ class Model:
         if not ids:
             raise DiffuseError("the prompt is empty")
         self._check_ids(np.asarray(ids))
+        # A prompt's image tokens would stand for pictures the model cannot see (forward, the raw
+        # pass, takes any token: a random canvas or a generated one may hold them).
+        image = [i for i, t in enumerate(ids) if t in self.image_token_ids]
+        if image:
+            raise DiffuseError(f"token id {ids[image[0]]} at index {image[0]} is an image token: diffuse runs "
+                               f"{self.arch}'s text model only (its vision tower is not converted)")
         return ids
 
     def generate(self, prompt: str | list[int], *, chat: bool = True, threads: int | None = None,

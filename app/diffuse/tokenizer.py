@@ -5,7 +5,9 @@ Where the vocabulary comes from, first found wins:
   2. the original tokenizer.json embedded in our GGUF files (`tokenizer.huggingface.json`);
   3. tokenizer.json beside the GGUF file (diffuse-cpp files carry no tokenizer);
   4. llama.cpp's `tokenizer.ggml.*` arrays, rebuilt as a byte-level BPE with the pre-tokenizer
-     that `tokenizer.ggml.pre` names (the split rules of llama.cpp's src/llama-vocab.cpp).
+     that `tokenizer.ggml.pre` names (the split rules of llama.cpp's src/llama-vocab.cpp), or as
+     Gemma 4's BPE (`tokenizer.ggml.model` "gemma4": what llama.cpp's and PR #24423's converters
+     write for Gemma 4 and DiffusionGemma, read as llama.cpp's llama-vocab.cpp reads it).
 """
 from __future__ import annotations
 
@@ -87,7 +89,9 @@ _DEFAULT_TEMPLATES = {"llada": _LLADA_TEMPLATE, "dream": _DREAM_TEMPLATE, "sdar"
 
 # Token strings, looked up in the vocabulary: ends of text (LLaDA: <|endoftext|> 126081 and
 # <|eot_id|> 126348; Dream: <|endoftext|>, <|im_end|>), beginnings of text and mask tokens.
-_EOS_STRINGS = ("<|endoftext|>", "<|eot_id|>", "<|im_end|>")
+# Gemma 4 (DiffusionGemma): <turn|> (106) ends a turn, as llama.cpp's vocabulary reader also
+# decides by its string; its <eos> (1) is the file's eos id.
+_EOS_STRINGS = ("<|endoftext|>", "<|eot_id|>", "<|im_end|>", "<turn|>")
 _BOS_STRINGS = ("<|startoftext|>", "<|begin_of_text|>")
 _MASK_STRINGS = ("<|mdm_mask|>", "<|mask|>")
 
@@ -662,14 +666,15 @@ def template_beside(json_path: Path) -> str | None:
 
 
 def _from_llama_cpp_arrays(path: Path, kv: dict) -> tuple[HFTokenizer, str]:
-    """A byte-level BPE tokenizer from llama.cpp's tokenizer.ggml.{tokens,token_type,merges,pre}."""
+    """A BPE tokenizer from llama.cpp's tokenizer.ggml.{model,tokens,token_type,merges,pre}: byte-level
+    ('gpt2') or Gemma 4's ('gemma4')."""
     model = kv.get("tokenizer.ggml.model")
-    if model != "gpt2":
+    if model not in ("gpt2", "gemma4"):
         raise DiffuseError(f"{path}: llama.cpp tokenizer model '{model}' is not supported (only byte-level BPE, "
-                           f"'gpt2'); pass the model's tokenizer.json instead")
-    pre_name = kv.get("tokenizer.ggml.pre") or "default"
+                           f"'gpt2', and Gemma 4's, 'gemma4'); pass the model's tokenizer.json instead")
+    pre_name = "gemma4" if model == "gemma4" else kv.get("tokenizer.ggml.pre") or "default"
     pre = _PRE_TYPES.get(pre_name)
-    if pre is None:
+    if pre is None and model == "gpt2":
         raise DiffuseError(f"{path}: unknown llama.cpp pre-tokenizer '{pre_name}'; pass the model's "
                            f"tokenizer.json instead (diffuse.load(path, tokenizer=...) or --tokenizer)")
     tokens = kv["tokenizer.ggml.tokens"]
@@ -691,16 +696,18 @@ def _from_llama_cpp_arrays(path: Path, kv: dict) -> tuple[HFTokenizer, str]:
         if cut < 0:
             raise DiffuseError(f"{path}: malformed merge '{m}' in tokenizer.ggml.merges")
         pairs.append((m[:cut], m[cut + 1:]))
-    # fails on a merge naming a token that is not in the vocabulary
-    bpe = _tokenizers_call(f"{path}: inconsistent tokenizer.ggml vocabulary/merges", models.BPE,
-                           vocab=vocab, merges=pairs, ignore_merges=pre.ignore_merges)
-    hf = HFTokenizer(bpe)
-    if pre.nfc:
-        hf.normalizer = normalizers.NFC()
-    hf.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
-        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    hf.decoder = decoders.ByteLevel()
+    what = f"{path}: inconsistent tokenizer.ggml vocabulary/merges"
+    if model == "gemma4":
+        hf = _gemma4(what, vocab, pairs)
+    else:   # fails on a merge naming a token that is not in the vocabulary
+        hf = HFTokenizer(_tokenizers_call(what, models.BPE, vocab=vocab, merges=pairs,
+                                          ignore_merges=pre.ignore_merges))
+        if pre.nfc:
+            hf.normalizer = normalizers.NFC()
+        hf.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        hf.decoder = decoders.ByteLevel()
 
     if types is not None:
         special = [tokens[i] for i, t in enumerate(types) if t in (_TOKEN_CONTROL, _TOKEN_UNKNOWN)]
@@ -715,3 +722,16 @@ def _from_llama_cpp_arrays(path: Path, kv: dict) -> tuple[HFTokenizer, str]:
             f"{path}: bad tokenizer.ggml.bos_token_id", processors.TemplateProcessing,
             single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B", special_tokens=[(tokens[bos], bos)])
     return hf, pre_name
+
+
+def _gemma4(what: str, vocab: dict[str, int], pairs: list[tuple[str, str]]) -> HFTokenizer:
+    """Gemma 4's BPE as llama.cpp reads a 'gemma4' vocabulary: spaces become U+2581, the text is
+    split only into runs of newlines and runs of anything else, merges run by rank over raw UTF-8
+    (no byte-level alphabet), a piece no merge reaches falls back to its <0xXX> byte tokens."""
+    if any(f"<0x{b:02X}>" not in vocab for b in range(256)):
+        raise DiffuseError(f"{what}: a 'gemma4' vocabulary needs the 256 byte tokens <0x00>..<0xFF>")
+    hf = HFTokenizer(_tokenizers_call(what, models.BPE, vocab=vocab, merges=pairs, byte_fallback=True))
+    hf.normalizer = normalizers.Replace(" ", "\u2581")
+    hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|\n+"), behavior="isolated")
+    hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    return hf

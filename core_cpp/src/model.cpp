@@ -300,6 +300,11 @@ void ModelImpl::read_gemma_hparams(const std::string & arch_key) {
     hp_.logit_softcap = f.has(key("{arch}.final_logit_softcapping"))
                             ? float_key("{arch}.final_logit_softcapping", 0, 0, 1e6) : 0.0f;
     hp_.n_swa = (int) int_key("{arch}.attention.sliding_window", 1, hp_.n_ctx_train);
+    // PR #24423's converter writes Gemma 4's KV sharing and per-layer inputs as 0: Gemma 3n's
+    // features, which DiffusionGemma (and this graph) has not.
+    for (const char * off : {"{arch}.attention.shared_kv_layers", "{arch}.embedding_length_per_layer_input"})
+        if (f.has(key(off)) && int_key(off, 0, INT32_MAX) != 0)
+            f.fail("key " + key(off) + " is not 0: a Gemma 3n feature DiffusionGemma does not have");
     hp_.canvas_length = (int) bounded(f, "diffusion.canvas_length", f.get_int("diffusion.canvas_length"), 1,
                                       hp_.n_ctx_train);
     const std::string mask_key = "tokenizer.ggml.mask_token_id";

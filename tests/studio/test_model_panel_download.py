@@ -22,13 +22,15 @@ def test_every_ready_gguf_is_offered_with_its_size_and_ram(model_panel, monkeypa
     monkeypatch.setattr(mp.psutil, "virtual_memory", lambda: memory)
     next(b for b in model_panel.buttons if b.text() == "Download GGUF…").click()
     models = [m for m in catalog.load() if "ready_gguf" in m]
-    assert len(asked["items"]) == len(models) == 3
+    assert len(asked["items"]) == len(models) == 4
     for item, m in zip(asked["items"], models):
         gguf = m["ready_gguf"]
         assert item.startswith(m["name"]) and catalog.gguf_size_text(gguf) in item
         assert f"needs {theme.size_text(gguf['ram_gb'] * 1e9)} of RAM" in item
     moe = asked["items"][2]
     assert "4.52 GB" in moe and f"more than the {theme.size_text(5 * 2**30)} available" in moe
+    gemma = asked["items"][3]     # Unsloth's file: its size pinned to the byte, no sha256
+    assert gemma.startswith("DiffusionGemma-26B-A4B-it") and "16.81 GB" in gemma
     assert model_panel.job is None
 
 

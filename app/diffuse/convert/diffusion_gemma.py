@@ -21,6 +21,15 @@ public); where that dump is the only source, the comments say so:
   true = sliding), .attention.key_length / value_length (full) and _swa, .rope.freq_base and _swa,
   .rope.dimension_count and _swa, .attention.sliding_window, .final_logit_softcapping, and
   diffusion.canvas_length (no arch prefix).
+
+Checked against the PR's code (conversion/diffusion_gemma.py and gemma.py's Gemma4Model,
+gguf-py/gguf/constants.py, src/models/diffusion-gemma.cpp and gemma4-common.h, src/llama-vocab.cpp;
+a fork carrying the PR at its head of 2026-06-10): every name, shape and layout above is the PR's,
+rope_freqs' values (1 and 1e30) included; its converter also writes .attention.shared_kv_layers and
+.embedding_length_per_layer_input as 0 (Gemma 3n's features), attention.causal false, the sampler's
+defaults as diffusion.eb_* (from generation_config.json: EB_KEYS) and Gemma 4's vocabulary
+(tokenizer.ggml.model "gemma4", no tokenizer.json). It writes no vocab_size and no image token ids;
+we add diffuse.image_token_ids (the config's) so that prompts carrying them are refused.
 """
 from __future__ import annotations
 
@@ -40,6 +49,15 @@ from diffuse.convert.safetensors_reader import Checkpoint
 ARCH = "diffusion-gemma"
 HF_ARCHITECTURE = "DiffusionGemmaForBlockDiffusion"
 CANVAS_LENGTH_KEY = "diffusion.canvas_length"
+IMAGE_TOKEN_IDS_KEY = "diffuse.image_token_ids"
+# PR #24423's sampler keys (from generation_config.json) -> our options.
+EB_KEYS = {"diffusion.eb_max_steps": ("steps", "u32"), "diffusion.eb_t_max": ("temperature", "f32"),
+           "diffusion.eb_t_min": ("temperature_end", "f32"), "diffusion.eb_entropy_bound": ("entropy_budget", "f32"),
+           "diffusion.eb_stability_threshold": ("stability", "u32"),
+           "diffusion.eb_confidence_threshold": ("stop_entropy", "f32")}
+# Gemma 4's image tokens by their strings (boi, the soft token, eoi: ids 255999, 258880, 258882 in
+# the real vocabulary), for files that do not list them (PR #24423's).
+GEMMA4_IMAGE_TOKENS = ("<|image>", "<|image|>", "<image|>")
 # read_vocab's view of the family: Gemma 4's end of turn and mask tokens.
 FAMILY = Family(arch=ARCH, hf_architecture=HF_ARCHITECTURE, config_keys={}, defaults={}, fixed={}, tensors={},
                 permute_qk=False, shift_logits=False, mask_token="<mask>", eot_token="<turn|>")
@@ -74,6 +92,7 @@ class GemmaParams:
     theta_swa: float
     rope_factor: float
     layers: tuple[Layer, ...]
+    image_token_ids: tuple[int, ...] = ()   # the config's image_token_id, boi_token_id, eoi_token_id
 
     @property
     def head_dim_full(self) -> int:
@@ -178,7 +197,9 @@ def read_params(hf_dir: Path, config: dict) -> GemmaParams:
         canvas=_int(path, "canvas_length", canvas, 1, n_ctx),
         theta=_float(path, "full_attention.rope_theta", full_rope.get("rope_theta", 1e6)),
         theta_swa=_float(path, "sliding_attention.rope_theta", swa_rope.get("rope_theta", 1e4)),
-        rope_factor=factor, layers=tuple(layers))
+        rope_factor=factor, layers=tuple(layers),
+        image_token_ids=tuple(sorted({i for k in ("image_token_id", "boi_token_id", "eoi_token_id")
+                                      if type(i := config.get(k)) is int and 0 <= i < text["vocab_size"]})))
     if p.n_expert_used > p.n_expert:
         raise DiffuseError(f"{path}: top_k_experts = {p.n_expert_used} exceeds num_experts = {p.n_expert}")
     if int(factor * p.head_dim_full // 2) < 1:
@@ -289,7 +310,35 @@ def metadata(p: GemmaParams, put) -> None:
     put("{arch}.final_logit_softcapping", p.softcap, "f32")
     put(Keys.LLM.VOCAB_SIZE, p.vocab_size, "u32")
     put(Keys.Attention.CAUSAL, False, "bool")
+    put("{arch}.attention.shared_kv_layers", 0, "u32")
+    put("{arch}.embedding_length_per_layer_input", 0, "u32")
     put(CANVAS_LENGTH_KEY, p.canvas, "u32")
+    if p.image_token_ids:
+        put(IMAGE_TOKEN_IDS_KEY, list(p.image_token_ids), "array[u32]")
+
+
+def sampler_metadata(recipe: dict, put) -> None:
+    """The PR's diffusion.eb_* keys, from the checked recipe (generation_config.json's values)."""
+    for key, (option, type_name) in EB_KEYS.items():
+        if recipe.get(option) is not None:
+            put(key, recipe[option], type_name)
+
+
+def recipe_from_pr_keys(kv: dict) -> dict:
+    """A PR-dialect file's sampler keys as generation options (unchecked)."""
+    return {option: kv[key] for key, (option, _) in EB_KEYS.items() if key in kv}
+
+
+def image_token_ids(kv: dict) -> frozenset[int]:
+    """The image tokens a text-only run refuses: the file's list, else Gemma 4's by their strings."""
+    ids = kv.get(IMAGE_TOKEN_IDS_KEY)
+    if ids is not None:
+        return frozenset(int(i) for i in ids)
+    tokens = kv.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list):
+        return frozenset()
+    wanted = set(GEMMA4_IMAGE_TOKENS)
+    return frozenset(i for i, t in enumerate(tokens) if t in wanted)
 
 
 def generation_defaults(hf_dir: Path) -> dict:

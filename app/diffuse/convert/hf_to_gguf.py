@@ -107,6 +107,7 @@ def _convert_diffusion_gemma(hf_dir: Path, out_path: Path, outtype: str, progres
     mask_id = vocab.id_of(diffusion_gemma.FAMILY.mask_token)
     _common_metadata(put, diffusion_gemma.ARCH, vocab, mask_id, outtype, hf_dir.resolve().name)
     diffusion_gemma.metadata(p, put)
+    diffusion_gemma.sampler_metadata(recipe, put)
     eos = diffusion_gemma.eos_ids(hf_dir, config)
     if eos:
         put(Keys.Tokenizer.EOS_ID, eos[0], "u32")
@@ -293,8 +294,13 @@ def _common_metadata(put, arch: str, vocab: Vocab, mask_id: int | None, outtype:
     put(Keys.General.FILE_TYPE, int(OUTTYPES[outtype][1]), "u32")
     put(Keys.General.QUANTIZATION_VERSION, 2, "u32")   # GGML_QNT_VERSION, as llama.cpp's converters write
     put("diffuse.format_version", FORMAT_VERSION, "u32")
-    put(Keys.Tokenizer.MODEL, "gpt2", "str")
-    put(Keys.Tokenizer.PRE, vocab.pre, "str")
+    if vocab.pre == "gemma4":   # as llama.cpp's Gemma 4 converter writes it: no pre-tokenizer, placeholder scores
+        put(Keys.Tokenizer.MODEL, "gemma4", "str")
+        put(Keys.Tokenizer.SCORES, [-1000.0] * len(vocab.tokens), "array[f32]")
+        put(Keys.Tokenizer.ADD_PREFIX, False, "bool")
+    else:
+        put(Keys.Tokenizer.MODEL, "gpt2", "str")
+        put(Keys.Tokenizer.PRE, vocab.pre, "str")
     put(Keys.Tokenizer.LIST, vocab.tokens, "array[str]")
     put(Keys.Tokenizer.TOKEN_TYPE, vocab.types, "array[i32]")
     if vocab.merges:

@@ -8,6 +8,7 @@ equivalent tokenizer.json with the `tokenizers` library.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,10 @@ LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 PRE_NAMES = {LLAMA3_SPLIT: "llama-bpe", QWEN2_SPLIT: "qwen2"}
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+# Gemma 4's tool and channel markers, typed USER_DEFINED by llama.cpp's converter so that they render.
+GEMMA4_VISIBLE_TOKENS = frozenset({"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
+                                   "<tool_response|>", '<|"|>'})
 
 
 @dataclass
@@ -32,7 +37,7 @@ class Vocab:
     tokens: list[str]               # n_vocab entries; ids without a token are "[PAD{id}]"
     types: list[int]                # gguf.TokenType per token
     merges: list[str]               # "left right"
-    pre: str                        # llama.cpp pre-tokenizer name
+    pre: str                        # llama.cpp pre-tokenizer name; "gemma4": Gemma 4's BPE (is_gemma_bpe)
     chat_template: str | None
     special_ids: dict[str, int]     # "bos" / "eos" / "pad" / "eot" -> id
     add_bos: bool | None
@@ -75,7 +80,14 @@ def read_vocab(hf_dir: Path, family: Family, config: dict, n_vocab: int) -> Voca
     spec = json.loads(hf_json)
     model = spec["model"]
     if model.get("type") != "BPE":
-        raise DiffuseError(f"{hf_dir}: {model.get('type')} tokenizer; diffuse converts byte-level BPE")
+        raise DiffuseError(f"{hf_dir}: {model.get('type')} tokenizer; diffuse converts BPE tokenizers")
+    gemma = is_gemma_bpe(spec)
+    if gemma:   # as llama.cpp's Gemma 4 converter types them: byte tokens, and the chat parser's visible ones
+        for text, i in ids.items():
+            if _BYTE_TOKEN.fullmatch(text):
+                types[i] = TokenType.BYTE
+            elif text in GEMMA4_VISIBLE_TOKENS:
+                types[i] = TokenType.USER_DEFINED
     # Newer tokenizer.json stores merges as pairs; GGUF as "left right" (a space inside a
     # token is written as U+0120, as the gguf package does).
     merges = [m if isinstance(m, str) else " ".join(p.replace(" ", "\u0120") for p in m)
@@ -83,7 +95,8 @@ def read_vocab(hf_dir: Path, family: Family, config: dict, n_vocab: int) -> Voca
     add_bos = tok_config.get("add_bos_token")
 
     vocab = Vocab(hf_json=hf_json, ids=ids, tokens=tokens, types=[int(t) for t in types], merges=merges,
-                  pre=_pre_name(spec.get("pre_tokenizer")), chat_template=_chat_template(hf_dir, tok_config),
+                  pre="gemma4" if gemma else _pre_name(spec.get("pre_tokenizer")),
+                  chat_template=_chat_template(hf_dir, tok_config),
                   special_ids={}, add_bos=add_bos if isinstance(add_bos, bool) else None)
     for kind in ("bos", "eos", "pad"):
         i = _special_id(vocab, tok_config.get(f"{kind}_token"), config.get(f"{kind}_token_id"), n_vocab)
@@ -132,6 +145,14 @@ def _qwen2_tokenizer(hf_dir: Path, tok_config: dict) -> Tokenizer:
             raise DiffuseError(f"{path}: added token {shown(t['content'])} has id {i} "
                                "but does not follow the vocabulary directly")
     return tok
+
+
+def is_gemma_bpe(spec: dict) -> bool:
+    """Gemma's tokenizer.json (transformers' GemmaTokenizer; Gemma 4, DiffusionGemma): BPE with byte
+    fallback over text whose spaces the normalizer turns into U+2581. llama.cpp calls it 'gemma4'."""
+    norm = spec.get("normalizer") or {}
+    return (spec["model"].get("byte_fallback") is True and norm.get("type") == "Replace"
+            and (norm.get("pattern") or {}).get("String") == " " and norm.get("content") == "\u2581")
 
 
 def _pre_name(pre_tokenizer: dict | None) -> str:

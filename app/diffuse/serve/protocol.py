@@ -352,10 +352,21 @@ def _content(message: dict, where: str) -> str:
     content = message.get("content", "")
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
+    if isinstance(content, list):
+        for j, p in enumerate(content):
+            kind = p.get("type") if isinstance(p, dict) else None
+            if kind in _MEDIA_PARTS:
+                raise BadRequest(f"{where}.content[{j}] is {_MEDIA_PARTS[kind]} (type {kind!r}): diffuse runs "
+                                 "text models only (a DiffusionGemma file holds no vision tower); send text parts",
+                                 param=f"{where}.content[{j}]")
+        if all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            return "".join(p["text"] for p in content)
     raise BadRequest(f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
+
+
+# Content parts that carry media (OpenAI's chat and Responses names, and transformers' chat format).
+_MEDIA_PARTS = {"image_url": "an image", "input_image": "an image", "image": "an image",
+                "input_audio": "audio", "audio": "audio", "video": "a video", "file": "a file", "input_file": "a file"}
 
 
 def _completion_prompts(body: dict, model, n: int, max_batch: int) -> list[list[int]]:
