@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from diffuse import DiffuseError
-from diffuse.generation import OPTION_NAMES, default_options, preset, resolve_options
+from diffuse.generation import OPTION_NAMES, default_options, preset, resolve_options, whole_blocks
 
 # Engine options a body may carry by name; the answer's length comes from max_tokens.
 ENGINE_FIELDS = tuple(name for name in OPTION_NAMES if name != "gen_length")
@@ -181,29 +181,22 @@ def parse(raw: bytes, kind: str, model, max_batch: int) -> Request:
         max_tokens = _int(body, length_name, 0)
         if max_tokens < 1:
             raise BadRequest(f"{length_name} must be at least 1 (got {max_tokens})", param=length_name)
-        if (blocks := _whole_blocks(max_tokens, options)) > room:
+        if (blocks := whole_blocks(max_tokens, options, model.arch)) > room:
             rounded = f", {blocks} in whole blocks of {options['block_length']}" if blocks != max_tokens else ""
             raise BadRequest(f"the prompt ({longest} tokens) + {length_name} ({max_tokens}{rounded}) exceeds the "
                              f"model's context of {model.n_ctx_train} positions", param=length_name,
                              code="context_length_exceeded")
     else:   # the model's default length, or as many whole blocks as the context leaves
         max_tokens = min(default_options(model.arch, model.recipe)["gen_length"], room)
-        if _whole_blocks(max_tokens, options) > room:
+        if whole_blocks(max_tokens, options, model.arch) > room:
             max_tokens = room // options["block_length"] * options["block_length"]
     try:
-        options = resolve_options(model.arch, **{**options, "gen_length": _whole_blocks(max_tokens, options)})
+        gen_length = whole_blocks(max_tokens, options, model.arch)
+        options = resolve_options(model.arch, **{**options, "gen_length": gen_length})
     except DiffuseError as e:
         raise BadRequest(str(e)) from None
     return Request(kind=kind, prompts=prompts, n=n, max_tokens=max_tokens, options=options, stop=stop,
                    stream=stream, include_usage=include_usage, diffusion_events=diffusion_events)
-
-
-def _whole_blocks(max_tokens: int, options: dict) -> int:
-    """The engine's buffer is whole blocks: max_tokens rounded up (the answer is cut at max_tokens)."""
-    block = options["block_length"]
-    if block <= 0 or block >= max_tokens:
-        return max_tokens
-    return -(-max_tokens // block) * block
 
 
 def _int(body: dict, name: str, default: int) -> int:
