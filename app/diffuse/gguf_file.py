@@ -27,7 +27,7 @@ FAMILIES = ("llada", "dream", "sdar", "fast-dllm-v2", "nemotron-diffusion")
 # LLaDA2 is block diffusion with SDAR's rules and defaults.
 ARCH_FAMILIES = {"llada": "llada", "dream": "dream", "llada-moe": "llada", "sdar": "sdar",
                  "fast-dllm-v2": "fast-dllm-v2", "llada2": "sdar", "diffusion-gemma": "diffusion-gemma",
-                 "nemotron-diffusion": "nemotron-diffusion"}
+                 "nemotron-diffusion": "nemotron-diffusion", "stable-diffcoder": "sdar"}
 
 # ggml's names for GGUF value types (gguf_type_name), as read_gguf reports them in kv_types.
 _VALUE_TYPES = {

@@ -27,6 +27,9 @@ struct ArchInfo {
     bool         shift_logits; // position i takes the logits of i - 1, when the file does not say
     bool         block_diffusion;  // causal across blocks, bidirectional inside: diffusion.block_size required
     int32_t      default_mask_id;  // when the file records none; -1: the file must record it
+    // Block diffusion: the answer ends at gen_length, the last block cut there (Stable-DiffCoder's
+    // generate_block), not run on to a whole block (SDAR's generate.py).
+    bool         cut_last_block = false;
 };
 
 // nullptr for a name the engine does not run.

@@ -122,7 +122,8 @@ Geometry validate(const ModelImpl & model, const std::vector<int32_t> & prompt, 
     Geometry g;
     if (hp.block_diffusion()) {
         // Blocks aligned at position 0 (SDAR's generate.py): the prompt's whole blocks are
-        // prefilled, its tail shares the first answer block, the run ends on a block boundary.
+        // prefilled, its tail shares the first answer block, the run ends on a block boundary
+        // (Stable-DiffCoder: at gen_length, its last block cut there).
         if (p.cfg_scale > 0) throw Error("cfg_scale is not supported for block-diffusion models");
         // Their cache is exact and they see no suffix: neither option means anything there.
         if (p.cache_policy != CachePolicy::Active)
@@ -133,10 +134,13 @@ Geometry validate(const ModelImpl & model, const std::vector<int32_t> & prompt, 
         g.sub = p.sub_block_length > 0 ? p.sub_block_length : hp.sub_block_size > 0 ? hp.sub_block_size : g.block;
         g.sub = std::min(g.sub, g.block);
         const int64_t origin = n_prompt / g.block * g.block;
-        const int64_t end = origin + (n_prompt + p.gen_length - origin + g.block - 1) / g.block * g.block;
+        const bool cut = model.arch().cut_last_block;   // the last block ends at gen_length
+        const int64_t end = cut ? n_prompt + p.gen_length
+                                : origin + (n_prompt + p.gen_length - origin + g.block - 1) / g.block * g.block;
         if (end > hp.n_ctx_train)
             throw Error("prompt (" + std::to_string(n_prompt) + " tokens) + gen_length (" +
-                        std::to_string(p.gen_length) + "), in whole blocks of " + std::to_string(g.block) +
+                        std::to_string(p.gen_length) + ")" +
+                        (cut ? "" : ", in whole blocks of " + std::to_string(g.block)) +
                         ", exceeds the model's context of " + std::to_string(hp.n_ctx_train) + " positions");
         g.origin = (int) origin;
         g.n_total = (int) end;
@@ -204,7 +208,7 @@ struct Sequence {
         origin = g.origin;
         n_total = g.n_total;
         n_prompt = (int) prompt.size();
-        n_blocks = (n_total - origin) / block;
+        n_blocks = (n_total - origin + block - 1) / block;   // the last one may be cut (cut_last_block)
         // Each block gets the same number of steps, and never more than it has positions: past
         // that a schedule only adds steps that commit nothing (Dream's eps schedule spent half of
         // them so at steps = 2 x gen_length). Full attention: the budget is the run's, rounded
@@ -236,7 +240,7 @@ struct Sequence {
     }
 
     int block_start() const { return origin + b * block; }
-    int block_end() const { return block_start() + block; }
+    int block_end() const { return std::min(block_start() + block, n_total); }
     // Full attention: the positions a step attends to (the suffix window cuts off the rest).
     int window_end() const { return p.suffix_window < 0 ? n_total : std::min(n_total, block_end() + p.suffix_window); }
     int sub_start() const { return block_start() + u * sub; }
@@ -382,7 +386,7 @@ struct Sequence {
                       const std::vector<int32_t> & wanted) const {
         SequenceRows r;
         r.cache = kv;
-        r.n_kv = block_causal ? (positions.back() / block + 1) * block : window_end();
+        r.n_kv = block_causal ? std::min((positions.back() / block + 1) * block, n_total) : window_end();
         r.attn_block = block_causal ? block : 0;
         std::vector<int32_t> row_of(n_total, -1);
         for (int32_t pos : positions) {

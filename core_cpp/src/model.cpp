@@ -234,7 +234,7 @@ void ModelImpl::read_hparams() {
     read_rope_scaling(key);
 
     // llama.cpp's LLaDA converter permutes q/k like Llama, so those files (and ours, which follow
-    // them) rotate interleaved pairs; diffuse-cpp's unpermuted LLaDA, LLaDA-MoE and every Dream
+    // them, Stable-DiffCoder's Llama blocks too) rotate interleaved pairs; diffuse-cpp's unpermuted LLaDA, LLaDA-MoE and every Dream
     // use NEOX.
     const bool permuted = arch_->build == build_llada && K.dialect != Dialect::DiffuseCpp;
     hp_.rope_mode = permuted ? 0 : GGML_ROPE_TYPE_NEOX;

@@ -304,8 +304,32 @@ NEMOTRON_DIFFUSION = Family(
     yarn=True,
 )
 
+# ByteDance-Seed Stable-DiffCoder-8B-{Base,Instruct} (MIT): Seed-Coder's Llama stack (GQA, no biases,
+# untied head) trained for block diffusion, its remote modeling_stable_diffcoder.py a
+# LlamaForCausalLM subclass whose generate_block decodes blocks of 4 aligned at position 0 (the
+# prompt included) with mask id 5 and no logit shift. config.json names neither (the class's
+# defaults: mask_id=5, block_length=4) and may lack head_dim. GGUF: llama.cpp's llama names with q/k
+# permuted as its converter does (NORM RoPE, LLaDA's graph), under our arch "stable-diffcoder".
+STABLE_DIFFCODER = Family(
+    arch="stable-diffcoder",
+    hf_architecture="StableDiffcoderForCausalLM",
+    config_keys={**SDAR.config_keys},
+    defaults={**SDAR.defaults, "n_ctx": 8192, "rope_theta": 500000.0, "block_size": 4, "mask_token_id": 5},
+    fixed={"hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "rope_scaling": None},
+    tensors={k: v for k, v in DREAM.tensors.items() if not k.endswith(".bias")},
+    permute_qk=True,
+    shift_logits=False,
+    mask_token="",   # never looked up: the id is generate_block's constant (defaults above)
+    eot_token="<[end\u2581of\u2581sentence]>",
+    default_mask_id=5,
+    # The model card's call: steps=512 over gen_length=512 in blocks of 4 (4 steps per block, one
+    # token each), low_confidence without threshold, greedy.
+    recipe={"gen_length": 512, "block_length": 4, "steps": 4, "scheduler": "low_confidence_static",
+            "temperature": 0.0},
+)
+
 FAMILIES = {f.hf_architecture: f for f in (LLADA, DREAM, LLADA_MOE, SDAR, FAST_DLLM_V2, LLADA2,
-                                             NEMOTRON_DIFFUSION)}
+                                             NEMOTRON_DIFFUSION, STABLE_DIFFCODER)}
 
 MAX_JSON_BYTES = 64 << 20   # real config files are KBs, tokenizer.json tens of MBs at most
 MAX_INT = 2**31 - 1         # the engine holds sizes and ids in 32-bit ints
