@@ -45,6 +45,8 @@ class Family:
     moe_tensors: dict[str, str] | None = None
     # YaRN RoPE and the llama-4 query scale, from config.json's rope_parameters (or rope_scaling).
     yarn: bool = False
+    # Nemotron-Labs-Diffusion: its self-speculation draft LoRA (convert/draft_lora.py) is converted too.
+    draft_lora: bool = False
 
 
 LLADA = Family(
@@ -272,8 +274,8 @@ LLADA2 = Family(
 # YaRN RoPE and the llama-4 query scale (transformers' ministral3), mask_token_id (100) and
 # block_size (32) in config.json. One checkpoint decodes in three modes over a causal K/V cache
 # (AR, diffusion, self-speculation: loops/causal.cpp). No GGUF architecture exists for it: ours is
-# "nemotron-diffusion"; the keys are llama.cpp's (rope.scaling.*, attention.temperature_*). The draft
-# LoRA (linear_spec_lora/) is not converted: self-speculation drafts with the base weights.
+# "nemotron-diffusion"; the keys are llama.cpp's (rope.scaling.*, attention.temperature_*). Its draft
+# LoRA (linear_spec_lora/) goes into the same file (convert/draft_lora.py).
 NEMOTRON_DIFFUSION = Family(
     arch="nemotron-diffusion",
     hf_architecture="NemotronLabsDiffusionModel",
@@ -302,6 +304,7 @@ NEMOTRON_DIFFUSION = Family(
     # Its generate_diffusion: blocks of 32 seeded by the AR token, threshold 0.9, greedy.
     recipe={"scheduler": "confidence_threshold", "confidence_threshold": 0.9, "temperature": 0.0},
     yarn=True,
+    draft_lora=True,
 )
 
 # ByteDance-Seed Stable-DiffCoder-8B-{Base,Instruct} (MIT): Seed-Coder's Llama stack (GQA, no biases,

@@ -97,6 +97,7 @@ PLACES = {
     # the causal-cache modes (AR decode, self-speculation) of every family but DiffusionGemma
     "mode": Place(SCHEDULE, "Decoding mode"),
     "draft_length": Place(SCHEDULE, "Draft length"),
+    "draft_lora": Place(SCHEDULE, "Draft with the model's draft LoRA"),
     # DiffusionGemma's uniform-state canvas: its temperature schedule and its stop rule
     "temperature_end": Place(SAMPLING, "Temperature at the end", 0.1),
     "stability": Place(SAMPLING, "Stable steps to stop"),
@@ -414,8 +415,9 @@ class SettingsPanel(QWidget):
             self._enable(key, self.arch is None or uniform,
                          "DiffusionGemma's canvas only: this model unmasks masked positions")
         self._enable("mode", not uniform, "DiffusionGemma decodes its canvas only: no AR or self-speculation mode")
-        self._enable("draft_length", not uniform and f["mode"].currentData() == "self_spec",
-                     "used by the self_spec decoding mode only")
+        for key in ("draft_length", "draft_lora"):
+            self._enable(key, not uniform and f["mode"].currentData() == "self_spec",
+                         "used by the self_spec decoding mode only")
 
     def _enable(self, key: str, on: bool, why_off: str) -> None:
         """A field on, or off with the reason after its help in the tooltip."""
