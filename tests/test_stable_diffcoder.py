@@ -163,6 +163,13 @@ def test_cancel_stops_at_the_step(model):
     assert result.stop_reason == "cancelled" and result.steps == 3
 
 
+def test_a_quantised_file_keeps_the_recipe_and_decodes(gguf, tmp_path):
+    from diffuse.quantize import quantize_file
+    q8 = diffuse.load(quantize_file(gguf, tmp_path / "q8.gguf", "q8_0"), threads=2)
+    assert q8.arch == "sdar" and q8.mask_token_id == 5 and q8.recipe["block_length"] == 4
+    assert len(q8.generate(PROMPTS[13], gen_length=10, chat=False).tokens) == 10
+
+
 def test_cli_generates_with_the_recipe(gguf, capsys):
     from diffuse.cli import main
     assert main(["generate", "-m", str(gguf), "-p", "def add(a, b):", "--gen-length", "12", "--quiet",
