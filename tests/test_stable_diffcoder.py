@@ -106,13 +106,12 @@ class EngineLogits:
 
 
 @pytest.mark.parametrize("n_prompt", [8, 13, 14])
-@pytest.mark.parametrize("steps, threshold", [(4, None), (1, None), (4, 0.2)])
+@pytest.mark.parametrize("steps, threshold", [(4, None), (3, None), (2, None), (1, None), (4, 0.2)])
 @pytest.mark.parametrize("driver", ["engine forward", "float64"])
 def test_generation_is_generate_block(hf, model, n_prompt, steps, threshold, driver):
     """Commit for commit (every pass's positions and tokens) the port of the official loop: the
-    prompt's tail shares the first block, the last block is cut at gen_length, one token per step
-    at the card's 4 steps per block. Steps other than 1 and the block length schedule a partial
-    first block differently (ours over its length, theirs over its masks): not compared."""
+    prompt's tail shares the first block, whose steps share its masks (not its length), the last
+    block is cut at gen_length; one token per step at the card's 4 steps per block."""
     prompt = PROMPTS[n_prompt]
     driven = EngineLogits(model) if driver == "engine forward" else bg.Cached(hf, 4)
     eos = model.tokenizer.eos_token_ids[0]

@@ -20,7 +20,7 @@ static const ArchInfo ARCHS[] = {
     {"llada2",         Arch::SDAR,       build_llada2,    false, true,  true,  true,  true,  false, true,  LLADA_MOE_MASK_ID},
     // Stable-DiffCoder (ByteDance-Seed): Seed-Coder's Llama blocks (LLaDA's graph, GQA, q/k permuted
     // like llama.cpp's llama), trained block-causally from position 0; SDAR's family, its
-    // generate_block's mask id 5 and an answer of exactly gen_length.
+    // generate_block's mask id 5 and blocks of the answer's positions (answer_blocks).
     {"stable-diffcoder", Arch::SDAR,     build_llada,     false, false, false, false, false, false, true,  5, true},
     // DiffusionGemma (llama.cpp PR #24423's arch): Gemma 4 MoE blocks, a causal encoder and a canvas
     // decoder; loaded by model.cpp's read_gemma_hparams / bind_gemma_weights (per-layer shapes). No

@@ -123,7 +123,7 @@ Geometry validate(const ModelImpl & model, const std::vector<int32_t> & prompt, 
     if (hp.block_diffusion()) {
         // Blocks aligned at position 0 (SDAR's generate.py): the prompt's whole blocks are
         // prefilled, its tail shares the first answer block, the run ends on a block boundary
-        // (Stable-DiffCoder: at gen_length, its last block cut there).
+        // (answer_blocks, Stable-DiffCoder: at gen_length, its last block cut there).
         if (p.cfg_scale > 0) throw Error("cfg_scale is not supported for block-diffusion models");
         // Their cache is exact and they see no suffix: neither option means anything there.
         if (p.cache_policy != CachePolicy::Active)
@@ -134,7 +134,7 @@ Geometry validate(const ModelImpl & model, const std::vector<int32_t> & prompt, 
         g.sub = p.sub_block_length > 0 ? p.sub_block_length : hp.sub_block_size > 0 ? hp.sub_block_size : g.block;
         g.sub = std::min(g.sub, g.block);
         const int64_t origin = n_prompt / g.block * g.block;
-        const bool cut = model.arch().cut_last_block;   // the last block ends at gen_length
+        const bool cut = model.arch().answer_blocks;   // the last block ends at gen_length
         const int64_t end = cut ? n_prompt + p.gen_length
                                 : origin + (n_prompt + p.gen_length - origin + g.block - 1) / g.block * g.block;
         if (end > hp.n_ctx_train)
@@ -170,6 +170,7 @@ struct Sequence {
     const bool shift;                  // position p is predicted by the output row of p - 1 (Dream)
     const bool carries;                // block diffusion with shifted logits: carry steps (above)
     const bool editing;                // token-to-token editing (above)
+    const bool answer_blocks;          // ArchInfo::answer_blocks (Stable-DiffCoder)
     int n_prompt, n_total, block, origin, n_blocks;
     int sub, n_subs, steps_per_sub;    // sub-blocks of a block (one of the whole block when none)
 
@@ -200,7 +201,7 @@ struct Sequence {
     Sequence(int index_, const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p_)
         : index(index_), p(p_), sched(scheduler_info(p_.scheduler)), block_causal(model.hparams().block_diffusion()),
           shift(model.hparams().shift_logits), carries(shift && (block_causal || p_.carry_first)),
-          editing(p_.editing_threshold < 1) {
+          editing(p_.editing_threshold < 1), answer_blocks(model.arch().answer_blocks) {
         const Geometry g = validate(model, prompt, p);
         block = g.block;
         sub = g.sub;
@@ -208,7 +209,7 @@ struct Sequence {
         origin = g.origin;
         n_total = g.n_total;
         n_prompt = (int) prompt.size();
-        n_blocks = (n_total - origin + block - 1) / block;   // the last one may be cut (cut_last_block)
+        n_blocks = (n_total - origin + block - 1) / block;   // the last one may be cut (answer_blocks)
         // Each block gets the same number of steps, and never more than it has positions: past
         // that a schedule only adds steps that commit nothing (Dream's eps schedule spent half of
         // them so at steps = 2 x gen_length). Full attention: the budget is the run's, rounded
@@ -254,7 +255,8 @@ struct Sequence {
         if (carrying) return 1;
         if (sched.schedule == Schedule::DreamEps) return dream_transfer_count(n_cand, i, steps_per_sub, p.eps);
         if (i >= steps_per_sub - 1) return n_cand;
-        return std::min(llada_transfer_counts(sub_end() - sub_start(), steps_per_sub)[i], n_cand);
+        const int span = sub_end() - (answer_blocks ? std::max(sub_start(), n_prompt) : sub_start());
+        return std::min(llada_transfer_counts(span, steps_per_sub)[i], n_cand);
     }
 
     // Whether the finished current block ends the answer (eos_stop all_eos / holds_eos).
