@@ -1,11 +1,11 @@
 """The block-diffusion references themselves: the float64 forward against float64 transformers
-(Qwen3 for SDAR, Qwen2 for Fast-dLLM v2) under a 4-D additive block-causal mask, and the ports of
+(Qwen3 for SDAR, Qwen2 for Fast-dLLM v2, Llama for Stable-DiffCoder) under a 4-D additive block-causal mask, and the ports of
 the official loops (tests/reference/block_generate.py) on the tiny checkpoints."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from fixtures.tiny_models import write_fast_dllm_v2, write_sdar
+from fixtures.tiny_models import write_fast_dllm_v2, write_sdar, write_stable_diffcoder
 from reference import block_generate as bg
 from reference.forward import block_causal, forward, load
 from tokenizers import Tokenizer
@@ -20,9 +20,10 @@ def hf_model(hf_dir):
     swapped for float64 ones, and attention runs through SDPA, so that only the architecture is
     compared."""
     config, weights = load(str(hf_dir))
-    sdar = config["architectures"][0] == "SDARForCausalLM"
-    cls = transformers.Qwen3ForCausalLM if sdar else transformers.Qwen2ForCausalLM
-    cfg_cls = transformers.Qwen3Config if sdar else transformers.Qwen2Config
+    cls, cfg_cls = {"SDARForCausalLM": (transformers.Qwen3ForCausalLM, transformers.Qwen3Config),
+                    # Stable-DiffCoder's modeling_stable_diffcoder.py subclasses LlamaForCausalLM
+                    "StableDiffcoderForCausalLM": (transformers.LlamaForCausalLM, transformers.LlamaConfig),
+                    }.get(config["architectures"][0], (transformers.Qwen2ForCausalLM, transformers.Qwen2Config))
     cfg = cfg_cls(**{k: v for k, v in config.items() if k not in ("architectures", "auto_map", "model_type")})
     cfg._attn_implementation = "sdpa"
     model = cls(cfg).to(torch.float64).eval()
@@ -51,9 +52,11 @@ def hf_logits(model, ids, block_size: int) -> np.ndarray:
     return out.logits[0].numpy()
 
 
-@pytest.fixture(scope="module", params=["sdar", "sdar-tied", "fast-dllm-v2", "fast-dllm-v2-untied"])
+@pytest.fixture(scope="module", params=["sdar", "sdar-tied", "fast-dllm-v2", "fast-dllm-v2-untied", "stable-diffcoder"])
 def checkpoint(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp("block") / request.param
+    if request.param == "stable-diffcoder":
+        return write_stable_diffcoder(folder, dtype="f32")
     if request.param.startswith("sdar"):
         return write_sdar(folder, dtype="f32", tied=request.param.endswith("tied"))
     return write_fast_dllm_v2(folder, dtype="f32", tied=not request.param.endswith("untied"))

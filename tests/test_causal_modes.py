@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from fixtures.tiny_models import write_nemotron_diffusion
+from fixtures.tiny_models import agreeable_head, write_nemotron_diffusion
 
 import diffuse
 from diffuse import DiffuseError
@@ -158,14 +158,7 @@ def agreeable(tmp_path_factory):
     hidden state: drafts then match the AR choice often but not always, so iterations keep anything
     from none to all of their drafts."""
     folder = tmp_path_factory.mktemp("agreeable")
-
-    def edit(tensors):
-        head = tensors["diffusion_head.weight"]
-        head *= 0.05
-        u = np.random.default_rng(0).normal(size=head.shape[1]).astype(np.float32)
-        head[60], head[61] = 3 * u / np.linalg.norm(u) * 4, -3 * u / np.linalg.norm(u) * 4
-
-    hf = write_nemotron_diffusion(folder / "hf", dtype="f32", edit=edit)
+    hf = write_nemotron_diffusion(folder / "hf", dtype="f32", edit=agreeable_head)
     return diffuse.load(str(convert_hf(hf, folder / "a.gguf", "f32"))), ref.Reference(hf)
 
 

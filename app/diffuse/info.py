@@ -188,6 +188,9 @@ def format_info(d: dict, tensors: bool = False) -> str:
     if hp and hp.get("trained_block"):   # Nemotron-Labs-Diffusion: blocks over a causal cache, no block mask
         lines.append(f"diffusion     causal attention; blocks of {hp['trained_block']} over the causal cache (mode "
                      f"diffusion), self-speculation (mode self_spec); mask id {diff.get('mask_token_id')}")
+        if hp.get("draft_lora_rank"):
+            lines.append(f"  draft LoRA of rank {hp['draft_lora_rank']} on o_proj, scale {hp['draft_lora_scale']:g}: "
+                         "self_spec's draft passes only (draft_lora)")
     elif diff.get("block_size"):
         sub = f", sub-blocks of {diff['sub_block_size']}" if diff.get("sub_block_size") else ""
         shift = "-" if diff["shift_logits"] is None else diff["shift_logits"]

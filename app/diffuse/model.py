@@ -88,7 +88,7 @@ class Model:
         return self._core.repacked_bytes
 
     def forward(self, token_ids, positions=None, block_size: int | None = None, mode: str = "diffusion", *,
-                canvas=None, self_conditioning=None) -> np.ndarray:
+                canvas=None, self_conditioning=None, draft_lora: bool = False) -> np.ndarray:
         """Raw logits float32, before any logit shift.
 
         (n_tokens, n_vocab) for every position, or (len(positions), n_vocab) for the positions given
@@ -98,6 +98,7 @@ class Model:
         that block_length sees); Nemotron-Labs-Diffusion causally, but for its last block (its
         trained 32 or `block_size` positions, at most all), whose positions see each other (a
         diffusion step over the cached prefix). mode "ar": causal (the ar and self_spec modes' verify).
+        draft_lora: Nemotron-Labs-Diffusion's last block with its draft LoRA (self_spec's draft pass).
 
         DiffusionGemma: token_ids is the context, encoded causally into the cache; `canvas` the
         canvas's ids; the result the canvas's (softcapped) logits (len(canvas), n_vocab).
@@ -124,6 +125,8 @@ class Model:
         if mode not in ("diffusion", "ar"):
             raise DiffuseError(f"forward: mode must be 'diffusion' or 'ar' (got {mode!r})")
         trained_block = self._core.hparams["trained_block"]
+        if draft_lora and (mode != "diffusion" or not self._core.hparams["draft_lora_rank"]):
+            raise DiffuseError("forward: draft_lora applies to mode 'diffusion' of a model with a draft LoRA")
         if mode == "diffusion" and not trained_block:
             return self._core.forward(ids.astype(np.int32), rows, -1 if block_size is None else block_size)
         if mode == "ar" and block_size is not None:
@@ -133,7 +136,7 @@ class Model:
         open_block = 0 if mode == "ar" else min(ids.size, block_size or trained_block)
         if any(not 0 <= r < ids.size for r in rows):
             raise DiffuseError(f"forward: positions must lie in [0, {ids.size})")
-        logits = self._core.forward_causal(ids.astype(np.int32), open_block)
+        logits = self._core.forward_causal(ids.astype(np.int32), open_block, draft_lora)
         return logits[rows] if rows else logits
 
     def _ids(self, token_ids, what: str) -> np.ndarray:

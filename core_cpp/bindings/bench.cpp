@@ -102,10 +102,12 @@ void diffuse_py::register_bench(py::module_ & m) {
               d["decode_ms"] = t.decode_ms;
               d["draft_ms"] = t.draft_ms;
               d["verify_ms"] = t.verify_ms;
+              d["draft_lora_ms"] = t.draft_lora_ms;
               return d;
           },
           py::arg("model"), py::arg("depth"), py::arg("widths"), py::kw_only(), py::arg("threads") = 0,
           py::arg("reps") = 5,
           "Self-speculation's passes at `depth` cached rows, `reps` of each alternating: {decode_ms: [AR decode "
-          "row], draft_ms: [per width: ms of the draft pass (empty for width 1)], verify_ms: [per width]}.");
+          "row], draft_ms: [per width: ms of the draft pass (empty for width 1)], verify_ms: [per width], "
+          "draft_lora_ms: [per width: the draft pass with the draft LoRA (empty without one)]}.");
 }

@@ -53,6 +53,8 @@ static py::dict hparams_dict(const diffuse::HParams & hp) {
     d["rope_scaling_factor"] = 1.0 / hp.rope_freq_scale;
     d["attn_temp_scale"] = hp.attn_temp_scale;  // llama-4 query scale; 0: none
     d["trained_block"] = hp.trained_block;      // Nemotron-Labs-Diffusion's block; 0: none
+    d["draft_lora_rank"] = hp.draft_lora_rank;  // its draft LoRA's rank; 0: none
+    d["draft_lora_scale"] = hp.draft_lora_scale;
     return d;
 }
 
@@ -118,18 +120,19 @@ void diffuse_py::register_model(py::module_ & m) {
              "DiffusionGemma: the canvas's logits (n_canvas, n_vocab), softcapped, after the context is "
              "encoded causally; self_cond: the previous step's logits of the canvas or None.")
         .def("forward_causal",
-             [](const Model & self, I32Array tokens, int open_block) {
+             [](const Model & self, I32Array tokens, int open_block, bool draft_lora) {
                  if (tokens.ndim() != 1) throw diffuse::Error("forward: expected a 1-D array of token ids");
                  std::vector<int32_t> ids(tokens.data(), tokens.data() + tokens.size());
                  py::array_t<float> out({(py::ssize_t) ids.size(), (py::ssize_t) self.hparams().n_vocab});
                  float * dst = out.mutable_data();
                  {
                      py::gil_scoped_release release;
-                     self.forward_causal_into(ids, open_block, dst);
+                     self.forward_causal_into(ids, open_block, dst, draft_lora);
                  }
                  return out;
              },
-             py::arg("tokens"), py::arg("open_block") = 0,
+             py::arg("tokens"), py::arg("open_block") = 0, py::arg("draft_lora") = false,
              "Causal logits (n, n_vocab) of every position; open_block > 0: the last open_block positions "
-             "also see each other (a block drafted over a causal prefix). Before any logit shift.");
+             "also see each other (a block drafted over a causal prefix), with the draft LoRA when "
+             "draft_lora. Before any logit shift.");
 }

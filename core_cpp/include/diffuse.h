@@ -82,6 +82,10 @@ struct HParams {
     // Nemotron-Labs-Diffusion: the block it was trained on (diffusion.block_size, 32), the default
     // block of its diffusion mode; its attention is causal, so block_size (the mask's) stays 0.
     int      trained_block;
+    // Its draft LoRA (linear_spec_lora/ converted: blk.N.attn_output.weight.lora_a/b): the o_proj
+    // update scale * B A x that self-speculation's draft passes add (only they); rank 0: none.
+    int      draft_lora_rank;
+    float    draft_lora_scale;
     // The router (LLaDA2: sigmoid scores, a selection bias, group-limited top-k, normalised and scaled
     // weights, shared experts, leading dense layers); LLaDA-MoE: softmax, 1 group, neither.
     bool     router_sigmoid;       // {arch}.expert_gating_func 2 (sigmoid), else 1 (softmax)
@@ -207,6 +211,7 @@ struct GenerateParams {
     // prefix where draft == the AR choice is kept plus that pass's next token: AR's output exactly.
     Decoding  mode           = Decoding::Diffusion;
     int       draft_length   = 32;    // self_spec: rows of a draft (the seed and draft_length - 1 masks)
+    bool      draft_lora     = true;  // self_spec: draft passes add the model's draft LoRA, when it has one
 };
 
 // Per-family defaults (LLaDA: low_confidence in blocks of 32; Dream: its entropy rule, no blocks;
@@ -341,8 +346,10 @@ public:
                               float * out, int block_size = -1) const = 0;
     // The AR and self-speculation modes' attention: causal logits of every position, (n, n_vocab);
     // open_block > 0: the last open_block positions also see each other (the draft pass of a
-    // block over a causal prefix, Nemotron-Labs-Diffusion's diffusion mode). Before any logit shift.
-    virtual void forward_causal_into(const std::vector<int32_t> & tokens, int open_block, float * out) const = 0;
+    // block over a causal prefix, Nemotron-Labs-Diffusion's diffusion mode); draft_lora: that block's
+    // pass adds the draft LoRA (self-speculation's draft pass). Before any logit shift.
+    virtual void forward_causal_into(const std::vector<int32_t> & tokens, int open_block, float * out,
+                                     bool draft_lora = false) const = 0;
     std::vector<float> forward(const std::vector<int32_t> & tokens, const std::vector<int32_t> & rows = {}) const {
         std::vector<float> out((rows.empty() ? tokens.size() : rows.size()) * hparams().n_vocab);
         forward_into(tokens, rows, out.data());
@@ -415,6 +422,7 @@ std::vector<BlockStepResult> bench_block_steps(const Model & model, int depth, c
 struct SpecPassTimes {
     std::vector<double> decode_ms;
     std::vector<std::vector<double>> draft_ms, verify_ms;   // per width
+    std::vector<std::vector<double>> draft_lora_ms;         // per width: the draft with the draft LoRA (empty without one)
 };
 SpecPassTimes bench_spec_passes(const Model & model, int depth, const std::vector<int> & widths, int n_threads, int reps);
 

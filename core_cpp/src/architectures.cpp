@@ -20,6 +20,10 @@ static const ArchInfo ARCHS[] = {
     {"fast-dllm-v2",   Family::FastDLLMv2, Loop::Masked,  build_dream,     true,  false, false, false, false, true,  true,  -1},
     // LLaDA2.0/2.1: BailingMoeV2 blocks trained block-causal; SDAR's family (block rules, defaults).
     {"llada2",         Family::SDAR,       Loop::Masked,  build_llada2,    false, true,  true,  true,  true,  false, true,  LLADA_MOE_MASK_ID},
+    // Stable-DiffCoder (ByteDance-Seed): Seed-Coder's Llama blocks (LLaDA's graph, GQA, q/k permuted
+    // like llama.cpp's llama), trained block-causally from position 0; SDAR's family, its
+    // generate_block's mask id 5 and blocks of the answer's positions (answer_blocks).
+    {"stable-diffcoder", Family::SDAR,     Loop::Masked,  build_llada,     false, false, false, false, false, false, true,  5, true},
     // DiffusionGemma (llama.cpp PR #24423's arch): Gemma 4 MoE blocks, a causal encoder and a canvas
     // decoder; loaded by model.cpp's read_gemma_hparams / bind_gemma_weights (per-layer shapes). No
     // mask token: the canvas starts as random tokens.

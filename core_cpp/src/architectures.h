@@ -38,6 +38,11 @@ struct ArchInfo {
     bool         shift_logits; // position i takes the logits of i - 1, when the file does not say
     bool         block_diffusion;  // causal across blocks, bidirectional inside: diffusion.block_size required
     int32_t      default_mask_id;  // when the file records none; -1: the file must record it
+    // Block diffusion over the answer's own positions (Stable-DiffCoder's generate_block): the
+    // answer ends at gen_length, the last block cut there, not run on to a whole block; a step's
+    // scheduled count spreads the block's answer positions (its masks), not its length (SDAR's
+    // generate.py), over the steps: they differ in a first block shared with the prompt.
+    bool         answer_blocks = false;
 };
 
 // nullptr for a name the engine does not run.

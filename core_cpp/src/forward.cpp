@@ -134,10 +134,12 @@ void ForwardRunner::run(const std::vector<SequenceRows> & seqs, int n_threads, f
         if (s.canvas == (s.attn_block > 0) && hp.canvas_length > 0)
             throw Error("forward batch: a DiffusionGemma pass is a causal encoder or a bidirectional canvas");
         if (s.self_cond && !s.canvas) throw Error("forward batch: self-conditioning applies to a canvas only");
+        if (s.draft_lora != seqs[0].draft_lora) throw Error("forward batch: draft and other passes in one pass");
         shape.self_cond = shape.self_cond || s.self_cond;
     }
     shape.own_head = model_.head_choice().own(model_.weights().output, shape.total_out(), n_threads);
     shape.canvas = seqs[0].canvas;
+    shape.draft_lora = seqs[0].draft_lora && hp.draft_lora_rank > 0;
     if (shape.canvas && hp.canvas_length == 0) throw Error("forward batch: this model has no canvas");
 
     if (!ctx_ || !(shape == shape_)) {

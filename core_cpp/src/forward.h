@@ -51,6 +51,9 @@ struct SequenceRows {
     // own rows. self_cond: the previous step's logits of these rows, (n_q, n_vocab), or nullptr.
     bool canvas = false;
     const float * self_cond = nullptr;
+    // Self-speculation's draft pass: o_proj adds the model's draft LoRA (ignored for a model
+    // without one). Every sequence of a pass agrees.
+    bool draft_lora = false;
 };
 
 // Builds, allocates and runs forward graphs on one CPU backend. Not thread-safe: each Context has one.

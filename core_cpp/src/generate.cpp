@@ -64,7 +64,7 @@ Loop loop_of(const ArchInfo & arch, const GenerateParams & p) {
 
 Plan plan_run(const ArchInfo & arch, const HParams & hp, int64_t n_prompt, const GenerateParams & p) {
     switch (loop_of(arch, p)) {
-        case Loop::Masked: return plan_masked(hp, n_prompt, p);
+        case Loop::Masked: return plan_masked(arch, hp, n_prompt, p);
         case Loop::UniformState: return plan_uniform_state(hp, n_prompt, p);
         case Loop::Causal: return plan_causal(hp, n_prompt, p);
     }

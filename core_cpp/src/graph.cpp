@@ -160,7 +160,11 @@ ggml_tensor * GraphBuilder::attention(int il, const LayerWeights & L, ggml_tenso
         }
     }
     name(out, "kqv_out", il);
-    return ggml_mul_mat(ctx, L.wo, out);
+    ggml_tensor * o = ggml_mul_mat(ctx, L.wo, out);
+    if (shape_.draft_lora)   // PEFT's LoRA: W x + (alpha / r) B (A x)
+        o = ggml_add(ctx, o, ggml_scale(ctx, ggml_mul_mat(ctx, L.wo_lora_b, ggml_mul_mat(ctx, L.wo_lora_a, out)),
+                                        hp.draft_lora_scale));
+    return o;
 }
 
 ggml_tensor * GraphBuilder::residual(int il, ggml_tensor * x, ggml_tensor * attn) {

@@ -27,9 +27,11 @@ struct BatchShape {
     bool own_head = false;          // the head by head_product (head_product.h), not ggml's mat-mul
     bool canvas = false;            // DiffusionGemma's decoder pass (SequenceRows::canvas)
     bool self_cond = false;         // ... with self-conditioning logits for some of its rows
+    bool draft_lora = false;        // o_proj adds the draft LoRA (SequenceRows::draft_lora, the model has one)
     bool operator==(const BatchShape & o) const {
         return caches == o.caches && n_q == o.n_q && n_kv == o.n_kv && n_out == o.n_out && masked == o.masked &&
-               own_head == o.own_head && canvas == o.canvas && self_cond == o.self_cond;
+               own_head == o.own_head && canvas == o.canvas && self_cond == o.self_cond &&
+               draft_lora == o.draft_lora;
     }
     int total_q() const;
     int total_out() const;
@@ -76,7 +78,7 @@ public:
     // Ministral3's llama-4 query scale, per row: q (hd, n_head, n_q) * (1 + beta ln(1 + floor(pos / L))).
     ggml_tensor * scale_queries(ggml_tensor * q);
     // Writes K/V into each sequence's cache, attends over it (layer il's heads, scale and mask:
-    // the sliding one on a sliding layer), projects: (n_embd, n_q).
+    // the sliding one on a sliding layer), projects (plus the draft LoRA on a draft pass): (n_embd, n_q).
     ggml_tensor * attention(int il, const LayerWeights & L, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v);
     // x + attn (n_embd, n_q); at the last layer only over the rows whose logits are wanted (their
     // FFN and the head alone run on): (n_embd, n_out).

@@ -235,7 +235,7 @@ void ModelImpl::read_hparams() {
     read_rope_scaling(key);
 
     // llama.cpp's LLaDA converter permutes q/k like Llama, so those files (and ours, which follow
-    // them) rotate interleaved pairs; diffuse-cpp's unpermuted LLaDA, LLaDA-MoE and every Dream
+    // them, Stable-DiffCoder's Llama blocks too) rotate interleaved pairs; diffuse-cpp's unpermuted LLaDA, LLaDA-MoE and every Dream
     // use NEOX.
     const bool permuted = arch_->build == build_llada && K.dialect != Dialect::DiffuseCpp;
     hp_.rope_mode = permuted ? 0 : GGML_ROPE_TYPE_NEOX;
@@ -264,6 +264,14 @@ void ModelImpl::read_hparams() {
     }
     // The block it was trained on, for the causal-cache loops (loops/causal.cpp), not a block-causal mask.
     hp_.trained_block = arch_->build == build_nemotron_diffusion ? (int) int_key("diffusion.block_size", 1, hp_.n_ctx_train) : 0;
+    // The draft LoRA's scale (its rank comes with its tensors, bind_weights).
+    hp_.draft_lora_rank = 0;
+    hp_.draft_lora_scale = 0.0f;
+    if (f.has("diffusion.draft_lora.scale")) {
+        const double scale = *f.get_float("diffusion.draft_lora.scale");
+        if (!(std::isfinite(scale) && std::fabs(scale) < 1e6)) f.fail("key diffusion.draft_lora.scale must be a finite number");
+        hp_.draft_lora_scale = (float) scale;
+    }
     const LayerShape every{hp_.head_dim, hp_.n_head_kv, hp_.n_rot, hp_.rope_theta,
                            1.0f / std::sqrt((float) hp_.head_dim), false, false};
     layers_.assign(hp_.n_layer, every);
@@ -532,6 +540,16 @@ void ModelImpl::bind_weights(bool repack) {
         L.bk = get(n("attn_k.bias"), {n_kv}, false, biases);
         L.bv = get(n("attn_v.bias"), {n_kv}, false, biases);
         L.wo = get(n("attn_output.weight"), {n_q, n_embd}, true);
+        // The draft LoRA: in every layer or in none, of one rank (the first layer's).
+        ggml_tensor * lora_a = ggml_get_tensor(meta, n("attn_output.weight.lora_a").c_str());
+        if (il == 0) hp_.draft_lora_rank = lora_a ? (int) lora_a->ne[1] : 0;
+        if ((lora_a != nullptr) != (hp_.draft_lora_rank > 0))
+            f.fail("a draft LoRA in some layers only: tensor " + n("attn_output.weight.lora_a") +
+                   (lora_a ? " is there, layer 0's is not" : " is missing") + " (it must be in every layer or in none)");
+        if (lora_a) {
+            L.wo_lora_a = get(n("attn_output.weight.lora_a"), {n_q, hp_.draft_lora_rank}, true);
+            L.wo_lora_b = get(n("attn_output.weight.lora_b"), {hp_.draft_lora_rank, n_embd}, true);
+        }
         L.ffn_norm = get(n("ffn_norm.weight"), {n_embd}, false);
         if (hp.qk_norm) {
             L.attn_q_norm = get(n("attn_q_norm.weight"), {hp.head_dim}, false);
@@ -561,6 +579,8 @@ void ModelImpl::bind_weights(bool repack) {
         }
         w_.layers.push_back(L);
     }
+    if (hp_.draft_lora_rank > 0 && !f.has("diffusion.draft_lora.scale"))
+        f.fail("missing key diffusion.draft_lora.scale: the file has a draft LoRA");
 
     // Norms and biases take part in element-wise ops with F32 activations: diffuse-cpp's F16 files
     // store them in F16, so such vectors get F32 copies.

@@ -30,6 +30,8 @@ struct LayerWeights {
     ggml_tensor * bk;          // (n_head_kv * head_dim), Dream only
     ggml_tensor * bv;          // (n_head_kv * head_dim), Dream only
     ggml_tensor * wo;          // (n_head * head_dim, n_embd)
+    ggml_tensor * wo_lora_a;   // (n_head * head_dim, rank), the draft LoRA (HParams::draft_lora_rank), or nullptr
+    ggml_tensor * wo_lora_b;   // (rank, n_embd)
     ggml_tensor * attn_q_norm; // (head_dim), LLaDA-MoE only: shared by every head
     ggml_tensor * attn_k_norm; // (head_dim), LLaDA-MoE only
     ggml_tensor * ffn_norm;    // (n_embd)
@@ -126,7 +128,8 @@ public:
                       float * out, int block_size = -1) const override;
     void forward_canvas(const std::vector<int32_t> & context, const std::vector<int32_t> & canvas,
                         const float * self_cond, float * out) const override;
-    void forward_causal_into(const std::vector<int32_t> & tokens, int open_block, float * out) const override;
+    void forward_causal_into(const std::vector<int32_t> & tokens, int open_block, float * out,
+                             bool draft_lora = false) const override;
     size_t weights_bytes() const override { return weights_bytes_; }
     size_t repacked_bytes() const override { return repacked_bytes_; }
     bool flash_attn() const override { return flash_attn_; }

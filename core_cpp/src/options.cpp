@@ -139,6 +139,10 @@ const std::vector<OptionInfo> & generate_options() {
         {"draft_length", OptionKind::Int, 1, BIG, false, false,
          "self_spec: rows of each draft and verify pass, the seed and draft_length - 1 drafted tokens "
          "(32 as NVIDIA's; 1 = ar)", NUM_FIELD(draft_length, int)},
+        {"draft_lora", OptionKind::Bool, 0, 1, false, false,
+         "self_spec: draft with the model's draft LoRA (Nemotron-Labs-Diffusion's linear_spec_lora, on o_proj) "
+         "when its file has one; verify passes never use it, so the answer is the same either way",
+         NUM_FIELD(draft_lora, bool)},
     };
     return table;
 }

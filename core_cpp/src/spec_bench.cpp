@@ -1,8 +1,9 @@
 // Self-speculation's passes timed on their own, beside the AR decode token they replace: at `depth`
 // rows in the K/V cache (prefilled causally first, as a run does), one AR decode row, and per
 // draft length k the draft pass (the seed and k - 1 masks, bidirectional inside the block, logits
-// of the masks) and the verify pass (the same k rows causally, logits of every row). The passes
-// alternate rep by rep, so every kind sees the same machine load.
+// of the masks; also with the draft LoRA when the model has one) and the verify pass (the same k
+// rows causally, logits of every row). The passes alternate rep by rep, so every kind sees the
+// same machine load.
 #include "diffuse.h"
 
 #include "context.h"
@@ -44,10 +45,15 @@ SpecPassTimes bench_spec_passes(const Model & base, int depth, const std::vector
     SpecPassTimes out;
     out.draft_ms.resize(widths.size());
     out.verify_ms.resize(widths.size());
+    out.draft_lora_ms.resize(widths.size());
     std::vector<Pass> passes = {{rows(depth - 1, depth, 0, 0, 0), &out.decode_ms}};
     for (size_t i = 0; i < widths.size(); ++i) {
         const int k = widths[i], end = depth - 1 + k;   // the seed at depth - 1, as the loop's
         if (k > 1) passes.push_back({rows(depth - 1, end, 0, 1, k - 1), &out.draft_ms[i]});
+        if (k > 1 && hp.draft_lora_rank > 0) {
+            passes.push_back({rows(depth - 1, end, 0, 1, k - 1), &out.draft_lora_ms[i]});
+            passes.back().rows.draft_lora = true;
+        }
         passes.push_back({rows(depth - 1, end, k > 1 ? 1 : 0, 0, 0), &out.verify_ms[i]});
     }
     for (int r = -1; r < reps; ++r) {   // rep -1: warm-up (plans and allocates each graph)

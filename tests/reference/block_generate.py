@@ -36,6 +36,10 @@ holds eos_id; the answer is cut after its first eos_id.
 `fast_dllm_v2_generate`: Fast-dLLM v2's `generate` (its Hugging Face modeling.py, batch 1,
 use_block_cache=False), described on the function.
 
+`stable_diffcoder_generate`: Stable-DiffCoder's `generate_block` (ByteDance-Seed's remote
+modeling_stable_diffcoder.py, read through copies of the Hugging Face file), described on the
+function.
+
 Our deliberate differences from the official code:
 - Temperature 0 is greedy: x0 = argmax, confidence = softmax probability of x0 at temperature 1
   (SDAR's sampler has no temperature-0 branch: it divides by the temperature; LLaDA2's samples with
@@ -158,6 +162,15 @@ def choose(rule: str, logits: np.ndarray, masked: np.ndarray, count: int, tau: f
         k = max(1, int(np.searchsorted(np.cumsum(hs) - hs, gamma, side="right")))
         return rows[:k]
     raise ValueError(f"unknown rule {rule!r}")
+
+
+def _commit(run: Run, x: list[int], start: int, logits: np.ndarray, rows) -> None:
+    """Writes the argmax of `rows` (offsets from position `start`) into x, recorded as one denoising pass."""
+    x0 = logits.argmax(-1)
+    commits = [(start + int(r), int(x0[r])) for r in sorted(rows)]
+    for pos, tok in commits:
+        x[pos] = tok
+    run.passes.append(("denoise", commits))
 
 
 def sdar_generate(model, prompt: list[int], mask_id: int, gen_length: int, block_length: int = 4, steps: int = 4,
@@ -333,14 +346,67 @@ def fast_dllm_v2_generate(model, prompt: list[int], mask_id: int, max_new_tokens
                     logits = model.logits(x, b0, b1)
                     logits = np.concatenate([logits[:1], logits[:-1]])[s0 - b0:s1 - b0]   # the token shift
                     masked = np.array([t == mask_id for t in x[s0:s1]])
-                    rows = choose("confidence_threshold", logits, masked, 0, threshold, 0.0)
-                    x0 = logits.argmax(-1)
-                    commits = [(s0 + int(r), int(x0[r])) for r in sorted(rows)]
-                    for pos, tok in commits:
-                        x[pos] = tok
-                    run.passes.append(("denoise", commits))
+                    _commit(run, x, s0, logits, choose("confidence_threshold", logits, masked, 0, threshold, 0.0))
     answer = x[n:]
     if stop_id in answer:
         answer = answer[:answer.index(stop_id) + 1]
     run.tokens = answer
+    return run
+
+
+def stable_diffcoder_generate(model, prompt: list[int], mask_id: int, gen_length: int, block_length: int = 4,
+                              steps: int = 4, threshold: float | None = None, eos_id: int | None = None) -> Run:
+    """Stable-DiffCoder's generate_block at temperature 0, batch 1. `steps` is the official total
+    (its card: steps = gen_length), divided evenly among the gen_length // block_length blocks.
+
+    - Blocks of B = block_length aligned at position 0 and ending at len(prompt) + gen_length: the
+      prompt's whole blocks are prefilled (K/V stored); its tail shares the first block; the last
+      block is cut at the answer's end (gen_length need not fill it).
+    - A block with m masks: m // s per step, the remainder to the first steps (s steps per block);
+      a step scheduled 0 runs no pass. A pass computes the block's rows against the cache (its
+      K/V are not kept); low_confidence commits the scheduled count of masked positions with the
+      highest probability of their argmax; with a threshold every masked position at or above it,
+      and the most confident always.
+    - A block without masks: when its answer positions hold eos_id, the answer ends at the first
+      one (the rest of the block becomes eos_id) and generation stops, with no further pass;
+      otherwise one pass over its final tokens stores its K/V.
+
+    Differences (beside the module's): with a threshold a block runs until it has no masks (the
+    official loop leaves masks behind, and writes no K/V for that block, when m > s)."""
+    n, B = len(prompt), block_length
+    assert gen_length % B == 0 and steps % (gen_length // B) == 0, "the official loop's asserts"
+    s = steps // (gen_length // B)
+    end = n + gen_length
+    x = list(prompt) + [mask_id] * gen_length
+    run = Run(tokens=[])
+    prefill = n // B * B
+    if prefill:
+        model.store(x, 0, prefill)
+        run.passes.append(("prefill", []))
+    for b0 in range(prefill, end, B):
+        b1 = min(b0 + B, end)
+        m = sum(t == mask_id for t in x[b0:b1])
+        counts = schedule(m, s)
+        step = 0
+        while mask_id in x[b0:b1]:
+            count = counts[step] if step < s else 0
+            step += 1
+            if threshold is None and count == 0:
+                continue
+            logits = model.logits(x, b0, b1).copy()
+            logits[:, mask_id] = -np.inf
+            masked = np.array([t == mask_id for t in x[b0:b1]])
+            if threshold is None:
+                rows = choose("low_confidence_static", logits, masked, count, 0.0, 0.0)
+            else:
+                rows = choose("confidence_threshold", logits, masked, 0, threshold, 0.0)
+            _commit(run, x, b0, logits, rows)
+        answer = x[max(b0, n):b1]
+        if eos_id is not None and eos_id in answer:
+            first = max(b0, n) + answer.index(eos_id)
+            run.tokens = x[n:first] + [eos_id] * (b1 - first)
+            return run
+        model.store(x, b0, b1)
+        run.passes.append(("store", []))
+    run.tokens = x[n:end]
     return run

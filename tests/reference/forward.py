@@ -12,12 +12,13 @@ consecutive query heads (repeat_interleave). Dream adds q/k/v biases. LLaDA-MoE 
 and k per head (one weight for all heads) before RoPE, and its FFN is the sum of the top-k experts
 of a softmax router, weighted by their probabilities as they are (norm_topk_prob is hard-coded
 False in the official code). SDAR is Qwen3: q/k RMS-normalised per head like LLaDA-MoE, no biases,
-its own head_dim. Fast-dLLM v2 is Qwen2.5, Dream's layout. LLaDA2 (BailingMoeV2): one fused
+its own head_dim. Fast-dLLM v2 is Qwen2.5, Dream's layout. Stable-DiffCoder is Llama (Seed-Coder:
+ByteDance-Seed's modeling_stable_diffcoder.py subclasses LlamaForCausalLM): Dream's names, no biases. LLaDA2 (BailingMoeV2): one fused
 query_key_value split as [q heads, k heads, v heads], q/k RMS-normalised per head, RoPE over the first
 head_dim * partial_rotary_factor dims only, the first first_k_dense_replace layers dense, the others
 llada2_moe_ffn (a sigmoid router with a selection bias and group-limited top-k, plus shared experts).
 
-SDAR, Fast-dLLM v2 and LLaDA2 are block diffusion: position p attends to position j iff j // B <= p // B
+SDAR, Fast-dLLM v2, LLaDA2 and Stable-DiffCoder are block diffusion: position p attends to position j iff j // B <= p // B
 (blocks of B aligned at absolute position 0; causal across blocks, bidirectional inside). `past`
 holds the keys and values of positions 0..m-1, so that the rows of a block can be computed against
 finished blocks, as the official loops do. Raw logits, no Dream/Fast-dLLM shift.
@@ -54,7 +55,9 @@ DREAM_NAMES = {
 SDAR_NAMES = {**{k: v for k, v in DREAM_NAMES.items() if not k.endswith("_bias")},
               "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight"}
 BLOCK_SIZE_KEYS = {"SDARForCausalLM": "block_size", "Fast_dLLM_QwenForCausalLM": "bd_size",
-                   "LLaDA2MoeModelLM": "block_size"}
+                   "LLaDA2MoeModelLM": "block_size", "StableDiffcoderForCausalLM": "block_size"}
+# When config.json has no block size: the official code's default (Stable-DiffCoder's generate_block: 4).
+BLOCK_SIZE_DEFAULTS = {"StableDiffcoderForCausalLM": 4}
 
 MOE_NAMES = {
     "embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "head": "lm_head.weight",
@@ -201,7 +204,7 @@ def block_size_of(hf_dir) -> int | None:
     config, _ = load(str(hf_dir))
     key = BLOCK_SIZE_KEYS.get(config["architectures"][0])
     # Fast-dLLM v2's code defaults bd_size to 32; LLaDA2's config has none, its generate() uses 32.
-    return None if key is None else config.get(key, 32)
+    return None if key is None else config.get(key, BLOCK_SIZE_DEFAULTS.get(config["architectures"][0], 32))
 
 
 def block_causal(rows: range, n_keys: int, block_size: int) -> np.ndarray:

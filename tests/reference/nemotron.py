@@ -7,14 +7,19 @@ swapped for float64 ones (`yarn_inv_freq` below follows transformers' _compute_y
 and a test checks it against transformers' float32 one). `logits(ids, open_block)`: one pass over
 the whole sequence under a 4-D additive mask, causal but for the last open_block rows, which see
 every position (the cache-free equivalent of a block over a causal K/V cache: a causal prefix's
-K/V do not depend on what comes after it). The same class runs LLaDA (as LlamaForCausalLM, its
+K/V do not depend on what comes after it); draft_lora: those rows' o_proj also adds the
+checkpoint's draft LoRA (linear_spec_lora/: PEFT's scale * B A x, read from its own files), as the
+official draft pass does with the adapters toggled on, the causal rows staying base (the prefix's K/V
+come from causal passes, never from the draft). The same class runs LLaDA (as LlamaForCausalLM, its
 OLMo names mapped) and Qwen3 / Qwen2 checkpoints (SDAR, Fast-dLLM v2, through Qwen3/Qwen2ForCausalLM),
 for the AR mode of other families.
 
 The loops, ported from the model repository's remote code (modeling_nemotron_labs_diffusion.py,
 chat_utils.py), batch 1, driven by `Reference.logits`:
 - `ar_generate`: its ar_generate.
-- `linear_spec_generate`: its linear_spec_generate (threshold 0: every mask drafted).
+- `linear_spec_generate`: its linear_spec_generate (threshold 0: every mask drafted), the draft
+  with the draft LoRA when asked (its `_toggle_adapters`: on for the draft, off for prefill and
+  verify; read through copies of the remote code and of SGLang's LinearSpec "draft_only").
 - `diffusion_generate`: its generate_diffusion -> generate_with_prefix_cache_block_diff with
   causal_context=True, remasking low_confidence and a threshold.
 Our deliberate differences, shared by the engine (docs/self_speculation.md):
@@ -26,11 +31,14 @@ Our deliberate differences, shared by the engine (docs/self_speculation.md):
 """
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
 import transformers
+from safetensors.numpy import load_file
 
 from reference.forward import load
 
@@ -129,15 +137,47 @@ class Reference:
             inv_freq = 1.0 / config["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
             _float64_norms_and_rope(self.body, self.body.rotary_emb, inv_freq, 1.0)
         self.passes = 0
+        self.lora = self._draft_lora(Path(hf_dir) / "linear_spec_lora")
 
-    def logits(self, ids, open_block: int = 0) -> np.ndarray:
-        """(n, n_vocab): causal, the last open_block rows seeing every position."""
+    @staticmethod
+    def _draft_lora(folder: Path):
+        """[(A, B) per layer] in float64 and PEFT's scale alpha / r, or None without the folder."""
+        if not folder.is_dir():
+            return None
+        config = json.loads((folder / "adapter_config.json").read_text())
+        tensors = {k.split("layers.", 1)[1]: torch.from_numpy(v.astype(np.float64))
+                   for k, v in load_file(str(folder / "adapter_model.safetensors")).items()}
+        n = len(tensors) // 2
+        pairs = [(tensors[f"{i}.self_attn.o_proj.lora_A.weight"], tensors[f"{i}.self_attn.o_proj.lora_B.weight"])
+                 for i in range(n)]
+        return pairs, config["lora_alpha"] / config["r"]
+
+    def logits(self, ids, open_block: int = 0, draft_lora: bool = False) -> np.ndarray:
+        """(n, n_vocab): causal, the last open_block rows seeing every position (and, draft_lora,
+        adding the draft LoRA to their o_proj)."""
         n = len(ids)
         allowed = np.tril(np.ones((n, n), bool))
         allowed[n - open_block:, :] = True
         mask = torch.from_numpy(np.where(allowed, 0.0, -np.inf))[None, None]
-        with torch.no_grad():
-            h = self.body(torch.tensor([list(ids)]), attention_mask=mask, position_ids=torch.arange(n)[None])
+        hooks = []
+        if draft_lora:
+            pairs, scale = self.lora
+
+            def add(a, b):
+                def hook(module, inputs, output):
+                    out = output.clone()
+                    out[:, n - open_block:] += scale * inputs[0][:, n - open_block:] @ a.T @ b.T
+                    return out
+                return hook
+
+            hooks = [layer.self_attn.o_proj.register_forward_hook(add(a, b))
+                     for layer, (a, b) in zip(self.body.layers, pairs)]
+        try:
+            with torch.no_grad():
+                h = self.body(torch.tensor([list(ids)]), attention_mask=mask, position_ids=torch.arange(n)[None])
+        finally:
+            for hook in hooks:
+                hook.remove()
         self.passes += 1
         return (h.last_hidden_state[0] @ self.head.T).numpy()
 
@@ -158,7 +198,8 @@ def ar_generate(model: Reference, prompt: list[int], mask_id: int, gen_length: i
 
 
 def linear_spec_generate(model: Reference, prompt: list[int], mask_id: int, gen_length: int, block_length: int = 32,
-                         eos_id: int | None = None) -> tuple[list[int], list[tuple[list[int], int]]]:
+                         eos_id: int | None = None,
+                         draft_lora: bool = False) -> tuple[list[int], list[tuple[list[int], int]]]:
     """The answer, and per iteration (the drafted block, drafts accepted)."""
     x = list(prompt)
     x.append(_argmax(model.logits(x)[-1], mask_id))                    # causal prefill: the first seed
@@ -166,7 +207,7 @@ def linear_spec_generate(model: Reference, prompt: list[int], mask_id: int, gen_
     while len(x) - len(prompt) < gen_length and x[-1] != eos_id:
         k = min(block_length, len(prompt) + gen_length - len(x) + 1)  # ours: never past gen_length
         block = [x[-1]] + [mask_id] * (k - 1)
-        draft = model.logits(x[:-1] + block, open_block=k)[-k:]       # bidirectional draft over the prefix
+        draft = model.logits(x[:-1] + block, open_block=k, draft_lora=draft_lora)[-k:]   # bidirectional over the prefix
         block = [block[0]] + [_argmax(r, mask_id) for r in draft[1:]]
         verify = model.logits(x[:-1] + block)[-k:]                     # causal verify
         ar = [_argmax(r, mask_id) for r in verify]

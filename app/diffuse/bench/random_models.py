@@ -77,9 +77,11 @@ NEMOTRON_SHAPES = {"3b": dict(n_embd=3072, n_ff=9216, n_head=32, n_head_kv=8),
 
 
 def write_random_nemotron(path: Path, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int,
-                          n_vocab: int = 131072, head_dim: int = 128, n_ctx: int = 262144) -> Path:
+                          n_vocab: int = 131072, head_dim: int = 128, n_ctx: int = 262144,
+                          draft_lora_rank: int = 0) -> Path:
     """A Nemotron-Labs-Diffusion model (Ministral3 blocks: GQA, YaRN factor 16 over 16384, the
-    llama-4 query scale 0.1), mask id 100 and block 32 as the real config.json states them."""
+    llama-4 query scale 0.1), mask id 100 and block 32 as the real config.json states them;
+    draft_lora_rank > 0: with a draft LoRA of that rank on o_proj (convert/draft_lora.py)."""
     d, f, q, kv_w = n_embd, n_ff, n_head * head_dim, n_head_kv * head_dim
     kv = {"context_length": n_ctx, "embedding_length": d, "block_count": n_layer, "feed_forward_length": f,
           "attention.head_count": n_head, "attention.head_count_kv": n_head_kv, "attention.key_length": head_dim,
@@ -91,6 +93,10 @@ def write_random_nemotron(path: Path, n_layer: int, n_embd: int, n_head: int, n_
     layer = {"attn_norm.weight": (d,), "attn_q.weight": (d, q), "attn_k.weight": (d, kv_w),
              "attn_v.weight": (d, kv_w), "attn_output.weight": (q, d), "ffn_norm.weight": (d,),
              "ffn_gate.weight": (d, f), "ffn_up.weight": (d, f), "ffn_down.weight": (f, d)}
+    if draft_lora_rank:
+        r = draft_lora_rank
+        kv["diffusion.draft_lora.scale"] = 2.0
+        layer |= {"attn_output.weight.lora_a": (q, r), "attn_output.weight.lora_b": (r, d)}
     return write_random(path, "nemotron-diffusion", kv, layer, n_layer, d, n_vocab)
 
 

@@ -45,6 +45,8 @@ class Family:
     moe_tensors: dict[str, str] | None = None
     # YaRN RoPE and the llama-4 query scale, from config.json's rope_parameters (or rope_scaling).
     yarn: bool = False
+    # Nemotron-Labs-Diffusion: its self-speculation draft LoRA (convert/draft_lora.py) is converted too.
+    draft_lora: bool = False
 
 
 LLADA = Family(
@@ -272,8 +274,8 @@ LLADA2 = Family(
 # YaRN RoPE and the llama-4 query scale (transformers' ministral3), mask_token_id (100) and
 # block_size (32) in config.json. One checkpoint decodes in three modes over a causal K/V cache
 # (AR, diffusion, self-speculation: loops/causal.cpp). No GGUF architecture exists for it: ours is
-# "nemotron-diffusion"; the keys are llama.cpp's (rope.scaling.*, attention.temperature_*). The draft
-# LoRA (linear_spec_lora/) is not converted: self-speculation drafts with the base weights.
+# "nemotron-diffusion"; the keys are llama.cpp's (rope.scaling.*, attention.temperature_*). Its draft
+# LoRA (linear_spec_lora/) goes into the same file (convert/draft_lora.py).
 NEMOTRON_DIFFUSION = Family(
     arch="nemotron-diffusion",
     hf_architecture="NemotronLabsDiffusionModel",
@@ -302,10 +304,35 @@ NEMOTRON_DIFFUSION = Family(
     # Its generate_diffusion: blocks of 32 seeded by the AR token, threshold 0.9, greedy.
     recipe={"scheduler": "confidence_threshold", "confidence_threshold": 0.9, "temperature": 0.0},
     yarn=True,
+    draft_lora=True,
+)
+
+# ByteDance-Seed Stable-DiffCoder-8B-{Base,Instruct} (MIT): Seed-Coder's Llama stack (GQA, no biases,
+# untied head) trained for block diffusion, its remote modeling_stable_diffcoder.py a
+# LlamaForCausalLM subclass whose generate_block decodes blocks of 4 aligned at position 0 (the
+# prompt included) with mask id 5 and no logit shift. config.json names neither (the class's
+# defaults: mask_id=5, block_length=4) and may lack head_dim. GGUF: llama.cpp's llama names with q/k
+# permuted as its converter does (NORM RoPE, LLaDA's graph), under our arch "stable-diffcoder".
+STABLE_DIFFCODER = Family(
+    arch="stable-diffcoder",
+    hf_architecture="StableDiffcoderForCausalLM",
+    config_keys={**SDAR.config_keys},
+    defaults={**SDAR.defaults, "n_ctx": 8192, "rope_theta": 500000.0, "block_size": 4, "mask_token_id": 5},
+    fixed={"hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "rope_scaling": None},
+    tensors={k: v for k, v in DREAM.tensors.items() if not k.endswith(".bias")},
+    permute_qk=True,
+    shift_logits=False,
+    mask_token="",   # never looked up: the id is generate_block's constant (defaults above)
+    eot_token="<[end\u2581of\u2581sentence]>",
+    default_mask_id=5,
+    # The model card's call: steps=512 over gen_length=512 in blocks of 4 (4 steps per block, one
+    # token each), low_confidence without threshold, greedy.
+    recipe={"gen_length": 512, "block_length": 4, "steps": 4, "scheduler": "low_confidence_static",
+            "temperature": 0.0},
 )
 
 FAMILIES = {f.hf_architecture: f for f in (LLADA, DREAM, LLADA_MOE, SDAR, FAST_DLLM_V2, LLADA2,
-                                             NEMOTRON_DIFFUSION)}
+                                             NEMOTRON_DIFFUSION, STABLE_DIFFCODER)}
 
 MAX_JSON_BYTES = 64 << 20   # real config files are KBs, tokenizer.json tens of MBs at most
 MAX_INT = 2**31 - 1         # the engine holds sizes and ids in 32-bit ints

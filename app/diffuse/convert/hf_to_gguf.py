@@ -16,7 +16,7 @@ from gguf.quants import quantize as gguf_quantize
 
 from diffuse import _core, gguf_file, recipe as recipes
 from diffuse._core import DiffuseError
-from diffuse.convert import diffusion_gemma
+from diffuse.convert import diffusion_gemma, draft_lora
 from diffuse.convert.families import (Family, HParams, authors_recipe, expected_shapes, qk_row_order, read_config,
                                       read_json_object)
 from diffuse.convert.safetensors_reader import Checkpoint
@@ -71,6 +71,9 @@ def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None
     recipe = recipes.check({**authors_recipe(family, hp, hf_dir, config), **(recipe or {})}, family.arch, hp.n_ctx)
     ckpt = Checkpoint(hf_dir)
     tensors, n_vocab = _plan(family, hp, ckpt, hf_dir, outtype)
+    lora = draft_lora.plan(hf_dir, hp, outtype) if family.draft_lora else None
+    if lora:
+        tensors += [_Tensor(out, [], None, data=data) for out, data in lora[0]]
     vocab = read_vocab(hf_dir, family, config, n_vocab)
     mask_id = next((i for i in (hp.mask_token_id, vocab.id_of(family.mask_token), family.default_mask_id)
                     if i is not None), None)
@@ -78,6 +81,8 @@ def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None
         raise DiffuseError(f"{hf_dir}: no usable mask token id (config mask_token_id = {hp.mask_token_id}, "
                            f"token {family.mask_token!r} in the vocabulary: {vocab.id_of(family.mask_token)})")
     kv, kv_types = _metadata(family, hp, vocab, n_vocab, mask_id, outtype, hf_dir.resolve().name)
+    if lora:
+        kv[draft_lora.SCALE_KEY], kv_types[draft_lora.SCALE_KEY] = lora[1], "f32"
     recipe_kv, recipe_types = recipes.metadata(recipe)
     return _write(out_path, kv | recipe_kv, kv_types | recipe_types, tensors, ckpt, progress, cancel)
 

@@ -35,15 +35,16 @@ class TensorEntry:
 class Checkpoint:
     """The tensors of a checkpoint folder, by Hugging Face name."""
 
-    def __init__(self, hf_dir: str | Path):
+    def __init__(self, hf_dir: str | Path, single: str = SINGLE_NAME):
+        """single: the one-file checkpoint's name (a PEFT adapter's: adapter_model.safetensors)."""
         hf_dir = Path(hf_dir)
         index = hf_dir / INDEX_NAME
-        if index.is_file():
+        if index.is_file() and single == SINGLE_NAME:
             shards = _shards_from_index(index)
-        elif (hf_dir / SINGLE_NAME).is_file():
-            shards = {SINGLE_NAME: None}
+        elif (hf_dir / single).is_file():
+            shards = {single: None}
         else:
-            raise DiffuseError(f"{hf_dir}: no {SINGLE_NAME} or {INDEX_NAME} (not a safetensors checkpoint)")
+            raise DiffuseError(f"{hf_dir}: no {single} or {INDEX_NAME} (not a safetensors checkpoint)")
 
         self.tensors: dict[str, TensorEntry] = {}
         owner = {name: shard for shard, names in shards.items() for name in names or ()}

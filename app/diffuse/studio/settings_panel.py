@@ -98,6 +98,7 @@ PLACES = {
     # the causal-cache modes (AR decode, self-speculation) of every loop but the uniform-state one
     "mode": Place(CAUSAL, "Decoding mode"),
     "draft_length": Place(CAUSAL, "Draft length"),
+    "draft_lora": Place(CAUSAL, "Draft with the model's draft LoRA"),
     # the uniform-state canvas (DiffusionGemma): its temperature schedule and its stop rule
     "temperature_end": Place(UNIFORM, "Temperature at the end", 0.1),
     "stability": Place(UNIFORM, "Stable steps to stop"),
@@ -422,8 +423,9 @@ class SettingsPanel(QWidget):
                          f"a uniform-state canvas only: this model ({self.arch}) unmasks masked positions")
         self._enable("mode", not uniform,
                      f"this model ({self.arch}) decodes a uniform-state canvas only: no AR or self-speculation mode")
-        self._enable("draft_length", not uniform and f["mode"].currentData() == "self_spec",
-                     "used by the self_spec decoding mode only")
+        for key in ("draft_length", "draft_lora"):
+            self._enable(key, not uniform and f["mode"].currentData() == "self_spec",
+                         "used by the self_spec decoding mode only")
 
     def _enable(self, key: str, on: bool, why_off: str) -> None:
         """A field on, or off with the reason after its help in the tooltip."""

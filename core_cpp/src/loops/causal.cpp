@@ -241,7 +241,9 @@ struct CausalSequence {
             // x[P + 1, P + k) hold masks: the draft pass's block.
             std::vector<int32_t> rows;
             for (int j = 1; j < k; ++j) rows.push_back(shift ? j - 1 : j);
-            run(runner, n_threads, V, pass_rows(cache, x, P, P + k, false, rows));
+            SequenceRows draft_rows = pass_rows(cache, x, P, P + k, false, rows);
+            draft_rows.draft_lora = p.draft_lora;   // the draft LoRA, never in a verify pass: the answer stays ar's
+            run(runner, n_threads, V, draft_rows);
             keys.clear();
             for (int j = 1; j < k; ++j) keys.push_back(P + j);
             SampleConfig sc = sampling(true, 0);
@@ -432,7 +434,8 @@ void CausalSide::iterate() {
 
 // ---- the parity hook ----
 
-void ModelImpl::forward_causal_into(const std::vector<int32_t> & tokens, int open_block, float * out) const {
+void ModelImpl::forward_causal_into(const std::vector<int32_t> & tokens, int open_block, float * out,
+                                    bool draft_lora) const {
     const int n = (int) tokens.size();
     if (hp_.family == Family::DiffusionGemma)
         throw Error("forward: mode 'ar' does not apply to DiffusionGemma: it denoises a canvas over a context (forward_canvas)");
@@ -441,6 +444,9 @@ void ModelImpl::forward_causal_into(const std::vector<int32_t> & tokens, int ope
         throw Error("forward: " + std::to_string(n) + " tokens exceed the model's context of " +
                     std::to_string(hp_.n_ctx_train));
     if (open_block < 0 || open_block > n) throw Error("forward: the open block must be 0..the token count");
+    if (draft_lora && (open_block == 0 || hp_.draft_lora_rank == 0))
+        throw Error(open_block == 0 ? "forward: draft_lora applies to an open block (a draft pass) only"
+                                    : "forward: " + path() + " has no draft LoRA");
     ContextLease ctx = lease();
     KVCache * cache = &ctx->cache(0, n);
     // The causal prefix (all of it when no block is open), then the block over it.
@@ -455,7 +461,9 @@ void ModelImpl::forward_causal_into(const std::vector<int32_t> & tokens, int ope
     if (open_block > 0) {
         rows.resize(open_block);
         for (int j = 0; j < open_block; ++j) rows[j] = j;
-        ctx->runner.run({pass_rows(cache, tokens, prefix, n, false, rows)}, n_threads(), out + (size_t) prefix * hp_.n_vocab);
+        SequenceRows block = pass_rows(cache, tokens, prefix, n, false, rows);
+        block.draft_lora = draft_lora;
+        ctx->runner.run({block}, n_threads(), out + (size_t) prefix * hp_.n_vocab);
     }
     for (size_t i = 0; i < (size_t) n * hp_.n_vocab; ++i)
         if (!std::isfinite(out[i])) throw Error(path() + ": the forward pass produced NaN/Inf logits (corrupt weights?)");

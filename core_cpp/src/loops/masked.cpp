@@ -49,7 +49,7 @@ std::string steps_text(int n) { return std::to_string(n) + (n == 1 ? " step" : "
 
 }  // namespace
 
-Plan plan_masked(const HParams & hp, int64_t n_prompt, const GenerateParams & p) {
+Plan plan_masked(const ArchInfo & arch, const HParams & hp, int64_t n_prompt, const GenerateParams & p) {
     if (p.editing_threshold < 1 && (!hp.block_diffusion() || hp.shift_logits))
         throw Error("editing_threshold applies to block-diffusion models without shifted logits (LLaDA2.1, SDAR) only");
     if (p.carry_first && !hp.shift_logits)
@@ -58,7 +58,8 @@ Plan plan_masked(const HParams & hp, int64_t n_prompt, const GenerateParams & p)
     const bool block_causal = hp.block_diffusion();
     if (block_causal) {
         // Blocks aligned at position 0 (SDAR's generate.py): the prompt's whole blocks are
-        // prefilled, its tail shares the first answer block, the run ends on a block boundary.
+        // prefilled, its tail shares the first answer block, the run ends on a block boundary
+        // (answer_blocks, Stable-DiffCoder: at gen_length, its last block cut there).
         if (p.cfg_scale > 0) throw Error("cfg_scale is not supported for block-diffusion models");
         // Their cache is exact and they see no suffix: neither option means anything there.
         if (p.cache_policy != CachePolicy::Active)
@@ -69,8 +70,10 @@ Plan plan_masked(const HParams & hp, int64_t n_prompt, const GenerateParams & p)
         g.sub = p.sub_block_length > 0 ? p.sub_block_length : hp.sub_block_size > 0 ? hp.sub_block_size : g.block;
         g.sub = std::min(g.sub, g.block);
         const int64_t origin = n_prompt / g.block * g.block;
-        const int64_t end = origin + (n_prompt + p.gen_length - origin + g.block - 1) / g.block * g.block;
-        if (end > hp.n_ctx_train) throw context_error(n_prompt, p, "block", g.block, hp.n_ctx_train);
+        const bool cut = arch.answer_blocks;   // the last block ends at gen_length
+        const int64_t end = cut ? n_prompt + p.gen_length
+                                : origin + (n_prompt + p.gen_length - origin + g.block - 1) / g.block * g.block;
+        if (end > hp.n_ctx_train) throw context_error(n_prompt, p, cut ? "" : "block", g.block, hp.n_ctx_train);
         g.origin = (int) origin;
         g.n_total = (int) end;
     } else {
@@ -85,7 +88,7 @@ Plan plan_masked(const HParams & hp, int64_t n_prompt, const GenerateParams & p)
         g.n_total = (int) (n_prompt + p.gen_length);
     }
     g.n_subs = (g.block + g.sub - 1) / g.sub;
-    g.n_blocks = (g.n_total - g.origin) / g.block;
+    g.n_blocks = (g.n_total - g.origin + g.block - 1) / g.block;   // the last one may be cut (answer_blocks)
     // Each block gets the same number of steps, and never more than it has positions: past
     // that a schedule only adds steps that commit nothing (Dream's eps schedule spent half of
     // them so at steps = 2 x gen_length). Full attention: the budget is the run's, rounded
@@ -126,6 +129,7 @@ struct Sequence {
     const bool shift;                  // position p is predicted by the output row of p - 1 (Dream)
     const bool carries;                // block diffusion with shifted logits: carry steps (above)
     const bool editing;                // token-to-token editing (above)
+    const bool answer_blocks;          // ArchInfo::answer_blocks (Stable-DiffCoder)
     int n_prompt, n_total, block, origin, n_blocks;
     int sub, n_subs, steps_per_sub;    // sub-blocks of a block (one of the whole block when none)
 
@@ -156,7 +160,7 @@ struct Sequence {
     Sequence(int index_, const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p_)
         : index(index_), p(p_), sched(scheduler_info(p_.scheduler)), block_causal(model.hparams().block_diffusion()),
           shift(model.hparams().shift_logits), carries(shift && (block_causal || p_.carry_first)),
-          editing(p_.editing_threshold < 1) {
+          editing(p_.editing_threshold < 1), answer_blocks(model.arch().answer_blocks) {
         const Plan g = check_request(model, prompt, p);
         block = g.block;
         sub = g.sub;
@@ -189,7 +193,7 @@ struct Sequence {
     }
 
     int block_start() const { return origin + b * block; }
-    int block_end() const { return block_start() + block; }
+    int block_end() const { return std::min(block_start() + block, n_total); }
     // Full attention: the positions a step attends to (the suffix window cuts off the rest).
     int window_end() const { return p.suffix_window < 0 ? n_total : std::min(n_total, block_end() + p.suffix_window); }
     int sub_start() const { return block_start() + u * sub; }
@@ -203,7 +207,8 @@ struct Sequence {
         if (carrying) return 1;
         if (sched.schedule == Schedule::DreamEps) return dream_transfer_count(n_cand, i, steps_per_sub, p.eps);
         if (i >= steps_per_sub - 1) return n_cand;
-        return std::min(llada_transfer_counts(sub_end() - sub_start(), steps_per_sub)[i], n_cand);
+        const int span = sub_end() - (answer_blocks ? std::max(sub_start(), n_prompt) : sub_start());
+        return std::min(llada_transfer_counts(span, steps_per_sub)[i], n_cand);
     }
 
     // Whether the finished current block ends the answer (eos_stop all_eos / holds_eos).
@@ -335,7 +340,7 @@ struct Sequence {
                       const std::vector<int32_t> & wanted) const {
         SequenceRows r;
         r.cache = kv;
-        r.n_kv = block_causal ? (positions.back() / block + 1) * block : window_end();
+        r.n_kv = block_causal ? std::min((positions.back() / block + 1) * block, n_total) : window_end();
         r.attn_block = block_causal ? block : 0;
         std::vector<int32_t> row_of(n_total, -1);
         for (int32_t pos : positions) {

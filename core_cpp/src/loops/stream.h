@@ -32,7 +32,7 @@ Loop loop_of(const ArchInfo & arch, const GenerateParams & p);
 
 // The plan of each loop (loops/*.cpp) from the model's hyper-parameters, a prompt length and the
 // options; plan_run chooses the loop.
-Plan plan_masked(const HParams & hp, int64_t n_prompt, const GenerateParams & p);
+Plan plan_masked(const ArchInfo & arch, const HParams & hp, int64_t n_prompt, const GenerateParams & p);
 Plan plan_uniform_state(const HParams & hp, int64_t n_prompt, const GenerateParams & p);
 Plan plan_causal(const HParams & hp, int64_t n_prompt, const GenerateParams & p);
 Plan plan_run(const ArchInfo & arch, const HParams & hp, int64_t n_prompt, const GenerateParams & p);
