@@ -22,8 +22,9 @@ OPTION_NAMES: tuple[str, ...] = tuple(o["name"] for o in OPTIONS)
 # engine runs whole blocks (the answer may run on to the end of the last one), steps count per block.
 BLOCK_FAMILIES = ("sdar", "fast-dllm-v2")
 # Diffusion over a causal K/V cache (Nemotron-Labs-Diffusion): blocks of [AR seed, masks] from the
-# prompt's end, each finished block written by a causal pass; steps count per block.
-CAUSAL_FAMILIES = ("nemotron-diffusion",)
+# prompt's end, each finished block written by a causal pass; steps count per block. WeDLM: a
+# sliding window reordered filled-first, no steps to count.
+CAUSAL_FAMILIES = ("nemotron-diffusion", "wedlm")
 
 
 # Named decoding modes, as options over the model's defaults: the CLI's --preset, a server request's

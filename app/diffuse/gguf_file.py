@@ -22,12 +22,12 @@ DIALECT_OURS = "diffuse"
 DIALECT_LLAMA_CPP = "llama.cpp"
 DIALECT_DIFFUSE_CPP = "diffuse-cpp"
 DIALECT_OTHER = "other"
-FAMILIES = ("llada", "dream", "sdar", "fast-dllm-v2", "nemotron-diffusion")
+FAMILIES = ("llada", "dream", "sdar", "fast-dllm-v2", "nemotron-diffusion", "wedlm")
 # general.architecture -> family: LLaDA-MoE runs as the LLaDA family (schedules, chat, no shift).
 # LLaDA2 is block diffusion with SDAR's rules and defaults.
 ARCH_FAMILIES = {"llada": "llada", "dream": "dream", "llada-moe": "llada", "sdar": "sdar",
                  "fast-dllm-v2": "fast-dllm-v2", "llada2": "sdar", "diffusion-gemma": "diffusion-gemma",
-                 "nemotron-diffusion": "nemotron-diffusion"}
+                 "nemotron-diffusion": "nemotron-diffusion", "wedlm": "wedlm", "wedlm-qwen2": "wedlm"}
 
 # ggml's names for GGUF value types (gguf_type_name), as read_gguf reports them in kv_types.
 _VALUE_TYPES = {

@@ -56,6 +56,10 @@ static py::dict event_dict(const diffuse::StepEvent & e, const diffuse::HParams 
         d["spec_draft"] = to_numpy(*e.spec_draft);
         d["spec_accepted"] = e.spec_accepted;
     }
+    if (e.window_order) {   // WeDLM
+        d["window_order"] = to_numpy(*e.window_order);
+        d["committed"] = to_numpy(*e.committed);
+    }
     if (!e.experts->empty()) {
         const py::ssize_t n_active = (py::ssize_t) e.active->size();
         d["experts"] = to_numpy(*e.experts).attr("reshape")(hp.n_layer, n_active, hp.n_expert_used);
@@ -92,7 +96,7 @@ static const char * kind_name(OptionKind k) {
 
 static diffuse::Arch arch_of(const std::string & family) {
     for (diffuse::Arch a : {diffuse::Arch::LLaDA, diffuse::Arch::Dream, diffuse::Arch::SDAR, diffuse::Arch::FastDLLMv2,
-                            diffuse::Arch::DiffusionGemma, diffuse::Arch::NemotronDiffusion})
+                            diffuse::Arch::DiffusionGemma, diffuse::Arch::NemotronDiffusion, diffuse::Arch::WeDLM})
         if (family == diffuse::arch_name(a)) return a;
     throw diffuse::Error("unknown model family '" + family + "'");
 }

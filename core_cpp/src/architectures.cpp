@@ -6,6 +6,8 @@ namespace diffuse {
 // id llama.cpp's converter writes, and LLaDA2's <|mask|> too.
 constexpr int32_t LLADA_MASK_ID = 126336;
 constexpr int32_t LLADA_MOE_MASK_ID = 156895;
+// WeDLM's config.json has mask_token_id null; Tencent's engine then uses 151665 (model_runner.py).
+constexpr int32_t WEDLM_MASK_ID = 151665;
 
 static const ArchInfo ARCHS[] = {
     // name            family            graph            bias   qknorm moe    fused  rbias  shift  block  mask
@@ -25,6 +27,10 @@ static const ArchInfo ARCHS[] = {
     // Nemotron-Labs-Diffusion: Ministral3 blocks (Llama with YaRN and the llama-4 query scale), one
     // causal K/V cache for its AR, diffusion and self-speculation modes (no GGUF name exists: ours).
     {"nemotron-diffusion", Arch::NemotronDiffusion, build_nemotron_diffusion, false, false, false, false, false, false, false, -1},
+    // WeDLM (Tencent): WeDLM-8B on Qwen3 blocks (SDAR's graph), WeDLM-7B on Qwen2.5 blocks (Dream's);
+    // plain causal attention, its window reordered per pass (loops/wedlm.h). No GGUF name exists: ours.
+    {"wedlm",          Arch::WeDLM,      build_sdar,      false, true,  false, false, false, false, false, WEDLM_MASK_ID},
+    {"wedlm-qwen2",    Arch::WeDLM,      build_dream,     true,  false, false, false, false, false, false, WEDLM_MASK_ID},
 };
 
 const ArchInfo * arch_by_name(const std::string & name) {

@@ -43,6 +43,7 @@ const char * arch_name(Arch a) {
         case Arch::FastDLLMv2: return "fast-dllm-v2";
         case Arch::DiffusionGemma: return "diffusion-gemma";
         case Arch::NemotronDiffusion: return "nemotron-diffusion";
+        case Arch::WeDLM:      return "wedlm";
     }
     return "?";
 }

@@ -116,8 +116,8 @@ class Reference:
             hd = cfg.hidden_size // cfg.num_attention_heads
             inv_freq = 1.0 / config["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
             _float64_norms_and_rope(self.body, self.body.rotary_emb, inv_freq, 1.0)
-        else:   # Qwen3 (SDAR) or Qwen2 (Fast-dLLM v2) blocks: their AR mode
-            sdar = arch == "SDARForCausalLM"
+        else:   # Qwen3 (SDAR, WeDLM-8B) or Qwen2 (Fast-dLLM v2, WeDLM-7B) blocks: their AR mode
+            sdar = arch == "SDARForCausalLM" or arch == "WeDLMForCausalLM" and config.get("qk_norm")
             cls = transformers.Qwen3ForCausalLM if sdar else transformers.Qwen2ForCausalLM
             cfg = (transformers.Qwen3Config if sdar else transformers.Qwen2Config)(**keep)
             cfg._attn_implementation = "sdpa"
@@ -130,14 +130,16 @@ class Reference:
             _float64_norms_and_rope(self.body, self.body.rotary_emb, inv_freq, 1.0)
         self.passes = 0
 
-    def logits(self, ids, open_block: int = 0) -> np.ndarray:
-        """(n, n_vocab): causal, the last open_block rows seeing every position."""
+    def logits(self, ids, open_block: int = 0, positions=None) -> np.ndarray:
+        """(n, n_vocab): causal, the last open_block rows seeing every position; RoPE at `positions`
+        (default 0..n-1)."""
         n = len(ids)
         allowed = np.tril(np.ones((n, n), bool))
         allowed[n - open_block:, :] = True
         mask = torch.from_numpy(np.where(allowed, 0.0, -np.inf))[None, None]
         with torch.no_grad():
-            h = self.body(torch.tensor([list(ids)]), attention_mask=mask, position_ids=torch.arange(n)[None])
+            pos = torch.arange(n) if positions is None else torch.tensor(list(positions))
+            h = self.body(torch.tensor([list(ids)]), attention_mask=mask, position_ids=pos[None])
         self.passes += 1
         return (h.last_hidden_state[0] @ self.head.T).numpy()
 
