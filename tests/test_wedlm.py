@@ -236,3 +236,35 @@ def test_bad_options_are_refused(wedlm, options, message):
     _, path = wedlm["qwen3"]
     with pytest.raises(DiffuseError, match=message):
         diffuse.load(str(path)).generate([1, 2, 3], chat=False, **options)
+
+
+def test_cli_generate(wedlm, tmp_path, capsys):
+    from diffuse.cli import main
+    from diffuse.recording import Recording
+    _, path = wedlm["qwen3"]
+    run = tmp_path / "run.npz"
+    assert main(["generate", "-m", str(path), "-p", "Hello there", "--gen-length", "20", "--window-size", "8",
+                 "--threshold", "1.0", "--threads", "1", "--record", str(run)]) == 0
+    out, err = capsys.readouterr()
+    rec = Recording.load(run)
+    assert out == rec.result.text + "\n" and "tok/s" in err
+    assert rec.options["window_size"] == 8 and rec.options["pos_penalty"] == 0.02
+    assert len(rec.events) == rec.result.steps
+
+
+def test_server_answers_as_generate(wedlm):
+    import openai
+
+    from diffuse.serve import Server
+    _, path = wedlm["qwen2"]
+    model = diffuse.load(str(path), threads=1)
+    want = model.generate("It was", gen_length=16, chat=False, window_size=4, threshold=1.0).text
+    server = Server(model, port=0, max_batch=4)
+    server.start()
+    try:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+        got = client.completions.create(model="m", prompt="It was", max_tokens=16,
+                                        extra_body={"window_size": 4, "threshold": 1.0})
+        assert got.choices[0].text == want
+    finally:
+        server.stop()
