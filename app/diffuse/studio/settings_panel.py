@@ -97,6 +97,9 @@ PLACES = {
     # the causal-cache modes (AR decode, self-speculation) of every family but DiffusionGemma
     "mode": Place(SCHEDULE, "Decoding mode"),
     "draft_length": Place(SCHEDULE, "Draft length"),
+    # WeDLM's sliding window (its threshold is Tau)
+    "window_size": Place(SCHEDULE, "Window"),
+    "pos_penalty": Place(SCHEDULE, "Position penalty", 0.01, decimals=3, suffix=" nats"),
     # DiffusionGemma's uniform-state canvas: its temperature schedule and its stop rule
     "temperature_end": Place(SAMPLING, "Temperature at the end", 0.1),
     "stability": Place(SAMPLING, "Stable steps to stop"),
@@ -401,7 +404,8 @@ class SettingsPanel(QWidget):
     def _update_enabled(self) -> None:
         f = self.fields
         scheduler = f["scheduler"].currentData()
-        f["threshold"].setEnabled(scheduler in (None, "entropy_exit"))
+        wedlm = self.arch == "wedlm"
+        f["threshold"].setEnabled(wedlm or scheduler in (None, "entropy_exit"))
         f["confidence_threshold"].setEnabled(scheduler in (None, "low_confidence_dynamic", "confidence_threshold"))
         f["factor"].setEnabled(scheduler in (None, "confidence_factor"))
         f["entropy_budget"].setEnabled(scheduler in (None, "entropy_bounded"))
@@ -416,6 +420,9 @@ class SettingsPanel(QWidget):
         self._enable("mode", not uniform, "DiffusionGemma decodes its canvas only: no AR or self-speculation mode")
         self._enable("draft_length", not uniform and f["mode"].currentData() == "self_spec",
                      "used by the self_spec decoding mode only")
+        for key in ("window_size", "pos_penalty"):
+            self._enable(key, self.arch is None or wedlm and f["mode"].currentData() in (None, "diffusion"),
+                         "WeDLM's decoding only")
 
     def _enable(self, key: str, on: bool, why_off: str) -> None:
         """A field on, or off with the reason after its help in the tooltip."""
