@@ -198,6 +198,22 @@ def test_events_follow_the_contract(wedlm):
     assert result.steps == len(events) and not events[-1].mask.any()
 
 
+def test_sampling_repeats_with_its_seed(wedlm):
+    """temperature > 0: draws keyed by (seed, step, position): a seed repeats its run; the
+    entropies the rule reads are the raw logits' (as Tencent's sampler), the same as greedy's at the
+    first pass."""
+    _, path = wedlm["qwen3"]
+    model = diffuse.load(str(path))
+    first, again, greedy = [], [], []
+    a = model.generate(PROMPTS[0], gen_length=20, chat=False, temperature=1.0, seed=5, on_step=first.append)
+    b = model.generate(PROMPTS[0], gen_length=20, chat=False, temperature=1.0, seed=5, on_step=again.append)
+    model.generate(PROMPTS[0], gen_length=20, chat=False, on_step=greedy.append)
+    assert list(a.tokens) == list(b.tokens)
+    assert np.array_equal(first[0].entropy, greedy[0].entropy, equal_nan=True)
+    assert any(list(model.generate(PROMPTS[0], gen_length=20, chat=False, temperature=1.0, seed=s).tokens)
+               != list(a.tokens) for s in (6, 7, 8))
+
+
 # ---- batches, streams, cancel, CLI, server ----
 
 def test_batch_and_stream_give_each_answer_alone(wedlm):

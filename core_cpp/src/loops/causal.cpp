@@ -94,7 +94,6 @@ bool runs_causally(const ModelImpl & model, const GenerateParams & p) {
     return p.mode != Decoding::Diffusion || a == Arch::NemotronDiffusion || a == Arch::WeDLM;
 }
 
-
 void check_causal(const ModelImpl & model, const std::vector<int32_t> & prompt, const GenerateParams & p) {
     const HParams & hp = model.hparams();
     if (prompt.empty()) throw Error("the prompt is empty");
