@@ -107,8 +107,10 @@ def test_logits_match_transformers(wedlm, references, layout):
     x = [int(t) for t in np.random.default_rng(3).integers(0, 400, 40)]
     want = references[layout].logits(x)
     exact = relative_error(diffuse.load(str(path), kv_f16=False).forward(x, mode="ar"), want)
-    default = relative_error(diffuse.load(str(path)).forward(x, mode="ar"), want)
+    model = diffuse.load(str(path))
+    default = relative_error(model.forward(x, mode="ar"), want)
     assert exact < 1e-5 and default < 5e-3, (exact, default)
+    assert np.array_equal(model.forward(x), model.forward(x, mode="ar"))   # its own pattern is causal
 
 
 # ---- the loop against Tencent's ----
