@@ -270,19 +270,29 @@ def test_cli_generate(wedlm, tmp_path, capsys):
     assert len(rec.events) == rec.result.steps
 
 
-def test_server_answers_as_generate(wedlm):
+def test_server_answers_as_generate_with_its_events(wedlm):
+    """Through `diffuse serve` (the openai client) the answer is generate's; through diffuse.remote
+    the step events carry the window's order and commits, relative to the answer."""
     import openai
 
+    from diffuse.remote import RemoteModel
     from diffuse.serve import Server
     _, path = wedlm["qwen2"]
     model = diffuse.load(str(path), threads=1)
-    want = model.generate("It was", gen_length=16, chat=False, window_size=4, threshold=1.0).text
+    options = {"gen_length": 16, "window_size": 4, "threshold": 1.0}
+    local = []
+    want = model.generate("It was", chat=False, on_step=local.append, **options)
     server = Server(model, port=0, max_batch=4)
     server.start()
     try:
         client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
         got = client.completions.create(model="m", prompt="It was", max_tokens=16,
                                         extra_body={"window_size": 4, "threshold": 1.0})
-        assert got.choices[0].text == want
+        assert got.choices[0].text == want.text
+        remote = []
+        RemoteModel.connect(server.url, timeout=60).generate("It was", chat=False, on_step=remote.append, **options)
+        p = local[0].prompt_length
+        assert [list(e.window_order) for e in remote] == [list(e.window_order - p) for e in local]
+        assert [list(e.committed) for e in remote] == [list(e.committed - p) for e in local]
     finally:
         server.stop()

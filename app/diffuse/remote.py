@@ -488,6 +488,8 @@ class _Answer:
                 experts = np.asarray(d["experts"], np.int32)
                 if experts.ndim != 3 or experts.shape[1] != len(active):
                     raise ValueError("experts that do not fit the active positions")
+            # WeDLM: its window's pass order and the positions it committed (absent: another family)
+            window = {k: _positions(d[k], n) for k in ("window_order", "committed") if isinstance(d.get(k), list)}
             self.model.tokenizer.learn(d)
             self.model.unsent = {k for k in STEP_EXTRAS if k not in d or (k == "active" and not isinstance(d[k], list))}
             return StepEvent(step=int(d["step"]), block=block, n_blocks=n_blocks,
@@ -496,7 +498,7 @@ class _Answer:
                              confidence=confidence, active=active, cached=cached,
                              forward_ms=float(d["forward_ms"]), sample_ms=float(d["sample_ms"]),
                              total_ms=float(d["total_ms"]), scheduled=int(d.get("scheduled", -1)), edited=edited,
-                             experts=experts)
+                             experts=experts, **window)
         except (KeyError, TypeError, ValueError, OverflowError) as e:
             raise DiffuseError(f"{self.model.url}: a step event that is not diffuse serve's "
                                f"({type(e).__name__}: {str(e)[:80]})") from None
@@ -538,6 +540,6 @@ def _positions(value, n: int) -> np.ndarray:
     if isinstance(value, list):
         out = np.asarray(value, np.int32)
         if out.ndim != 1 or ((out < 0) | (out >= n)).any():
-            raise ValueError("active or cached positions outside the answer")
+            raise ValueError("positions outside the answer")
         return out
     return np.zeros(0, np.int32)
