@@ -268,6 +268,9 @@ def test_cli_generate(wedlm, tmp_path, capsys):
     assert out == rec.result.text + "\n" and "tok/s" in err
     assert rec.options["window_size"] == 8 and rec.options["pos_penalty"] == 0.02
     assert len(rec.events) == rec.result.steps
+    for e in rec.events:   # the window's fields come back from the file
+        assert sorted(e.window_order) == list(range(e.block_start, e.block_end))
+        assert list(e.committed) == list(range(e.block_start, e.block_start + len(e.committed)))
 
 
 def test_server_answers_as_generate_with_its_events(wedlm):
