@@ -150,6 +150,15 @@ def test_loop_is_tencents_pass_for_pass(wedlm, references, layout, options):
             assert max(errors, default=0) < 1e-4
 
 
+def test_long_prompt_prefills_in_chunks(wedlm, references):
+    """A prompt past one prefill pass (512 rows): the window over the chunks' K/V is the port's."""
+    _, path = wedlm["qwen3"]
+    prompt = [int(t) for t in np.random.default_rng(5).integers(0, 400, 600)]
+    got, events, want, passes, eos = run_both(path, references["qwen3"], prompt, SETTINGS[1], gen_length=8,
+                                              kv_f16=False)
+    assert same_answer(got.tokens, want, eos) and all(same_pass(e, p) for e, p in zip(events, passes))
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_default_path_within_its_limit(wedlm, references, layout):
     """The default path (F16 K/V, flash attention) rounds K and V: its entropies stay within 0.03
