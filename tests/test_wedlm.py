@@ -256,7 +256,7 @@ def test_cancel(wedlm):
 
 @pytest.mark.parametrize("options,message", [
     ({"window_size": 0}, r"window_size = 0 is out of range: expected an integer in \[1, "),
-    ({"window_size": 40961}, r"window_size \(40961\) exceeds the model's context of 40960 positions"),
+    ({"window_size": 16385}, r"window_size \(16385\) exceeds the model's context of 16384 positions"),
     ({"pos_penalty": -1}, r"pos_penalty = -1 is out of range"),
 ])
 def test_bad_options_are_refused(wedlm, options, message):
