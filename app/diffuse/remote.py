@@ -488,8 +488,6 @@ class _Answer:
                 experts = np.asarray(d["experts"], np.int32)
                 if experts.ndim != 3 or experts.shape[1] != len(active):
                     raise ValueError("experts that do not fit the active positions")
-            # WeDLM: its window's pass order and the positions it committed (absent: another family)
-            window = {k: _positions(d[k], n) for k in ("window_order", "committed") if isinstance(d.get(k), list)}
             self.model.tokenizer.learn(d)
             self.model.unsent = {k for k in STEP_EXTRAS if k not in d or (k == "active" and not isinstance(d[k], list))}
             return StepEvent(step=int(d["step"]), block=block, n_blocks=n_blocks,
@@ -498,7 +496,7 @@ class _Answer:
                              confidence=confidence, active=active, cached=cached,
                              forward_ms=float(d["forward_ms"]), sample_ms=float(d["sample_ms"]),
                              total_ms=float(d["total_ms"]), scheduled=int(d.get("scheduled", -1)), edited=edited,
-                             experts=experts, **window)
+                             experts=experts, **_causal_fields(d, n))
         except (KeyError, TypeError, ValueError, OverflowError) as e:
             raise DiffuseError(f"{self.model.url}: a step event that is not diffuse serve's "
                                f"({type(e).__name__}: {str(e)[:80]})") from None
@@ -534,12 +532,29 @@ def _block_bounds(d: dict, block: int, n_blocks: int, n: int) -> tuple[int, int]
     return block * n // n_blocks, (block + 1) * n // n_blocks
 
 
+def _causal_fields(d: dict, n: int) -> dict:
+    """Self-speculation's draft (token ids) and drafts kept, WeDLM's window in pass order and its
+    commits (answer positions), where the event has them (StepEvent's fields of those names)."""
+    out = {}
+    if d.get("spec_draft") is not None:
+        draft, kept = np.asarray(d["spec_draft"], np.int32), int(d.get("spec_accepted", -1))
+        if draft.ndim != 1 or not draft.size or (draft < 0).any() or not 0 <= kept < draft.size:
+            raise ValueError("a draft that is not token ids, or more drafts kept than drafted")
+        out |= {"spec_draft": draft, "spec_accepted": kept}
+    if d.get("window_order") is not None:
+        window, committed = (np.asarray(d.get(k, []), np.int32) for k in ("window_order", "committed"))
+        if window.ndim != 1 or committed.ndim != 1 or not all(((a >= 0) & (a < n)).all() for a in (window, committed)):
+            raise ValueError("a window or commits outside the answer")
+        out |= {"window_order": window, "committed": committed}
+    return out
+
+
 def _positions(value, n: int) -> np.ndarray:
     """Positions the server sent as a list; a count (what diffuse serve sent before it sent lists)
     names none."""
     if isinstance(value, list):
         out = np.asarray(value, np.int32)
         if out.ndim != 1 or ((out < 0) | (out >= n)).any():
-            raise ValueError("positions outside the answer")
+            raise ValueError("active or cached positions outside the answer")
         return out
     return np.zeros(0, np.int32)
