@@ -140,17 +140,19 @@ def write_llama_twin(src: str | os.PathLike, out: Path, twin: str) -> Path:
     """`src`'s weights as llama.cpp's architecture `twin`: the same tensors, bytes as they are (any
     type), but q/k rows reordered from rotate-half RoPE pairs to llama.cpp's adjacent ones (NORM
     mode, as its converter for Ministral3 writes them); the hyperparameters under `twin.*`; no
-    tokenizer, only the vocabulary's size (llama-bench decodes random token ids)."""
+    tokenizer, only the vocabulary's size (llama-bench decodes random token ids). Only the `.weight`
+    tensors: a draft LoRA's (`.lora_a`, `.lora_b`) serves the draft pass, which AR decode never runs."""
     from diffuse import gguf_file
     from diffuse.convert.families import qk_row_order
     info = gguf_file.read(src)
+    tensors = [t for t in info.tensors if t.name.endswith(".weight")]
     prefix = f"{info.architecture}."
     kv, types = {}, {}
     for key, value in info.kv.items():
         if key.startswith(prefix) or key.startswith("general."):
             new = f"{twin}." + key[len(prefix):] if key.startswith(prefix) else key
             kv[new], types[new] = value, info.kv_types[key]
-    n_vocab = next(t.shape[1] for t in info.tensors if t.name == "token_embd.weight")
+    n_vocab = next(t.shape[1] for t in tensors if t.name == "token_embd.weight")
     extra = {"general.architecture": (twin, "str"), "tokenizer.ggml.model": ("none", "str"),
              f"{twin}.vocab_size": (n_vocab, "u32")}
     if f"{twin}.attention.key_length" in kv and f"{twin}.attention.value_length" not in kv:
@@ -160,11 +162,11 @@ def write_llama_twin(src: str | os.PathLike, out: Path, twin: str) -> Path:
     heads = {"attn_q": kv[f"{twin}.attention.head_count"], "attn_k": kv[f"{twin}.attention.head_count_kv"]}
 
     def data():
-        for t in info.tensors:
+        for t in tensors:
             kind = t.name.split(".")[-2]
             yield t.raw()[qk_row_order(t.shape[1], heads[kind])] if kind in heads else t.raw()
 
-    gguf_file.write(out, kv, types, [gguf_file.OutTensor(t.name, t.type, t.shape) for t in info.tensors], data())
+    gguf_file.write(out, kv, types, [gguf_file.OutTensor(t.name, t.type, t.shape) for t in tensors], data())
     return out
 
 
