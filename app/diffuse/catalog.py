@@ -20,8 +20,10 @@ from diffuse import DiffuseError, gguf_file, hub
 _MODEL_FIELDS = {"id": str, "name": str, "family": str, "hf_repo": str, "url": str,
                  "license": str, "params": int, "context_length": int, "download_bytes": int,
                  "download_files": str, "quantizations": dict, "recommended": str}
+# unverified: the fields ("ready_gguf.file_bytes", "ram_gb" for every one so named) whose figures
+# no primary record confirmed; the catalog's "about" says where the others come from.
 _OPTIONAL_MODEL_FIELDS = {"active_params": int, "experts": int, "experts_per_token": int,
-                          "ready_gguf": dict}
+                          "ready_gguf": dict, "unverified": list}
 _GGUF_FIELDS = {"repo": str, "file": str, "quantization": str, "architecture": str,
                 "file_gb": (int, float), "ram_gb": (int, float)}
 _OPTIONAL_GGUF_FIELDS = {"file_bytes": int, "sha256": str}
@@ -113,7 +115,20 @@ def _problem(model) -> str | None:
             return f"ready_gguf: quantization {gguf['quantization']!r} is none of its quantizations"
         if "sha256" in gguf and not _SHA256.fullmatch(gguf["sha256"]):
             return "ready_gguf: sha256 is not 64 lower-case hex digits"
+    for name in model.get("unverified", []):
+        if not isinstance(name, str) or not _names_a_figure(model, name):
+            return f"unverified: {name!r} names no field of the entry"
     return None
+
+
+def _names_a_figure(model: dict, name: str) -> bool:
+    """Whether `name` is a dotted path to a field of `model`, or a field name found at any depth."""
+    node = model
+    for part in name.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return any(isinstance(v, dict) and _names_a_figure(v, name) for v in model.values())
+        node = node[part]
+    return True
 
 
 def _fields(obj: dict, required: dict, optional: dict) -> str | None:
