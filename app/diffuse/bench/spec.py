@@ -107,10 +107,10 @@ def run(path: str, depth: int, draft_lengths: list[int], acceptance: list[float]
                               speedup=decode_ms * used / iteration)
                          | ({"llama_tok_s": 1000.0 / llama_ms, "vs_llama": llama_ms * used / iteration}
                             if llama_ms else {}))
+    llama = dict(bench=str(bench), note=llama_note, decode_ms=llama_ms, samples_ms=llama_samples, ar_tokens=ar_tokens)
     return dict(model=str(path), hparams=model._core.hparams, depth=depth, threads=model.threads, reps=reps,
-                decode_ms=decode_ms, ar_loop_ms=loop_ms, rows=rows, speed=speed, machine=describe(),
-                llama=dict(bench=str(bench), note=llama_note, decode_ms=llama_ms, samples_ms=llama_samples,
-                           ar_tokens=ar_tokens),
+                decode_ms=decode_ms, decode_samples_ms=t["decode_ms"], ar_loop_ms=loop_ms, rows=rows, speed=speed,
+                machine=describe(), llama=llama,
                 load_average=[load_before, os.getloadavg()[0]], when=time.strftime("%Y-%m-%d %H:%M"))
 
 
