@@ -365,6 +365,12 @@ def test_spec_beside_llama_bench(tiny_gguf, tmp_path, monkeypatch, capsys):
     assert all(s["llama_tok_s"] == pytest.approx(12.5) for s in result["speed"])
     assert "llama.cpp tok/s" in text and "llama.cpp tok/s" in (tmp_path / "s.md").read_text()
 
+    (folder / "llama-bench").write_text("#!/bin/sh\necho \"unknown model architecture: 'mistral3'\" >&2\nexit 1\n")
+    assert main(["bench", "spec", model, "--depth", "16", "--reps", "2", "--ar-tokens", "2", "--draft-lengths", "4",
+                 "--llama-bin", str(folder)]) == 0
+    text = capsys.readouterr().out
+    assert "llama.cpp: failed, left out:" in text and "llama.cpp tok/s" not in text
+
     monkeypatch.delenv("DIFFUSE_LLAMA_BIN", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))      # no llama-bench anywhere
     assert main(["bench", "spec", model, "--depth", "16", "--reps", "1", "--ar-tokens", "2",
