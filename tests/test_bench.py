@@ -314,3 +314,82 @@ def test_head_bench_reads_the_model_head_and_refuses_bad_rows(tiny_gguf, capsys)
     f32 = str(tiny_gguf("sdar", "f32"))
     assert main(["bench", "head", f32, "--rows", "1", "--reps", "1", "--threads", "1"]) == 1
     assert "no head product for f32" in capsys.readouterr().err
+
+
+# ---- diffuse bench spec against llama.cpp's decode of the same weights ----
+
+def test_spec_llama_twin_is_the_same_weights_as_mistral3(tiny_gguf, tmp_path):
+    """The Nemotron-Labs-Diffusion file as llama.cpp's mistral3: every tensor's bytes, q/k rows in
+    llama.cpp's NORM order, the hyperparameters under mistral3.*, the vocabulary's size, no tokenizer."""
+    from diffuse.bench.spec import write_llama_twin
+    from diffuse.convert.families import qk_row_order
+    src = gguf_file.read(tiny_gguf("nemotron-diffusion", "f32"))
+    twin = gguf_file.read(write_llama_twin(src.path, tmp_path / "t.gguf", "mistral3"))
+    kv = twin.kv
+    assert twin.architecture == "mistral3" and kv["tokenizer.ggml.model"] == "none"
+    assert kv["mistral3.vocab_size"] == next(t.shape[1] for t in src.tensors if t.name == "token_embd.weight")
+    for key in ("rope.scaling.type", "attention.temperature_scale", "block_count", "attention.key_length"):
+        assert kv[f"mistral3.{key}"] == src.kv[f"nemotron-diffusion.{key}"]
+    assert kv["mistral3.attention.value_length"] == kv["mistral3.attention.key_length"]
+    assert not any(k.startswith(("nemotron-diffusion.", "diffusion.")) for k in kv)
+    heads = {"attn_q": kv["mistral3.attention.head_count"], "attn_k": kv["mistral3.attention.head_count_kv"]}
+    assert [t.name for t in twin.tensors] == [t.name for t in src.tensors]
+    for a, b in zip(src.tensors, twin.tensors):
+        kind = a.name.split(".")[-2]
+        want = a.raw()[qk_row_order(a.shape[1], heads[kind])] if kind in heads else a.raw()
+        assert (a.type, a.shape) == (b.type, b.shape) and np.array_equal(b.raw(), want), a.name
+        assert kind not in heads or not np.array_equal(b.raw(), a.raw())    # the reorder did something
+
+
+def test_spec_beside_llama_bench(tiny_gguf, tmp_path, monkeypatch, capsys):
+    """llama-bench decodes the mistral3 copy at the same depth, once per rep between ours; the copy
+    is removed after. Its ms per token is a column and a break-even; absent, the output says so."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    calls = tmp_path / "calls.txt"
+    (folder / "llama-bench").write_text(FAKE_LLAMA_BENCH.replace("case", f'echo "$*" >> {calls}; test -s "$2" && case'))
+    (folder / "llama-bench").chmod(0o755)
+    model = str(tiny_gguf("nemotron-diffusion", "f32"))
+    out = tmp_path / "spec.json"
+    assert main(["bench", "spec", model, "--depth", "16", "--reps", "2", "--ar-tokens", "4", "--draft-lengths", "1,4",
+                 "--llama-bin", str(folder), "--json", str(out), "--markdown", str(tmp_path / "s.md")]) == 0
+    text = capsys.readouterr().out
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 2 and all(" -n 4 " in x and " -d 16 " in x and " -fa 1 " in x for x in lines)
+    twin = lines[0].split()[1]
+    assert twin.endswith("-mistral3.gguf") and not Path(twin).exists()
+    result = json.loads(out.read_text())
+    assert result["llama"]["decode_ms"] == pytest.approx(320 / 4)
+    for r in result["rows"]:
+        assert r["break_even_llama"] == pytest.approx(r["iteration_ms"] / 80)
+    assert all(s["llama_tok_s"] == pytest.approx(12.5) for s in result["speed"])
+    assert "llama.cpp tok/s" in text and "llama.cpp tok/s" in (tmp_path / "s.md").read_text()
+
+    (folder / "llama-bench").write_text("#!/bin/sh\necho \"unknown model architecture: 'mistral3'\" >&2\nexit 1\n")
+    assert main(["bench", "spec", model, "--depth", "16", "--reps", "2", "--ar-tokens", "2", "--draft-lengths", "4",
+                 "--llama-bin", str(folder)]) == 0
+    text = capsys.readouterr().out
+    assert "llama.cpp: failed, left out:" in text and "llama.cpp tok/s" not in text
+
+    monkeypatch.delenv("DIFFUSE_LLAMA_BIN", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))      # no llama-bench anywhere
+    assert main(["bench", "spec", model, "--depth", "16", "--reps", "1", "--ar-tokens", "2",
+                 "--draft-lengths", "4", "--json", str(tmp_path / "none.json")]) == 0
+    text = capsys.readouterr().out
+    assert "llama.cpp: absent (llama-bench not found" in text and "llama.cpp tok/s" not in text
+    assert json.loads((tmp_path / "none.json").read_text())["llama"]["decode_ms"] is None
+
+
+def test_spec_twin_runs_in_real_llama_bench(tiny_gguf, tmp_path):
+    """Where a real llama.cpp build is named ($DIFFUSE_LLAMA_BIN), its llama-bench loads and decodes
+    the mistral3 copy at depth."""
+    import os
+
+    from diffuse.bench.llama_ref import ENV_BIN, find_bins, llama_bench
+    from diffuse.bench.spec import write_llama_twin
+    bench = find_bins().bench if os.environ.get(ENV_BIN) else None
+    if bench is None:
+        pytest.skip(f"no llama.cpp build named in ${ENV_BIN}")
+    twin = write_llama_twin(tiny_gguf("nemotron-diffusion", "f32"), tmp_path / "t.gguf", "mistral3")
+    tg = llama_bench(bench, str(twin), n_prompt=0, n_gen=2, threads=1, reps=1, flash_attn=True, depth=8)
+    assert tg["ms"] > 0

@@ -28,7 +28,7 @@ def test_every_entry_is_complete_and_consistent():
         assert abs(m["quantizations"]["f16"]["file_gb"] - text_bytes / 1e9) < 0.05
         gguf = m.get("ready_gguf")
         if gguf is None:                  # block diffusion: no ready GGUF known, converted here
-            assert m["family"] in ("sdar", "fast-dllm-v2", "llada2")
+            assert m["family"] in ("sdar", "fast-dllm-v2", "llada2", "nemotron-diffusion", "wedlm", "stable-diffcoder")
             continue
         assert gguf["quantization"] in m["quantizations"] and gguf["file"].endswith(".gguf")
         assert gguf["file_gb"] < gguf["ram_gb"] < gguf["file_gb"] + 2
@@ -94,6 +94,35 @@ def test_the_block_diffusion_models():
                        for n, k in (("sdar", "chat"), ("trado", "instruct")))
         assert (sdar["params"], sdar["quantizations"]) == (trado["params"], trado["quantizations"])
 
+
+# id: (repository, family, licence, parameters, context); the checkpoint is converted here
+FAMILIES_2026 = {
+    "nemotron-labs-diffusion-8b": ("nvidia/Nemotron-Labs-Diffusion-8B", "nemotron-diffusion",
+                                   "NVIDIA Nemotron Open Model License", 8_489_553_920, 262144),
+    "nemotron-labs-diffusion-3b": ("nvidia/Nemotron-Labs-Diffusion-3B", "nemotron-diffusion",
+                                   "NVIDIA Nemotron Open Model License", 3_831_659_520, 262144),
+    "wedlm-8b-instruct": ("tencent/WeDLM-8B-Instruct", "wedlm", "Apache-2.0", 8_190_735_360, 32768),
+    "stable-diffcoder-8b-instruct": ("ByteDance-Seed/Stable-DiffCoder-8B-Instruct", "stable-diffcoder", "MIT",
+                                     8_250_462_208, 8192),
+}
+
+
+def test_the_2026_families_are_converted_from_their_checkpoints():
+    """No ready GGUF exists for Nemotron-Labs-Diffusion, WeDLM or Stable-DiffCoder: each entry is a
+    checkpoint to convert, its sizes the rule's (file + 1 GB), and the figures no primary record
+    confirmed are named in its unverified member. WeDLM-8B is Qwen3-8B's shapes, as SDAR-8B."""
+    models = catalog.load()
+    for model_id, (repo, family, licence, params, context) in FAMILIES_2026.items():
+        m = catalog.find(models, model_id)
+        assert (m["hf_repo"], m["family"], m["license"], m["params"], m["context_length"]) == (
+            repo, family, licence, params, context)
+        assert "ready_gguf" not in m and m["recommended"] == "q4_k_m"
+        for need in m["quantizations"].values():
+            assert need["ram_gb"] == round(need["file_gb"] + 1, 1)
+        assert m["unverified"] and set(m["unverified"]) <= set(m)
+    wedlm, sdar = (catalog.find(models, i) for i in ("wedlm-8b-instruct", "sdar-8b-chat"))
+    assert (wedlm["params"], wedlm["quantizations"]) == (sdar["params"], sdar["quantizations"])
+    assert "license" in catalog.find(models, "nemotron-labs-diffusion-8b")["unverified"]
 
 def test_the_llada2_models():
     """LLaDA2.1-mini and LLaDA2.0-mini: block-diffusion MoE, no ready GGUF (converted here), the

@@ -212,6 +212,47 @@ def test_self_spec_events(agreeable):
     assert sum(len(e.unmasked) for e in events) == 50 == len(result.tokens)
 
 
+
+def test_server_sends_the_drafts_as_the_local_run_has_them(agreeable):
+    """Through `diffuse serve` a self_spec run's step events carry each iteration's draft and the
+    drafts kept, rebuilt by diffuse.remote as the local run has them, and every drafted token's text
+    (a rejected draft is decided nowhere); a run of another mode carries none."""
+    from diffuse.remote import RemoteModel
+    from diffuse.serve import Server
+    model, _ = agreeable
+    options = {"mode": "self_spec", "draft_length": 6, "gen_length": 24}
+    local = []
+    want = model.generate("It was", chat=False, on_step=local.append, **options)
+    server = Server(model, port=0, max_batch=4)
+    server.start()
+    try:
+        client = RemoteModel.connect(server.url, timeout=60)
+        remote = []
+        got = client.generate("It was", chat=False, on_step=remote.append, **options)
+        assert list(got.tokens) == list(want.tokens)
+        assert [(None if e.spec_draft is None else list(e.spec_draft), e.spec_accepted) for e in remote] == \
+            [(None if e.spec_draft is None else list(e.spec_draft), e.spec_accepted) for e in local]
+        drafted = {int(t) for e in local if e.spec_draft is not None for t in e.spec_draft}
+        assert drafted <= set(client.tokenizer.pieces)
+        ar = []
+        client.generate("It was", chat=False, on_step=ar.append, mode="ar", gen_length=8)
+        assert all(e.spec_draft is None and e.spec_accepted == -1 for e in ar)
+    finally:
+        server.stop()
+
+
+def test_cli_generate_reports_the_forward_passes(agreeable, capsys):
+    """diffuse generate --mode self_spec: --json and the summary say how many passes ran."""
+    from diffuse.cli import main
+    model, _ = agreeable
+    args = ["generate", "-m", model.path, "-p", "It was", "--mode", "self_spec", "--draft-length", "4",
+            "--gen-length", "16", "--threads", "1"]
+    want = model.generate("It was", mode="self_spec", draft_length=4, gen_length=16, threads=1)
+    assert main([*args, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["forward_passes"] == want.forward_passes > 0
+    assert f"forward passes {want.forward_passes}" in err
+
 def test_end_of_text_stops_every_mode(nemotron):
     """An end-of-text token ends the answer (the rest padded with it) in every mode alike."""
     prompt = PROMPTS[0]

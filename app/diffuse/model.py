@@ -97,8 +97,9 @@ class Model:
         models block-causally, in blocks of their own block size or of `block_size` (what a run with
         that block_length sees); Nemotron-Labs-Diffusion causally, but for its last block (its
         trained 32 or `block_size` positions, at most all), whose positions see each other (a
-        diffusion step over the cached prefix). mode "ar": causal (the ar and self_spec modes' verify).
-        draft_lora: Nemotron-Labs-Diffusion's last block with its draft LoRA (self_spec's draft pass).
+        diffusion step over the cached prefix); WeDLM causally. mode "ar": causal (the ar and self_spec
+        modes' verify). draft_lora: Nemotron-Labs-Diffusion's last block with its draft LoRA (self_spec's
+        draft pass).
 
         DiffusionGemma: token_ids is the context, encoded causally into the cache; `canvas` the
         canvas's ids; the result the canvas's (softcapped) logits (len(canvas), n_vocab).
@@ -127,6 +128,10 @@ class Model:
         trained_block = self._core.hparams["trained_block"]
         if draft_lora and (mode != "diffusion" or not self._core.hparams["draft_lora_rank"]):
             raise DiffuseError("forward: draft_lora applies to mode 'diffusion' of a model with a draft LoRA")
+        if self.family == "wedlm" and mode == "diffusion":   # its window attends causally, in its own order
+            if block_size is not None:
+                raise DiffuseError("forward: WeDLM attends causally: block_size does not apply")
+            mode = "ar"
         if mode == "diffusion" and not trained_block:
             return self._core.forward(ids.astype(np.int32), rows, -1 if block_size is None else block_size)
         if mode == "ar" and block_size is not None:

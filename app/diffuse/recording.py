@@ -24,6 +24,8 @@ N = prompt + generated positions:
     draft_values, draft_offsets, redrawn_values, redrawn_offsets, step_entropy_cut
                          uniform-state runs (DiffusionGemma) only: each event's argmax draft
                          (token ids), re-drawn positions and entropy cut
+    window_order_values, window_order_offsets, committed_values, committed_offsets
+                         WeDLM runs only: each event's window in pass order and committed positions
     result_<array>       the result's arrays (tokens, prompt_tokens, step_ms, ...)
 """
 from __future__ import annotations
@@ -65,6 +67,10 @@ _MAX_EXPERT = 4096      # the engine's bound on experts per layer
 # Uniform-state diffusion (DiffusionGemma): all of them or none.
 _UNIFORM = {"draft_values": (np.int32, 1), "draft_offsets": (np.int64, 1), "redrawn_values": (np.int32, 1),
             "redrawn_offsets": (np.int64, 1), "step_entropy_cut": (np.float64, 1)}
+# WeDLM: ragged positions per event, all of them or none.
+_WINDOW_RAGGED = ("window_order", "committed")
+_WINDOW = {f"{n}_{part}": (dtype, 1) for n in _WINDOW_RAGGED
+           for part, dtype in (("values", np.int32), ("offsets", np.int64))}
 _RESULT_SCALARS = ("text", "steps", "steps_allowed", "stop_reason", "total_ms", "gen_length",
                    "useful_length")
 
@@ -77,7 +83,8 @@ _SCHEMA = ({"meta": (np.uint8, 1)}
            | {f"result_{n}": (np.float64 if n.endswith("_ms") else np.int32, 1)
               for n in _RESULT_ARRAYS}
            | _EXPERTS      # optional: only runs of MoE models have them
-           | _UNIFORM)     # optional: only uniform-state runs have them
+           | _UNIFORM      # optional: only uniform-state runs have them
+           | _WINDOW)      # optional: only WeDLM runs have them
 MAX_BYTES = 256 * 2**20     # the most a recording may hold, loaded (a long real run is ~50 MB)
 # A replay's view keeps four float32 and one int8 per allowed step and position
 # (studio.run_state): steps_allowed is bounded so that this fits in MAX_BYTES too.
@@ -169,7 +176,7 @@ class Recording:
             rows = [np.asarray(getattr(e, name), _DENSE_DTYPES[name]) for e in ev]
             arrays[name] = (np.stack(rows) if rows
                             else np.zeros((0, n_total), _DENSE_DTYPES[name]))
-        for name in _RAGGED:
+        for name in (*_RAGGED, *(_WINDOW_RAGGED if ev and ev[0].window_order is not None else ())):
             parts = [np.asarray(getattr(e, name), np.int32).ravel() for e in ev]
             arrays[f"{name}_values"] = (np.concatenate(parts) if parts
                                         else np.zeros(0, np.int32))
@@ -281,7 +288,7 @@ def _events_from(data: dict[str, np.ndarray]) -> list[StepEvent]:
             kw[name] = int(data[f"step_{name}"][k]) if f"step_{name}" in data else unknown
         for name in _DENSE:
             kw[name] = data[name][k]
-        for name in _RAGGED:
+        for name in (*_RAGGED, *(_WINDOW_RAGGED if "window_order_offsets" in data else ())):
             if f"{name}_offsets" not in data:      # an optional one, from an older recording
                 kw[name] = np.zeros(0, np.int32)
                 continue
@@ -385,7 +392,7 @@ def _check(data: dict[str, np.ndarray]) -> dict:
     for k, v in meta["pieces"].items():
         if not (k.isascii() and k.isdigit() and len(k) < 12 and isinstance(v, str)):
             raise ValueError(f"piece {k[:20]!r}: expected a token id and its text")
-    missing = [n for n in _SCHEMA if n not in data and n not in _EXPERTS and n not in _UNIFORM
+    missing = [n for n in _SCHEMA if n not in data and n not in _EXPERTS and n not in _UNIFORM and n not in _WINDOW
                and n.removeprefix("step_") not in _OPTIONAL_SCALARS
                and n.rsplit("_", 1)[0] not in _OPTIONAL_RAGGED
                and not (n.startswith("result_") and meta.get("result") is None)]
@@ -414,7 +421,9 @@ def _check(data: dict[str, np.ndarray]) -> dict:
             raise ValueError(f"step_{name} is past the {n} positions")
     if (data["tokens"] < 0).any():
         raise ValueError("negative token ids")
-    for name in _RAGGED:
+    if any(name in data for name in _WINDOW) and not all(name in data for name in _WINDOW):
+        raise ValueError(f"missing members {', '.join(m for m in _WINDOW if m not in data)}")
+    for name in (*_RAGGED, *(_WINDOW_RAGGED if "window_order_offsets" in data else ())):
         if name in _OPTIONAL_RAGGED and f"{name}_offsets" not in data and f"{name}_values" not in data:
             continue
         off = _shape(data, f"{name}_offsets", (s + 1,))

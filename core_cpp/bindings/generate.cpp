@@ -59,6 +59,10 @@ static py::dict event_dict(const diffuse::StepEvent & e, const diffuse::HParams 
         d["spec_draft"] = to_numpy(*e.spec_draft);
         d["spec_accepted"] = e.spec_accepted;
     }
+    if (e.window_order) {   // WeDLM
+        d["window_order"] = to_numpy(*e.window_order);
+        d["committed"] = to_numpy(*e.committed);
+    }
     if (!e.experts->empty()) {
         const py::ssize_t n_active = (py::ssize_t) e.active->size();
         d["experts"] = to_numpy(*e.experts).attr("reshape")(hp.n_layer, n_active, hp.n_expert_used);

@@ -41,7 +41,9 @@ struct Error : std::runtime_error {
 // canvas's) K/V, a bidirectional decoder denoises a canvas of random tokens over that cache.
 // NemotronDiffusion (Nemotron-Labs-Diffusion) is trained for three modes over one causal K/V cache:
 // AR, diffusion of blocks over the cached prefix, and self-speculation (loops/causal.h).
-enum class Family { LLaDA, Dream, SDAR, FastDLLMv2, DiffusionGemma, NemotronDiffusion };
+// WeDLM (Tencent) decodes diffusion-style under plain causal attention: a sliding window whose
+// filled tokens run first at their true positions (loops/wedlm.h).
+enum class Family { LLaDA, Dream, SDAR, FastDLLMv2, DiffusionGemma, NemotronDiffusion, WeDLM };
 enum class Dialect { Ours, LlamaCpp, DiffuseCpp };
 
 // Hyper-parameters, read from any of the three GGUF dialects.
@@ -212,6 +214,10 @@ struct GenerateParams {
     Decoding  mode           = Decoding::Diffusion;
     int       draft_length   = 32;    // self_spec: rows of a draft (the seed and draft_length - 1 masks)
     bool      draft_lora     = true;  // self_spec: draft passes add the model's draft LoRA, when it has one
+    // WeDLM (its diffusion mode; `threshold` is its entropy threshold): the window's width, and the
+    // penalty per position after the window's first mask added to a mask's entropy.
+    int       window_size    = 16;
+    float     pos_penalty    = 0.02f;
 };
 
 // Per-family defaults (LLaDA: low_confidence in blocks of 32; Dream: its entropy rule, no blocks;
@@ -255,6 +261,12 @@ struct StepEvent {
     // nullptr / -1 in the other modes.
     const std::vector<int32_t> * spec_draft = nullptr;
     int spec_accepted = -1;
+    // WeDLM: window_order the window's positions in the order its causal pass ran them (filled
+    // first, at their true RoPE positions, then the masks); committed the leading filled positions
+    // whose exact causal K/V the pass wrote for good (the window slides past them). Positions past
+    // the answer's end, where the window may reach, are left out. nullptr for the other families.
+    const std::vector<int32_t> * window_order = nullptr;
+    const std::vector<int32_t> * committed = nullptr;
 };
 
 // Return false to cancel (that sequence only, in a batch); an exception thrown here ends the whole

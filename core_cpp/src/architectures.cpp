@@ -8,6 +8,8 @@ namespace diffuse {
 // id llama.cpp's converter writes, and LLaDA2's <|mask|> too.
 constexpr int32_t LLADA_MASK_ID = 126336;
 constexpr int32_t LLADA_MOE_MASK_ID = 156895;
+// WeDLM's config.json has mask_token_id null; Tencent's engine then uses 151665 (model_runner.py).
+constexpr int32_t WEDLM_MASK_ID = 151665;
 
 static const ArchInfo ARCHS[] = {
     // name            family              loop           graph            bias   qknorm moe    fused  rbias  shift  block  mask
@@ -31,6 +33,10 @@ static const ArchInfo ARCHS[] = {
     // Nemotron-Labs-Diffusion: Ministral3 blocks (Llama with YaRN and the llama-4 query scale), one
     // causal K/V cache for its AR, diffusion and self-speculation modes (no GGUF name exists: ours).
     {"nemotron-diffusion", Family::NemotronDiffusion, Loop::Causal, build_nemotron_diffusion, false, false, false, false, false, false, false, -1},
+    // WeDLM (Tencent): WeDLM-8B on Qwen3 blocks (SDAR's graph), WeDLM-7B on Qwen2.5 blocks (Dream's);
+    // plain causal attention, its window reordered per pass (loops/wedlm.h). No GGUF name exists: ours.
+    {"wedlm",          Family::WeDLM,      Loop::Causal,  build_sdar,      false, true,  false, false, false, false, false, WEDLM_MASK_ID},
+    {"wedlm-qwen2",    Family::WeDLM,      Loop::Causal,  build_dream,     true,  false, false, false, false, false, false, WEDLM_MASK_ID},
 };
 
 const ArchInfo * arch_by_name(const std::string & name) {
@@ -65,6 +71,7 @@ const char * family_name(Family f) {
         case Family::FastDLLMv2: return "fast-dllm-v2";
         case Family::DiffusionGemma: return "diffusion-gemma";
         case Family::NemotronDiffusion: return "nemotron-diffusion";
+        case Family::WeDLM:      return "wedlm";
     }
     return "?";
 }

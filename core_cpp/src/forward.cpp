@@ -119,8 +119,11 @@ void ForwardRunner::run(const std::vector<SequenceRows> & seqs, int n_threads, f
         if (s.n_kv <= 0 || s.n_kv > s.cache->n_ctx()) throw Error("forward batch: n_kv out of range");
         if (s.attn_block < 0) throw Error("forward batch: negative attention block");
         model_.check_tokens(s.tokens.data(), s.tokens.size());
-        for (int32_t p : s.positions)
-            if (p < 0 || p >= s.n_kv) throw Error("forward batch: position " + std::to_string(p) + " outside the context");
+        if (!s.cache_rows.empty() && s.cache_rows.size() != s.tokens.size())
+            throw Error("forward batch: cache rows and tokens differ in length");
+        for (const std::vector<int32_t> * v : {&s.positions, &s.cache_rows})
+            for (int32_t p : *v)
+                if (p < 0 || p >= s.n_kv) throw Error("forward batch: position " + std::to_string(p) + " outside the context");
         for (int32_t r : s.out_rows)
             if (r < 0 || r >= (int) s.tokens.size()) throw Error("forward batch: output row out of range");
         for (uint64_t id : shape.caches)
@@ -158,17 +161,18 @@ void ForwardRunner::run(const std::vector<SequenceRows> & seqs, int n_threads, f
     std::vector<int64_t> rows;
     for (size_t s = 0, off = 0; s < seqs.size(); off += seqs[s].tokens.size(), ++s) {
         const SequenceRows & q = seqs[s];
+        const std::vector<int32_t> & slots = q.cache_rows.empty() ? q.positions : q.cache_rows;
         tokens.insert(tokens.end(), q.tokens.begin(), q.tokens.end());
         positions.insert(positions.end(), q.positions.begin(), q.positions.end());
         for (int32_t r : q.out_rows) out_rows.push_back((int32_t) off + r);
-        rows.assign(q.positions.begin(), q.positions.end());
+        rows.assign(slots.begin(), slots.end());
         ggml_backend_tensor_set(in_.cache_rows[s], rows.data(), 0, sizeof(int64_t) * rows.size());
         if (!in_.gather_rows.empty()) {
             std::iota(rows.begin(), rows.end(), (int64_t) off);
             ggml_backend_tensor_set(in_.gather_rows[s], rows.data(), 0, sizeof(int64_t) * rows.size());
         }
         if (in_.masks[s]) {
-            // Block-causal: query row j (at position p) sees cache row r iff block(r) <= block(p).
+            // Block-causal: query row j (at cache row p) sees cache row r iff block(r) <= block(p).
             // Sliding layers (a second mask) see, of those, the rows from anchor - (n_swa - 1) on,
             // the anchor being the query (causal) or the first row of this pass (a canvas).
             static const uint16_t zero = ggml_fp32_to_fp16(0.0f), minus_inf = ggml_fp32_to_fp16(-INFINITY);
@@ -176,11 +180,11 @@ void ForwardRunner::run(const std::vector<SequenceRows> & seqs, int n_threads, f
             for (const bool swa : {false, true}) {
                 ggml_tensor * mask = swa ? in_.masks_swa[s] : in_.masks[s];
                 if (!mask) continue;
-                mask_.assign((size_t) n_kv * q.positions.size(), minus_inf);
-                for (size_t j = 0; j < q.positions.size(); ++j) {
-                    const int p = q.positions[j];
+                mask_.assign((size_t) n_kv * slots.size(), minus_inf);
+                for (size_t j = 0; j < slots.size(); ++j) {
+                    const int p = slots[j];
                     const int end = B > 0 ? std::min(n_kv, (p / B + 1) * B) : n_kv;
-                    const int begin = swa ? std::max(0, (B > 0 ? p : q.positions[0]) - (hp.n_swa - 1)) : 0;
+                    const int begin = swa ? std::max(0, (B > 0 ? p : slots[0]) - (hp.n_swa - 1)) : 0;
                     if (begin < end) std::fill(mask_.begin() + j * n_kv + begin, mask_.begin() + j * n_kv + end, zero);
                 }
                 ggml_backend_tensor_set(mask, mask_.data(), 0, sizeof(uint16_t) * mask_.size());

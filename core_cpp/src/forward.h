@@ -40,9 +40,12 @@ struct SequenceRows {
     KVCache * cache = nullptr;       // this sequence's K/V (distinct for every sequence of a pass)
     std::vector<int32_t> tokens;     // (n_q,) ids of the rows to compute
     std::vector<int32_t> positions;  // (n_q,) their absolute positions: RoPE angle and cache row
+    // (n_q,) the rows' cache rows when they are not their positions (WeDLM: a window in pass order,
+    // each row at its true RoPE position); empty: positions. The mask below reads these.
+    std::vector<int32_t> cache_rows;
     int n_kv = 0;                    // its queries attend over cache rows [0, n_kv)
     // > 0: block-causal attention over blocks of attn_block positions aligned at 0 (a query at
-    // position p sees cache row r iff r / attn_block <= p / attn_block); 0: bidirectional.
+    // cache row p sees cache row r iff r / attn_block <= p / attn_block); 0: bidirectional.
     int attn_block = 0;
     std::vector<int32_t> out_rows;   // indices into [0, n_q) whose logits are wanted
     // DiffusionGemma: true for the decoder over a canvas (bidirectional, the decoder's layer scalars,

@@ -52,6 +52,13 @@ GenerateParams default_generate_params(Family family) {
             p.confidence_threshold = 0.9f;
             p.eos_stop = EosStop::Prefix;
             break;
+        case Family::WeDLM:
+            // Tencent's SamplingParams: entropy threshold 0.4, position penalty 0.02; window 16
+            // (Config). Greedy, as its README and example.py run it (SamplingParams says 0.2).
+            p.threshold = 0.4f;
+            p.block_length = 0;   // no blocks: the answer is gen_length positions
+            p.eos_stop = EosStop::Prefix;
+            break;
     }
     return p;
 }

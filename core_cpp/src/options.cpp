@@ -65,7 +65,8 @@ const std::vector<OptionInfo> & generate_options() {
          [](GenerateParams & p, const std::string & v) { p.scheduler = scheduler_by_name(v).id; },
          scheduler_names},
         {"threshold", OptionKind::Float, 0, 1e6, false, false,
-         "entropy_exit tau, nats: commit every masked position whose entropy is below it",
+         "entropy_exit tau, nats: commit every masked position whose entropy is below it (WeDLM: its entropy "
+         "threshold, the position penalty added; none below it: the lowest alone)",
          NUM_FIELD(threshold, float)},
         {"confidence_threshold", OptionKind::Float, 0, 1, false, false,
          "low_confidence_dynamic and confidence_threshold tau, a probability: commit the positions whose "
@@ -143,6 +144,12 @@ const std::vector<OptionInfo> & generate_options() {
          "self_spec: draft with the model's draft LoRA (Nemotron-Labs-Diffusion's linear_spec_lora, on o_proj) "
          "when its file has one; verify passes never use it, so the answer is the same either way",
          NUM_FIELD(draft_lora, bool)},
+        {"window_size", OptionKind::Int, 1, BIG, false, false,
+         "WeDLM: positions of the sliding window each causal pass decodes, beside the filled ones it commits "
+         "(16 as Tencent's)", NUM_FIELD(window_size, int)},
+        {"pos_penalty", OptionKind::Float, 0, 1e6, false, false,
+         "WeDLM: added to a mask's entropy per position after the window's first mask before it is compared "
+         "with threshold (0.02 as Tencent's)", NUM_FIELD(pos_penalty, float)},
     };
     return table;
 }

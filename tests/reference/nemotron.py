@@ -124,8 +124,8 @@ class Reference:
             hd = cfg.hidden_size // cfg.num_attention_heads
             inv_freq = 1.0 / config["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
             _float64_norms_and_rope(self.body, self.body.rotary_emb, inv_freq, 1.0)
-        else:   # Qwen3 (SDAR) or Qwen2 (Fast-dLLM v2) blocks: their AR mode
-            sdar = arch == "SDARForCausalLM"
+        else:   # Qwen3 (SDAR, WeDLM-8B) or Qwen2 (Fast-dLLM v2, WeDLM-7B) blocks: their AR mode
+            sdar = arch == "SDARForCausalLM" or arch == "WeDLMForCausalLM" and config.get("qk_norm")
             cls = transformers.Qwen3ForCausalLM if sdar else transformers.Qwen2ForCausalLM
             cfg = (transformers.Qwen3Config if sdar else transformers.Qwen2Config)(**keep)
             cfg._attn_implementation = "sdpa"
@@ -152,9 +152,9 @@ class Reference:
                  for i in range(n)]
         return pairs, config["lora_alpha"] / config["r"]
 
-    def logits(self, ids, open_block: int = 0, draft_lora: bool = False) -> np.ndarray:
+    def logits(self, ids, open_block: int = 0, draft_lora: bool = False, positions=None) -> np.ndarray:
         """(n, n_vocab): causal, the last open_block rows seeing every position (and, draft_lora,
-        adding the draft LoRA to their o_proj)."""
+        adding the draft LoRA to their o_proj); RoPE at `positions` (default 0..n-1)."""
         n = len(ids)
         allowed = np.tril(np.ones((n, n), bool))
         allowed[n - open_block:, :] = True
@@ -174,7 +174,8 @@ class Reference:
                      for layer, (a, b) in zip(self.body.layers, pairs)]
         try:
             with torch.no_grad():
-                h = self.body(torch.tensor([list(ids)]), attention_mask=mask, position_ids=torch.arange(n)[None])
+                pos = torch.arange(n) if positions is None else torch.tensor(list(positions))
+                h = self.body(torch.tensor([list(ids)]), attention_mask=mask, position_ids=pos[None])
         finally:
             for hook in hooks:
                 hook.remove()

@@ -42,7 +42,8 @@ def test_options_are_remembered(qtbot):
               "confidence_threshold": 0.85, "entropy_budget": 0.5, "sub_block_length": 4, "factor": 0.5,
               "carry_first": True, "cache_policy": "prefix", "suffix_window": 8, "eos_stop": "holds_eos",
               "editing_threshold": 0.5, "max_post_steps": 4, "temperature_end": 0.3, "stability": 2,
-              "stop_entropy": 0.01, "mode": "self_spec", "draft_length": 8, "draft_lora": False}
+              "stop_entropy": 0.01, "mode": "self_spec", "draft_length": 8, "draft_lora": False,
+              "window_size": 8, "pos_penalty": 0.05}
     panel.set_options(wanted)
     panel.save()
     again = SettingsPanel()

@@ -212,7 +212,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                     help="tokens committed per iteration, the bonus included (default: the published 5.46 and "
                          "6.82 of Nemotron-Labs-Diffusion-8B at draft 32, without and with its draft LoRA)")
     sp.add_argument("--reps", type=int, default=5, help="alternated repetitions per pass (default 5)")
-    sp.add_argument("--ar-tokens", type=int, default=32, help="tokens of the real AR run (default 32)")
+    sp.add_argument("--ar-tokens", type=int, default=32, help="tokens of the real AR run and of llama.cpp's decode "
+                                                              "(default 32)")
+    _llama_options(sp)
+    sp.add_argument("--llama-model", metavar="LLAMA.gguf",
+                    help="the same weights as a llama.cpp GGUF, for llama-bench's decode (default: a "
+                         "Nemotron-Labs-Diffusion file is written as llama.cpp's mistral3 in a temporary folder)")
     add_threads_option(sp)
     sp.add_argument("--json", type=Path, metavar="PATH", help="write the measurements as JSON")
     sp.add_argument("--markdown", type=Path, metavar="PATH", help="write the tables as markdown")
@@ -480,9 +485,10 @@ def _spec(args) -> int:
     from diffuse.bench import spec
     from diffuse.bench.tables import text_table
     _check_reps(args.reps)
-    _check_files(args, args.model)
+    _check_files(args, args.model, args.llama_model)
     result = spec.run(args.model, args.depth, args.draft_lengths, args.acceptance, args.threads or 0, args.reps,
-                      ar_tokens=args.ar_tokens, log=lambda line: print(line, file=sys.stderr))
+                      ar_tokens=args.ar_tokens, llama_bin=args.llama_bin, llama_model=args.llama_model,
+                      log=lambda line: print(line, file=sys.stderr))
     print(spec.header(result))
     print(text_table(result["rows"], spec.COLUMNS))
     print(text_table(result["speed"], spec.SPEED_COLUMNS))

@@ -240,16 +240,18 @@ def summary(r: GenerateResult) -> str:
     return (f"steps {r.steps}/{r.steps_allowed} ({r.stop_reason})  total {r.total_ms / 1000:.2f} s  "
             f"per step {step_ms.mean():.1f} ms (forward {np.mean(r.forward_ms):.1f}, "
             f"sampling {np.mean(r.sample_ms):.1f})  buffer {r.buffer_tokens_per_s:.2f} tok/s  "
-            f"useful {r.useful_tokens_per_s:.2f} tok/s ({r.useful_length}/{r.gen_length} tokens)")
+            f"useful {r.useful_tokens_per_s:.2f} tok/s ({r.useful_length}/{r.gen_length} tokens)"
+            + (f"  forward passes {r.forward_passes}" if r.forward_passes else ""))
 
 
 def as_json(r: GenerateResult, text: str, undecided: np.ndarray, options: dict, **extra) -> str:
     # Per generated position: its token, the step that committed it (-1: none did) and, after a
     # cancel, which positions are still masked (their token is the mask id, not an answer).
+    # forward_passes: the passes modes ar and self_spec (and Nemotron's diffusion) ran; 0 where uncounted.
     return json.dumps({
         "text": text, "tokens": r.tokens.tolist(), "decided_step": np.asarray(r.decided_step).tolist(),
         "undecided": np.flatnonzero(undecided).tolist(),
-        "steps": r.steps, "steps_allowed": r.steps_allowed,
+        "steps": r.steps, "steps_allowed": r.steps_allowed, "forward_passes": r.forward_passes,
         "stop_reason": r.stop_reason, "gen_length": r.gen_length, "useful_length": r.useful_length,
         "timings": {"total_ms": r.total_ms, "step_ms": np.asarray(r.step_ms).tolist(),
                     "forward_ms": np.asarray(r.forward_ms).tolist(), "sample_ms": np.asarray(r.sample_ms).tolist()},

@@ -27,7 +27,7 @@ class Family:
     tensors: dict[str, str]        # GGUF name -> HF name ("{i}" = layer); the head is "output.weight"
     permute_qk: bool               # llama.cpp permutes LLaDA's q/k rows so RoPE runs in NORM mode
     shift_logits: bool             # Dream: position i reads the logits of position i - 1
-    mask_token: str                # mask token text, used when config.json has no mask_token_id
+    mask_token: str | None         # mask token text, used when config.json has no mask_token_id
     eot_token: str                 # end of a chat turn
     # MoE: GGUF name of a 3-D expert tensor -> HF name of one expert's matrix ("{e}" = expert);
     # the n_expert matrices are stacked, expert e at index e of the slowest dimension.
@@ -331,8 +331,39 @@ STABLE_DIFFCODER = Family(
             "temperature": 0.0},
 )
 
+# Tencent WeDLM (WeDLMForCausalLM; remote code hf_compat/modeling_wedlm.py): WeDLM-8B(-Instruct) on
+# Qwen3 blocks (qk_norm true, attention_bias false), WeDLM-7B(-Instruct) on Qwen2.5 blocks (q/k/v
+# biases, no q/k norm: its config class's defaults), no logit shift. Trained to decode under plain
+# causal attention (loops/wedlm.h). config.json's mask_token_id is null: Tencent's engine then uses
+# 151665 whatever the vocabulary holds there (model_runner.py _init_mask_token; Qwen3's
+# <tool_response>, past Qwen2.5's tokenizer), and so do we. No GGUF architecture exists: ours are
+# "wedlm" and "wedlm-qwen2". Its engine's defaults (window 16, entropy threshold 0.4, position
+# penalty 0.02) are the family's in the engine.
+WEDLM = Family(
+    arch="wedlm",
+    hf_architecture="WeDLMForCausalLM",
+    config_keys={k: v for k, v in SDAR.config_keys.items() if k != "block_size"},
+    defaults={k: v for k, v in SDAR.defaults.items() if k != "block_size"},
+    # Tencent's engine gives q/k norms exactly to the layers without biases (wedlm/models/wedlm.py),
+    # its remote code by qk_norm: the two agree on these two variants only.
+    fixed={"hidden_act": "silu", "rope_scaling": None, "use_sliding_window": False, "attention_bias": False,
+           "qk_norm": True},
+    tensors=SDAR.tensors,
+    permute_qk=False,
+    shift_logits=False,
+    mask_token=None,
+    eot_token="<|im_end|>",
+    default_mask_id=151665,
+)
+WEDLM_QWEN2 = Family(
+    **{**WEDLM.__dict__, "arch": "wedlm-qwen2", "tensors": DREAM.tensors,
+       "fixed": {**WEDLM.fixed, "attention_bias": True, "qk_norm": False}},
+)
+
 FAMILIES = {f.hf_architecture: f for f in (LLADA, DREAM, LLADA_MOE, SDAR, FAST_DLLM_V2, LLADA2,
-                                             NEMOTRON_DIFFUSION, STABLE_DIFFCODER)}
+                                             NEMOTRON_DIFFUSION, STABLE_DIFFCODER, WEDLM)}
+# Checkpoint classes whose config picks the layout: config.json -> its family.
+VARIANTS = {"WeDLMForCausalLM": lambda config: WEDLM if config.get("qk_norm") else WEDLM_QWEN2}
 
 MAX_JSON_BYTES = 64 << 20   # real config files are KBs, tokenizer.json tens of MBs at most
 MAX_INT = 2**31 - 1         # the engine holds sizes and ids in 32-bit ints
@@ -456,6 +487,8 @@ def read_config(hf_dir: Path) -> tuple[Family, HParams, dict]:
 
     archs = config.get("architectures") or [None]
     family = FAMILIES.get(archs[0]) if isinstance(archs, list) and isinstance(archs[0], str) else None
+    if family is not None and archs[0] in VARIANTS:
+        family = VARIANTS[archs[0]](config)
     if family is None:
         raise DiffuseError(f"{path}: unsupported architecture {shown(archs)}; diffuse converts "
                            f"{', '.join(FAMILIES)} checkpoints")

@@ -75,11 +75,12 @@ def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None
     if lora:
         tensors += [_Tensor(out, [], None, data=data) for out, data in lora[0]]
     vocab = read_vocab(hf_dir, family, config, n_vocab)
-    mask_id = next((i for i in (hp.mask_token_id, vocab.id_of(family.mask_token), family.default_mask_id)
-                    if i is not None), None)
+    by_text = vocab.id_of(family.mask_token) if family.mask_token else None
+    mask_id = next((i for i in (hp.mask_token_id, by_text, family.default_mask_id) if i is not None), None)
     if mask_id is None or not 0 <= mask_id < n_vocab:
-        raise DiffuseError(f"{hf_dir}: no usable mask token id (config mask_token_id = {hp.mask_token_id}, "
-                           f"token {family.mask_token!r} in the vocabulary: {vocab.id_of(family.mask_token)})")
+        where = (f"token {family.mask_token!r} in the vocabulary: {by_text}" if family.mask_token else
+                 f"its official fallback {family.default_mask_id}, outside the {n_vocab} embedding rows")
+        raise DiffuseError(f"{hf_dir}: no usable mask token id (config mask_token_id = {hp.mask_token_id}, {where})")
     kv, kv_types = _metadata(family, hp, vocab, n_vocab, mask_id, outtype, hf_dir.resolve().name)
     if lora:
         kv[draft_lora.SCALE_KEY], kv_types[draft_lora.SCALE_KEY] = lora[1], "f32"
@@ -280,11 +281,12 @@ def _metadata(family: Family, hp: HParams, vocab: Vocab, n_vocab: int, mask_id: 
     put(Keys.LLM.VOCAB_SIZE, n_vocab, "u32")
     put(Keys.Attention.CAUSAL, False, "bool")
     put(Keys.Diffusion.SHIFT_LOGITS, family.shift_logits, "bool")
-    if hp.block_size:
-        # Block diffusion: the block size's presence means block-causal attention; the head size
-        # is stated because Qwen3's need not be n_embd / n_head.
+    if hp.block_size or hp.head_dim * hp.n_head != hp.n_embd:
+        # The head size is stated because Qwen3's need not be n_embd / n_head.
         put(Keys.Attention.KEY_LENGTH, hp.head_dim, "u32")
         put(Keys.Attention.VALUE_LENGTH, hp.head_dim, "u32")
+    if hp.block_size:
+        # Block diffusion: the block size's presence means block-causal attention.
         put(BLOCK_SIZE_KEY, hp.block_size, "u32")
         if family.sub_block_size:
             put(SUB_BLOCK_SIZE_KEY, family.sub_block_size, "u32")

@@ -180,13 +180,16 @@ class Job:
 
     def _step_event(self, index: int, ev) -> str:
         """The wire's step event as JSON (made here, where its size can bound the queue), with the
-        texts of the answer's decided tokens not sent before (also those of steps dropped for a slow
-        reader), and the end-of-text ids in the first."""
+        texts of the answer's decided and drafted tokens not sent before (also those of steps dropped
+        for a slow reader), and the end-of-text ids in the first."""
         tok, sent = self.model.tokenizer, self.pieces_sent[index]
         first = sent is None
         if first:
             sent = self.pieces_sent[index] = set()
-        new = [t for t in np.unique(ev.gen_tokens[~ev.gen_mask]).tolist() if t not in sent]
+        # drafts too (self-speculation's, DiffusionGemma's): a rejected draft token may be decided nowhere
+        drafts = [d for d in (ev.spec_draft, ev.draft) if d is not None]
+        shown = np.concatenate([ev.gen_tokens[~ev.gen_mask], *drafts])
+        new = [t for t in np.unique(shown).tolist() if t not in sent]
         sent.update(new)
         event = protocol.step_event(index, ev, {t: tok.decode([t]) for t in new},
                                     sorted(tok.eos_token_ids) if first else None)

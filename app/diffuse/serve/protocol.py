@@ -425,7 +425,8 @@ def step_event(index: int, ev, pieces: dict[int, str], eos_ids: list[int] | None
     `block_start` is negative when the block began in the prompt. `pieces` are the texts of the
     tokens this event brings that the client has not had; `eos_ids` come with an answer's first event.
     Uniform-state diffusion (DiffusionGemma) adds the argmax draft of the canvas, the re-drawn
-    positions (`unmasked`: the accepted ones) and the entropy cut (StepEvent's fields)."""
+    positions (`unmasked`: the accepted ones) and the entropy cut (StepEvent's fields); WeDLM its
+    window_order and committed; self-speculation its spec_draft (token ids) and spec_accepted."""
     p = ev.prompt_length
     active, cached = np.asarray(ev.active, np.int64), np.asarray(ev.cached, np.int64)
     d = {"index": index, "step": ev.step, "block": ev.block, "n_blocks": ev.n_blocks,
@@ -444,6 +445,10 @@ def step_event(index: int, ev, pieces: dict[int, str], eos_ids: list[int] | None
               "entropy_cut": round(float(ev.entropy_cut), 4)}
     if ev.experts is not None:
         d["experts"] = np.asarray(ev.experts)[:, active >= p].tolist()
+    if ev.window_order is not None:   # WeDLM: the window in its pass's order, the positions it committed
+        d |= {"window_order": [int(i) - p for i in ev.window_order], "committed": [int(i) - p for i in ev.committed]}
+    if ev.spec_draft is not None:     # self-speculation: the block as drafted, the drafts the verify pass kept
+        d |= {"spec_draft": ev.spec_draft.tolist(), "spec_accepted": int(ev.spec_accepted)}
     return d
 
 

@@ -99,6 +99,9 @@ PLACES = {
     "mode": Place(CAUSAL, "Decoding mode"),
     "draft_length": Place(CAUSAL, "Draft length"),
     "draft_lora": Place(CAUSAL, "Draft with the model's draft LoRA"),
+    # WeDLM's sliding window (its threshold is Tau)
+    "window_size": Place(SCHEDULE, "Window"),
+    "pos_penalty": Place(SCHEDULE, "Position penalty", 0.01, decimals=3, suffix=" nats"),
     # the uniform-state canvas (DiffusionGemma): its temperature schedule and its stop rule
     "temperature_end": Place(UNIFORM, "Temperature at the end", 0.1),
     "stability": Place(UNIFORM, "Stable steps to stop"),
@@ -408,7 +411,8 @@ class SettingsPanel(QWidget):
     def _update_enabled(self) -> None:
         f = self.fields
         scheduler = f["scheduler"].currentData()
-        f["threshold"].setEnabled(scheduler in (None, "entropy_exit"))
+        wedlm = self._family() == "wedlm"
+        f["threshold"].setEnabled(wedlm or scheduler in (None, "entropy_exit"))
         f["confidence_threshold"].setEnabled(scheduler in (None, "low_confidence_dynamic", "confidence_threshold"))
         f["factor"].setEnabled(scheduler in (None, "confidence_factor"))
         f["entropy_budget"].setEnabled(scheduler in (None, "entropy_bounded"))
@@ -426,6 +430,9 @@ class SettingsPanel(QWidget):
         for key in ("draft_length", "draft_lora"):
             self._enable(key, not uniform and f["mode"].currentData() == "self_spec",
                          "used by the self_spec decoding mode only")
+        for key in ("window_size", "pos_penalty"):
+            self._enable(key, self.arch is None or wedlm and f["mode"].currentData() in (None, "diffusion"),
+                         "WeDLM's decoding only")
 
     def _enable(self, key: str, on: bool, why_off: str) -> None:
         """A field on, or off with the reason after its help in the tooltip."""

@@ -15,9 +15,12 @@
 //   prompt's end; each step runs the block bidirectionally over the cache and commits masks by
 //   the scheduler (its default: confidence_threshold 0.9); a finished block gets one causal pass
 //   that writes its K/V and whose last row seeds the next block.
+// - diffusion (WeDLM's, loops/wedlm.h): a causal prefill without a token, then passes over a
+//   sliding window reordered filled-first, committing its head.
 //
 // Where the official code differs, and why: docs/self_speculation.md.
 #include "causal.h"
+#include "wedlm.h"
 
 #include "../options.h"
 #include "../rng.h"
@@ -45,7 +48,14 @@ const char * mode_name(Decoding m) {
     return "?";
 }
 
+// WeDLM's diffusion mode: its window reordered over the causal cache (loops/wedlm.h).
+bool wedlm(const HParams & hp, const GenerateParams & p) {
+    return p.mode == Decoding::Diffusion && hp.family == Family::WeDLM;
+}
+
+// Nemotron-Labs-Diffusion's blocks; WeDLM has none (its window slides by any count).
 int diffusion_block(const HParams & hp, const GenerateParams & p) {
+    if (wedlm(hp, p)) return 1;
     return p.block_length > 0 ? p.block_length : hp.trained_block;
 }
 
@@ -87,14 +97,17 @@ Plan plan_causal(const HParams & hp, int64_t n_prompt, const GenerateParams & p)
     if (p.mode == Decoding::SelfSpec && p.draft_length > hp.n_ctx_train)
         throw Error("draft_length (" + std::to_string(p.draft_length) + ") exceeds the model's context of " +
                     std::to_string(hp.n_ctx_train) + " positions");
+    if (wedlm(hp, p) && p.window_size > hp.n_ctx_train)
+        throw Error("window_size (" + std::to_string(p.window_size) + ") exceeds the model's context of " +
+                    std::to_string(hp.n_ctx_train) + " positions");
+    const bool blocks = p.mode == Decoding::Diffusion && !wedlm(hp, p);
     Plan g{Loop::Causal};
     g.origin = (int) n_prompt;
     g.n_total = total_length(hp, n_prompt, p);
     g.block = g.sub = p.mode == Decoding::Diffusion ? diffusion_block(hp, p) : 1;
-    if (g.n_total > hp.n_ctx_train)
-        throw context_error(n_prompt, p, p.mode == Decoding::Diffusion ? "block" : "", g.block, hp.n_ctx_train);
+    if (g.n_total > hp.n_ctx_train) throw context_error(n_prompt, p, blocks ? "block" : "", g.block, hp.n_ctx_train);
     g.n_blocks = (g.n_total - g.origin) / g.block;
-    g.steps_per_sub = p.mode == Decoding::Diffusion ? p.steps : 1;
+    g.steps_per_sub = blocks ? p.steps : 1;
     return g;
 }
 
@@ -108,6 +121,8 @@ struct CausalSequence {
     const SchedulerInfo & sched;
     const bool shift;            // the model's row i predicts position i + 1 (Dream's diffusion)
     int n_prompt, n_total, block;
+    int n_cache;                 // cache positions: n_total; WeDLM: as far as its window may reach
+    std::unique_ptr<WeDLMWindow> window;   // WeDLM's diffusion mode
     std::vector<int32_t> x, decided;
     std::vector<uint8_t> mask;
     int n_done, n_cached = 0;
@@ -119,7 +134,7 @@ struct CausalSequence {
     GenerateOutput out;
 
     // This iteration, for its event: positions committed, rows computed, the draft (self_spec).
-    std::vector<int32_t> unmasked, active, cached, draft, experts, edited, keys;
+    std::vector<int32_t> unmasked, active, cached, draft, experts, edited, keys, committed;
     std::vector<float> entropy, confidence, logits;
     std::vector<RowStats> stats;
     int accepted = -1, scheduled = 0, block_start = 0, block_end = 0;
@@ -142,6 +157,14 @@ struct CausalSequence {
         out.steps_allowed = p.mode == Decoding::Diffusion
                                 ? 1 + n_gen / block * (sched.until_done ? block - 1 : std::clamp(p.steps, 1, std::max(1, block - 1)))
                                 : n_gen;
+        n_cache = n_total;
+        if (wedlm(model.hparams(), p)) {
+            // While an answer position is still a mask, the window (window_size positions from the
+            // head it commits) ends before n_total + window_size - 1; each pass fills one of those.
+            n_cache = (int) std::min<int64_t>(model.hparams().n_ctx_train, (int64_t) n_total + p.window_size - 1);
+            window = std::make_unique<WeDLMWindow>(n_prompt, p.window_size, n_cache, model.hparams().mask_token_id);
+            out.steps_allowed = n_cache - n_prompt;
+        }
     }
 
     GenerateOutput take_output() {
@@ -266,6 +289,52 @@ struct CausalSequence {
         n_done = std::min(n_total, n_cached + 1);
     }
 
+    // One pass of WeDLM's window (loops/wedlm.h); the first prefills the prompt before it, taking no
+    // token from it (the window's first mask predicts its own position).
+    void wedlm_step(ForwardRunner & runner, int n_threads, int64_t V) {
+        if (n_cached == 0) {
+            const Clock::time_point t0 = Clock::now();
+            for (int a = 0; a < n_prompt; a += PREFILL_ROWS) {
+                const int b = std::min(n_prompt, a + PREFILL_ROWS);
+                logits.resize((size_t) V);
+                runner.run({pass_rows(cache, x, a, b, true, {b - a - 1})}, n_threads, logits.data());
+            }
+            out.prefill_ms = ms_since(t0);
+            n_cached = n_prompt;
+        }
+        WeDLMWindow & w = *window;
+        const SequenceRows rows = w.pass(cache);
+        for (int32_t pos : w.order())
+            if (pos < n_total) active.push_back(pos);
+        block_start = w.start();
+        block_end = std::min(w.end(), n_total);
+        run(runner, n_threads, V, rows);
+        const int c = w.commit();
+        committed.clear();
+        for (int pos = w.start() - c; pos < w.start(); ++pos) committed.push_back(pos);
+        n_cached = w.start();
+        const std::vector<int32_t> masks = w.masks();
+        if (masks.empty()) return;
+        // Entropy and token of the raw logits, the mask token not excluded (as Tencent's sampler).
+        keys = masks;
+        SampleConfig sc = sampling(false, (uint64_t) step);
+        sc.gumbel = false;
+        sample_rows(logits.data(), (int) masks.size(), V, keys, sc, n_threads, stats);
+        std::vector<float> h(masks.size());
+        for (size_t j = 0; j < masks.size(); ++j) {
+            h[j] = stats[j].entropy;
+            if (!std::isfinite(h[j])) throw Error("the forward pass produced NaN/Inf logits (corrupt weights?)");
+            if (masks[j] >= n_total) continue;
+            entropy[masks[j]] = stats[j].entropy;
+            confidence[masks[j]] = stats[j].top1;
+        }
+        for (int j : w.select(h, p.threshold, p.pos_penalty)) {
+            w.fill(masks[j], stats[j].x0);
+            if (masks[j] < n_total) commit(masks[j], stats[j].x0);
+        }
+        while (n_done < n_total && !mask[n_done]) ++n_done;
+    }
+
     // One denoising step of the current block; a finished block's causal pass, which seeds the next.
     void diffusion_step(ForwardRunner & runner, int n_threads, int64_t V, int32_t mask_id) {
         const int bs = bstart, be = std::min(n_total, bs + block);
@@ -323,7 +392,8 @@ struct CausalSequence {
         forward_ms = 0;
         entropy.assign(n_total, std::numeric_limits<float>::quiet_NaN());
         confidence.assign(n_total, std::numeric_limits<float>::quiet_NaN());
-        if (n_cached == 0 || p.mode == Decoding::AR) ar_step(runner, n_threads, V, mask_id);
+        if (window) wedlm_step(runner, n_threads, V);
+        else if (n_cached == 0 || p.mode == Decoding::AR) ar_step(runner, n_threads, V, mask_id);
         else if (p.mode == Decoding::SelfSpec) spec_step(runner, n_threads, V, mask_id);
         else diffusion_step(runner, n_threads, V, mask_id);
         std::sort(unmasked.begin(), unmasked.end());
@@ -336,9 +406,11 @@ struct CausalSequence {
         out.steps = step + 1;
         if (on_step) {
             cached.clear();
-            for (int pos = 0; pos < std::min(n_total, active.empty() ? 0 : active.front()); ++pos) cached.push_back(pos);
+            // WeDLM's pass runs its window in its own order: the cache served what lies before it.
+            const int first = window ? block_start : active.empty() ? 0 : active.front();
+            for (int pos = 0; pos < std::min(n_total, first); ++pos) cached.push_back(pos);
             // Diffusion: the blocks; the other modes: each iteration is a block of its own.
-            const bool blocks = p.mode == Decoding::Diffusion;
+            const bool blocks = p.mode == Decoding::Diffusion && !window;
             const int n_blocks = blocks ? (n_total - n_prompt) / block : out.steps_allowed;
             const int blk = blocks ? std::max(0, block_start - n_prompt) / block : step;
             StepEvent ev{index, step, blk, n_blocks, out.steps_allowed, n_prompt, block_start, block_end,
@@ -347,6 +419,10 @@ struct CausalSequence {
             if (p.mode == Decoding::SelfSpec && !draft.empty()) {
                 ev.spec_draft = &draft;
                 ev.spec_accepted = accepted;
+            }
+            if (window) {
+                ev.window_order = &active;   // the pass's order, within the answer
+                ev.committed = &committed;
             }
             if (!on_step(ev)) {
                 out.stop_reason = "cancelled";
@@ -413,7 +489,7 @@ void CausalSide::start(int index, const BatchItem & item) {
     if (!lease_) lease_ = std::make_unique<Lease>(model_);
     CausalSequence & q = running_.back();
     q.slot = slots_.take();
-    q.cache = &lease_->lease->cache(q.slot, q.n_total);
+    q.cache = &lease_->lease->cache(q.slot, q.n_cache);
 }
 
 void CausalSide::iterate() {
