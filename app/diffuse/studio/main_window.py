@@ -30,6 +30,7 @@ from diffuse.recording import Recording
 from diffuse.studio import export, first_run, storage, theme
 from diffuse.studio.bench_view import BenchWindow
 from diffuse.studio.cache_view import CacheView
+from diffuse.studio.causal_views import SpecView, WindowView
 from diffuse.studio.canvas import CanvasPanel
 from diffuse.studio.chat import ChatPanel, fit_history, system_support
 from diffuse.studio.compare import CompareWindow
@@ -106,6 +107,10 @@ class MainWindow(QMainWindow):
         self.views.addTab(self.experts_view, "Experts")
         self.uniform_view = UniformView()
         self.views.addTab(self.uniform_view, "Uniform state")
+        self.spec_view = SpecView(self.runs.ar_cost)
+        self.views.addTab(self.spec_view, "Self-speculation")
+        self.window_view = WindowView()
+        self.views.addTab(self.window_view, "WeDLM window")
         self.views.currentChanged.connect(self._mark_dirty)
         centre_top = QWidget()
         top_layout = QVBoxLayout(centre_top)
@@ -319,7 +324,8 @@ class MainWindow(QMainWindow):
         if model.recipe_problem:
             self._show_status(model.recipe_problem)
         note = model.views_note() if remote else ""
-        for view in (self.canvas_panel, self.heatmap, self.cache_view, self.throughput, self.experts_view):
+        for view in (self.canvas_panel, self.heatmap, self.cache_view, self.throughput, self.experts_view,
+                     self.spec_view, self.window_view):
             view.set_no_steps("" if getattr(model, "steps_sent", True) else note)
         if remote:
             self._probe = None          # a file's template probe still going answers for nothing
@@ -514,7 +520,7 @@ class MainWindow(QMainWindow):
         self.runs.shown = run
         self.timeline.reset()
         for view in (self.canvas_panel, self.heatmap, self.cache_view, self.throughput, self.experts_view,
-                     self.uniform_view):
+                     self.uniform_view, self.spec_view, self.window_view):
             view.set_run(run)
         self.timeline.set_count(run.n_steps if run else 0)
         self._draw_canvas()

@@ -13,13 +13,18 @@ client of a remote server).
 
 It also keeps the state of the runs the window shows: the one on screen, the chat's run while it
 goes (and what was on screen before it), the served request the views follow, and the
-recordings and exports being written, which closing the window waits for.
+recordings and exports being written, which closing the window waits for; and what a token costs
+in mode ar on each model, as measured by the last such run here (what self-speculation's speed is
+held against: `ar_cost`).
 """
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 from PySide6.QtCore import QObject, Signal
 
 from diffuse.studio import storage
@@ -28,6 +33,24 @@ from diffuse.studio.workers import Engine, Job
 
 # holder -> what it is, as the refusal names it
 HOLDERS = {"chat": "A chat answer", "compare": "A comparison", "benchmarks": "A benchmark sweep"}
+
+
+@dataclass(frozen=True)
+class ARCost:
+    """What a token cost in mode ar on a model: the median step after the prefill (one one-row
+    pass and its sampling) of a run of `steps` such steps that ended at `when` (HH:MM)."""
+    ms_per_token: float
+    steps: int
+    when: str
+
+
+def ar_cost_of(run: RunState) -> ARCost | None:
+    """`run`'s AR cost per token, if it is a finished mode-ar run with steps past its prefill."""
+    if run.options.get("mode") != "ar" or run.result is None or run.result.stop_reason == "cancelled" \
+            or run.n_steps < 2:
+        return None
+    return ARCost(float(np.median(run.step_ms[1:run.n_steps])), run.n_steps - 1,
+                  time.strftime("%H:%M", time.localtime()))
 
 
 class RunController(QObject):
@@ -47,6 +70,8 @@ class RunController(QObject):
         self.saves: list[Job] = []                  # recordings and exports being written
         # recordings being written: the file, and the tag `recorded` hands back once written
         self.writing: dict[Job, tuple[Path, object]] = {}
+        self._ar_costs: dict[tuple, ARCost] = {}     # by _cost_key: the last mode-ar run's
+        engine.run_finished.connect(self._note_ar_cost)
 
     # -- the right to run ---------------------------------------------------------------------
 
@@ -109,6 +134,22 @@ class RunController(QObject):
         self.live = self.shown_before = None
         self.release("chat")
         return True
+
+    # -- what AR costs -------------------------------------------------------------------------
+
+    @staticmethod
+    def _cost_key(run: RunState) -> tuple:
+        """The same model file at the same thread count: a cost measured there holds."""
+        return run.recording.model.get("path"), run.options.get("threads")
+
+    def _note_ar_cost(self, run: RunState) -> None:
+        if (cost := ar_cost_of(run)) is not None:
+            self._ar_costs[self._cost_key(run)] = cost
+
+    def ar_cost(self, run: RunState) -> ARCost | None:
+        """What a token cost in mode ar on `run`'s model and threads, measured by the last finished
+        mode-ar run here; None when none ran."""
+        return self._ar_costs.get(self._cost_key(run))
 
     # -- files being written ------------------------------------------------------------------
 

@@ -1,0 +1,202 @@
+"""The views of decoding over a causal cache (studio/causal_views.py): self-speculation's iterations
+from a real run of a tiny Nemotron-Labs-Diffusion look-alike, WeDLM's window from made-up events
+(tests/studio/causal_runs.py), both drawn the same live and replayed from a file; their tabs in the
+main window; their recordings, old and hostile."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from causal_runs import agreeable_nemotron, causal_run, wedlm_recording
+from conftest import recorded
+from test_studio_recording import assert_events_equal
+
+import diffuse
+from diffuse import DiffuseError
+from diffuse.recording import Recording
+from diffuse.studio.causal_views import SPEC_OTHER, SPEC_PREFILL, SpecView, WindowView
+from diffuse.studio.run_controller import ARCost, ar_cost_of
+from diffuse.studio.run_state import RunState
+
+
+@pytest.fixture(scope="module")
+def nemotron(tmp_path_factory):
+    return diffuse.load(str(agreeable_nemotron(tmp_path_factory.mktemp("agreeable"))), threads=1)
+
+
+@pytest.fixture(scope="module")
+def spec_run(nemotron) -> RunState:
+    return causal_run(nemotron, "self_spec", draft_length=8)
+
+
+@pytest.fixture(scope="module")
+def ar_run(nemotron) -> RunState:
+    return causal_run(nemotron, "ar")
+
+
+def replayed(run: RunState, tmp_path) -> RunState:
+    """`run` written to a file and read back, as File > Open shows it."""
+    run.recording.save(tmp_path / "run.npz")
+    return RunState.from_recording(Recording.load(tmp_path / "run.npz"))
+
+
+def test_each_iteration_shows_its_draft_kept_rejected_and_bonus(qtbot, spec_run):
+    view = SpecView()
+    qtbot.addWidget(view)
+    view.set_run(spec_run)
+    styles_seen = set()
+    for k, ev in enumerate(spec_run.events):
+        view.show_step(k)
+        if ev.spec_draft is None:       # the prefill
+            assert view.strip.lanes == [] and view.strip.message == SPEC_PREFILL
+            continue
+        (_, top), (_, bottom) = view.strip.lanes
+        draft, a, s = ev.spec_draft, ev.spec_accepted, ev.block_start
+        assert [c.style for c in top[:a + 1]] == ["seed"] + ["draft"] * a
+        assert [c.style for c in bottom[:a + 1]] == ["seed"] + ["accepted"] * a
+        assert [c.text for c in bottom[1:a + 1]] == [c.text for c in top[1:a + 1]]
+        bonus = ev.tokens[s + a + 1]
+        assert bottom[a + 1].style == "bonus" and f"{spec_run.piece(int(bonus))!r}" in bottom[a + 1].tip
+        if a + 1 < len(draft):          # the first rejected, then drafts nobody kept
+            assert top[a + 1].style == "rejected" and draft[a + 1] != bonus
+            assert {c.style for c in top[a + 2:]} <= {"discarded"} and {c.style for c in bottom[a + 2:]} <= {""}
+        else:                           # every draft kept: the bonus follows them, under no draft
+            assert top[-1].style == "" and len(bottom) == len(draft) + 1
+        styles_seen |= {c.style for c in top + bottom}
+        assert f"kept {a} of {len(draft) - 1} drafts" in view.caption.text()
+    assert {"accepted", "rejected", "bonus"} <= styles_seen       # the tiny model keeps some, not all
+
+
+def test_the_figures_count_passes_and_tokens_against_ar(qtbot, spec_run, ar_run):
+    view = SpecView(lambda run: ar_cost_of(ar_run))
+    qtbot.addWidget(view)
+    view.set_run(spec_run)
+    view.show_step(-1)
+    f = view.figures(spec_run, spec_run.n_steps - 1)
+    assert f.passes == spec_run.result.forward_passes and f.tokens == spec_run.gen_length == 40
+    saved = f.tokens - f.passes
+    lines = view.caption.text().splitlines()
+    assert f"{f.tokens} tokens / {f.passes} passes" in lines[1]
+    assert (f"{saved} passes fewer than AR" if saved > 0 else f"{-saved} passes more than AR") in lines[1]
+    cost = ar_cost_of(ar_run)
+    assert cost.steps == ar_run.n_steps - 1 == 39      # the prefill left out
+    assert f"vs AR's {cost.ms_per_token:.2f}" in lines[2] and "x AR's speed" in lines[2]
+    # the speed is AR's measured cost per token over this run's: iterations only, the prefill left out
+    ms = sum(e.total_ms for e in spec_run.events[1:]) / (f.tokens - 1)
+    assert f"{ms:.2f} ms/token" in lines[2]
+
+
+def test_without_an_ar_run_the_speed_is_not_guessed(qtbot, spec_run):
+    view = SpecView(lambda run: None)
+    qtbot.addWidget(view)
+    view.set_run(spec_run)
+    view.show_step(3)
+    assert "AR's not measured on this model yet" in view.caption.text()
+
+
+def test_ar_cost_comes_only_from_finished_ar_runs(spec_run, ar_run):
+    assert ar_cost_of(spec_run) is None and isinstance(ar_cost_of(ar_run), ARCost)
+    assert ar_cost_of(ar_run).ms_per_token == pytest.approx(np.median(ar_run.step_ms[1:ar_run.n_steps]))
+
+
+def test_a_replay_draws_what_the_live_run_drew(qtbot, spec_run, tmp_path):
+    again = replayed(spec_run, tmp_path)
+    assert_events_equal(spec_run.events, again.events)
+    live, replay = SpecView(), SpecView()
+    for view, run in ((live, spec_run), (replay, again)):
+        qtbot.addWidget(view)
+        view.set_run(run)
+    for k in range(spec_run.n_steps):
+        live.show_step(k)
+        replay.show_step(k)
+        assert live.strip.lanes == replay.strip.lanes and live.caption.text() == replay.caption.text()
+
+
+def test_other_runs_say_what_the_view_needs(qtbot, ar_run):
+    view = SpecView()
+    qtbot.addWidget(view)
+    view.set_run(RunState.from_recording(recorded("blocks_cache")))
+    assert view.strip.message == SPEC_OTHER.format(mode="diffusion") and not view.plot.isVisible()
+    view.set_run(ar_run)
+    assert view.strip.message == SPEC_OTHER.format(mode="ar")
+    window = WindowView()
+    qtbot.addWidget(window)
+    window.set_run(ar_run)
+    assert "no sliding window" in window.strip.message
+
+
+def test_the_window_shows_commits_fills_and_masks_in_both_orders(qtbot, tmp_path):
+    run = RunState.from_recording(wedlm_recording())
+    view = WindowView()
+    qtbot.addWidget(view)
+    view.set_run(run)
+    committed_seen = 0
+    for k, ev in enumerate(run.events):
+        view.show_step(k)
+        (_, text_order), (_, pass_order) = view.strip.lanes
+        window = list(range(ev.block_start, ev.block_end))
+        order = ev.window_order.tolist()
+        assert len(text_order) == len(pass_order) == len(window)
+        # pass order: each cell is the same position as in text order, marked with its answer position
+        assert [c.mark for c in pass_order] == [f"@{pos - ev.prompt_length}" for pos in order]
+        assert [c.mark for c in text_order] == [f"#{order.index(pos) + 1}" for pos in window]
+        for pos, cell in zip(window, text_order):
+            want = ("committed" if pos in ev.committed else "mask" if ev.mask[pos] else "filled")
+            assert cell.style == want and cell.ring == (pos in ev.unmasked)
+        # the committed lead the pass, then the other filled ones, then the masks (those it filled among them)
+        states = ["mask" if c.ring else c.style for c in pass_order]
+        assert states == sorted(states, key=["committed", "filled", "mask"].index)
+        committed_seen += len(ev.committed)
+        assert f"{len(ev.committed)} committed at this step" in view.caption.text()
+    assert committed_seen == run.gen_length
+    again = replayed(run, tmp_path)
+    assert_events_equal(run.events, again.events)
+
+
+def test_older_recordings_load_without_drafts_or_windows():
+    for ev in recorded("blocks_cache").events:
+        assert ev.spec_draft is None and ev.spec_accepted == -1 and ev.window_order is None and ev.committed is None
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda a: a.__setitem__("step_spec_accepted", np.full_like(a["step_spec_accepted"], 8)), "more drafts kept"),
+    (lambda a: a.pop("spec_draft_offsets"), "expected both"),
+    (lambda a: a["spec_draft_values"].__setitem__(0, -5), "out of range"),
+])
+def test_a_damaged_self_speculation_recording_is_refused(spec_run, tmp_path, edit, message):
+    spec_run.recording.save(tmp_path / "run.npz")
+    arrays = dict(np.load(tmp_path / "run.npz"))
+    edit(arrays)
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(DiffuseError, match=message):
+        Recording.load(tmp_path / "bad.npz")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda a: a["window_order_values"].__setitem__(0, 10_000), "out of range"),
+    (lambda a: a.pop("committed_values"), "expected both"),
+    (lambda a: a.__setitem__("window_order_offsets", np.zeros_like(a["window_order_offsets"])),
+     "do not split"),
+])
+def test_a_damaged_window_recording_is_refused(tmp_path, edit, message):
+    wedlm_recording().save(tmp_path / "run.npz")
+    arrays = dict(np.load(tmp_path / "run.npz"))
+    edit(arrays)
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(DiffuseError, match=message):
+        Recording.load(tmp_path / "bad.npz")
+
+
+def test_the_main_window_has_both_tabs_and_holds_spec_against_its_ar_run(qtbot, window, spec_run, ar_run):
+    names = [window.views.tabText(i) for i in range(window.views.count())]
+    assert "Self-speculation" in names and "WeDLM window" in names
+    window.engine.run_finished.emit(ar_run)         # as the engine says a run ended: the controller notes AR's cost
+    assert window.runs.ar_cost(spec_run) == ar_cost_of(ar_run)
+    window.show_run(spec_run)
+    window.views.setCurrentWidget(window.spec_view)
+    window.show_step(2)
+    qtbot.waitUntil(lambda: bool(window.spec_view.strip.lanes))
+    assert "x AR's speed" in window.spec_view.caption.text()
+    window.show_run(RunState.from_recording(wedlm_recording()))
+    window.views.setCurrentWidget(window.window_view)
+    window.show_step(3)
+    qtbot.waitUntil(lambda: bool(window.window_view.strip.lanes))
