@@ -225,8 +225,7 @@ class MainWindow(QMainWindow):
         # menu only names it.
         self.generate_action = self._action(run, "Generate\tCtrl+Return", self.chat.submit,
                                             tip="Generate an answer to the chat's prompt")
-        self.stop_action = self._action(run, "Cancel", self.stop, "Esc",
-                                        "Stop the run after the current step, and its playback")
+        self.stop_action = self._action(run, "Cancel", self.stop, "Esc", "Stop the run after the current step")
         self.compare_action = self._action(run, "Compare two settings…", self.open_compare,
                                            "Ctrl+K")
         self._action(run, "Benchmarks…", self.open_benchmarks,
@@ -239,6 +238,9 @@ class MainWindow(QMainWindow):
                      self.timeline.play_button.toggle, "Space")
         self._action(view, "Step back", self.timeline.back, "Ctrl+Left")
         self._action(view, "Step forward", self.timeline.forward, "Ctrl+Right")
+        # Esc too, but never at once with Cancel: this one only while nothing runs
+        self.stop_replay_action = self._action(view, "Stop the replay", self.stop, "Esc",
+                                               "Stop playing the steps and show the last one")
         view.addSeparator()
         # Ctrl+Tab changes tabs anywhere, the prompt box included (it would type a tab there).
         self._action(view, "Next tab", lambda: self._cycle_tabs(1), "Ctrl+Tab",
@@ -276,7 +278,9 @@ class MainWindow(QMainWindow):
         self.save_action.setEnabled(has_run and self.run.done)
         self.png_action.setEnabled(has_run and self.run.done)
         self.gif_action.setEnabled(has_run and self.run.done)
-        self.stop_action.setEnabled(self.runs.busy or busy or self.timeline.playing)
+        running = self.runs.busy or busy
+        self.stop_action.setEnabled(running)         # a replay is not a run: Cancel has nothing to stop
+        self.stop_replay_action.setEnabled(self.timeline.playing and not running)
         refused = self.runs.refusal("chat")
         self.generate_action.setEnabled(not busy and not refused and self.engine.model is not None)
         self.generate_action.setToolTip(refused or "Generate an answer to the chat's prompt")
