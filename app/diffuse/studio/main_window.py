@@ -760,6 +760,7 @@ class MainWindow(QMainWindow):
         self.compare_window.update_context()     # the model may have changed since
         self.compare_window.show()
         self.compare_window.raise_()
+        self.compare_window.activateWindow()     # the keys go to it (Esc closes it), not to this window
 
     def open_benchmarks(self) -> None:
         if self.bench_window is None:
