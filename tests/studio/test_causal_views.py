@@ -72,7 +72,8 @@ def test_the_figures_count_passes_and_tokens_against_ar(qtbot, spec_run, ar_run)
     view.set_run(spec_run)
     view.show_step(-1)
     f = view.figures(spec_run, spec_run.n_steps - 1)
-    assert f.passes == spec_run.result.forward_passes and f.tokens == spec_run.gen_length == 40
+    # after the prefill (one pass, one token here): the run's passes and tokens less those
+    assert f.passes == spec_run.result.forward_passes - 1 and f.tokens == spec_run.gen_length - 1 == 39
     saved = f.tokens - f.passes
     lines = view.caption.text().splitlines()
     assert f"{f.tokens} tokens / {f.passes} passes" in lines[1]
@@ -81,7 +82,7 @@ def test_the_figures_count_passes_and_tokens_against_ar(qtbot, spec_run, ar_run)
     assert cost.steps == ar_run.n_steps - 1 == 39      # the prefill left out
     assert f"vs AR's {cost.ms_per_token:.2f}" in lines[2] and "x AR's speed" in lines[2]
     # the speed is AR's measured cost per token over this run's: iterations only, the prefill left out
-    ms = sum(e.total_ms for e in spec_run.events[1:]) / (f.tokens - 1)
+    ms = sum(e.total_ms for e in spec_run.events[1:]) / f.tokens
     assert f"{ms:.2f} ms/token" in lines[2]
 
 
@@ -200,3 +201,16 @@ def test_the_main_window_has_both_tabs_and_holds_spec_against_its_ar_run(qtbot, 
     window.views.setCurrentWidget(window.window_view)
     window.show_step(3)
     qtbot.waitUntil(lambda: bool(window.window_view.strip.lanes))
+
+
+def test_a_draft_of_one_row_is_the_seed_and_its_bonus(qtbot, nemotron):
+    run = causal_run(nemotron, "self_spec", draft_length=1, gen_length=12)
+    view = SpecView()
+    qtbot.addWidget(view)
+    view.set_run(run)
+    view.show_step(2)
+    (_, top), (_, bottom) = view.strip.lanes
+    assert [c.style for c in top] == ["seed", ""] and [c.style for c in bottom] == ["seed", "bonus"]
+    f = view.figures(run, run.n_steps - 1)
+    assert f.passes == run.result.forward_passes - 1 == f.tokens == 11     # a verify pass per token, no draft pass
+    assert "1 pass of 1 row," in view.caption.text()

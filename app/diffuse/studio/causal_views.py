@@ -308,6 +308,14 @@ class _StripView(RunView, QWidget):
         self.plot.setVisible(True)
         self.legend.setVisible(True)
 
+    @staticmethod
+    def _steps_range(run: RunState) -> tuple[float, float]:
+        """The plot's steps: those used once the run is over; while it goes, the next power of two
+        (a range that changes now and then, not every step; the budget, one step per token for
+        self-speculation, would squeeze the bars into a sliver)."""
+        last = run.n_steps if run.done else min(max(run.steps_allowed, run.n_steps), 1 << run.n_steps.bit_length())
+        return 0.5, max(step_number(last - 1), 2) + 0.5
+
     def _fit_strip(self) -> None:
         """The strip as tall as its bands (STRIP_BANDS at most, the rest scrolls); the plot takes
         the rest."""
@@ -322,12 +330,11 @@ class _StripView(RunView, QWidget):
 
 @dataclass
 class SpecFigures:
-    """Self-speculation's counts up to a step: tokens committed, forward passes, and the time and
-    tokens of the iterations (the prefill left out: AR runs one too)."""
+    """Self-speculation's iterations up to a step (the prefill left out: AR runs the same one): the
+    tokens they committed, their forward passes and their time."""
     tokens: int
     passes: int
-    iteration_ms: float
-    iteration_tokens: int
+    ms: float
 
     @property
     def tokens_per_pass(self) -> float:
@@ -357,7 +364,8 @@ class SpecView(_StripView):
 
     def clear_run(self, run: RunState | None) -> None:
         self._counted = 0       # events folded into the per-step arrays below
-        self._kept, self._drafted, self._tokens, self._passes, self._ms = [], [], [], [], []
+        # per step: an iteration (not the prefill), drafts kept, drafts made, tokens committed, passes, ms
+        self._spec, self._kept, self._drafted, self._tokens, self._passes, self._ms = [], [], [], [], [], []
         mode = (run.options.get("mode") if run is not None else None) or "diffusion"
         if run is not None and mode != "self_spec" and not self.no_steps:
             self._say(SPEC_OTHER.format(mode=mode))
@@ -369,25 +377,25 @@ class SpecView(_StripView):
         the whole run for it)."""
         for e in run.events[self._counted:]:
             spec = e.spec_draft is not None
+            self._spec.append(spec)
             self._kept.append(max(e.spec_accepted, 0) if spec else 0)
             self._drafted.append(len(e.spec_draft) - 1 if spec else 0)
             self._tokens.append(len(e.unmasked))
-            self._passes.append(2 if spec else 1)
+            self._passes.append((2 if len(e.spec_draft) > 1 else 1) if spec else 0)   # one row: no draft pass
             self._ms.append(e.total_ms if spec else 0.0)
         self._counted = len(run.events)
 
     def figures(self, run: RunState, k: int) -> SpecFigures:
         self._count(run)
-        spec = np.asarray(self._drafted[:k + 1]) > 0
-        tokens = np.asarray(self._tokens[:k + 1])
-        return SpecFigures(int(tokens.sum()), int(sum(self._passes[:k + 1])), float(sum(self._ms[:k + 1])),
-                           int(tokens[spec].sum()) if spec.any() else 0)
+        spec = np.asarray(self._spec[:k + 1], bool)
+        return SpecFigures(int(np.asarray(self._tokens[:k + 1])[spec].sum()), int(sum(self._passes[:k + 1])),
+                           float(sum(self._ms[:k + 1])))
 
     def draw_step(self, run: RunState, k: int) -> None:
         ev = run.events[k]
         self._count(run)
         if ev.spec_draft is None:
-            if run.options.get("mode") != "self_spec" and not any(self._drafted):
+            if run.options.get("mode") != "self_spec" and not any(self._spec):
                 self._say(SPEC_OTHER.format(mode=run.options.get("mode") or "diffusion"))
                 return
             self._set_lanes([], SPEC_PREFILL)
@@ -434,7 +442,7 @@ class SpecView(_StripView):
 
     def _draw_plot(self, run: RunState, k: int) -> None:
         drafted = np.asarray(self._drafted, float)
-        spec = drafted > 0
+        spec = np.asarray(self._spec, bool)
         x = step_number(np.arange(len(drafted)))[spec]
         kept = np.asarray(self._kept, float)[spec]
         bonus = np.asarray(self._tokens, float)[spec] - kept       # 1, or 0 where the answer ended
@@ -442,9 +450,8 @@ class SpecView(_StripView):
         self.bonus_bars.setOpts(x=x, y0=kept, height=bonus)
         self.rest_bars.setOpts(x=x, y0=kept + bonus, height=np.maximum(drafted[spec] - kept - bonus + 1, 0))
         self.cursor.setValue(step_number(k))
-        last = run.n_steps if run.done else max(run.steps_allowed, run.n_steps)
         top = float(drafted.max() + 1) if drafted.size else 2.0
-        self.plot.setRange(xRange=(0.5, max(step_number(last - 1), 2) + 0.5), yRange=(0, max(top, 2.5)), padding=0)
+        self.plot.setRange(xRange=self._steps_range(run), yRange=(0, max(top, 2.5)), padding=0)
 
     def caption_text(self, run: RunState, k: int) -> str:
         """Three lines: the step, the passes so far against AR's, the time per token against AR's."""
@@ -455,21 +462,22 @@ class SpecView(_StripView):
             if a < drafted:
                 said += (f", rejected {quoted(run, ev.spec_draft[a + 1])} → bonus "
                          f"{quoted(run, ev.tokens[ev.block_start + a + 1])}")
-            step = (f"{run.step_label(k)}: {said} · {_n(len(ev.unmasked), 'token')}, 2 passes of "
-                    f"{drafted + 1} rows, {ev.total_ms:.1f} ms")
+            passes = "2 passes" if drafted else "1 pass"
+            step = (f"{run.step_label(k)}: {said} · {_n(len(ev.unmasked), 'token')}, {passes} of "
+                    f"{_n(drafted + 1, 'row')}, {ev.total_ms:.1f} ms")
         else:
-            step = f"{run.step_label(k)}: the prefill, 1 pass, {_n(len(ev.unmasked), 'token')}"
+            step = f"{run.step_label(k)}: the prefill, {_n(len(ev.unmasked), 'token')}"
         saved = f.tokens - f.passes
         vs_ar = (f"{_n(saved, 'pass')} fewer than AR" if saved > 0 else f"{_n(-saved, 'pass')} more than AR"
                  if saved < 0 else "as many passes as AR")
-        passes = (f"So far {_n(f.tokens, 'token')} / {_n(f.passes, 'pass')} = {f.tokens_per_pass:.2f} per pass "
-                  f"(AR 1) · {vs_ar}")
+        passes = (f"After the prefill {_n(f.tokens, 'token')} / {_n(f.passes, 'pass')} = {f.tokens_per_pass:.2f} "
+                  f"per pass (AR 1) · {vs_ar}")
         return "\n".join((step, passes, self.time_text(run, f)))
 
     def time_text(self, run: RunState, f: SpecFigures) -> str:
-        if not f.iteration_tokens:
+        if not f.tokens:
             return "Time per token: from the first iteration on"
-        ms = f.iteration_ms / f.iteration_tokens
+        ms = f.ms / f.tokens
         mine = f"{ms:.2f} ms/token"
         cost = self.ar_cost(run)
         if cost is None:
@@ -482,9 +490,9 @@ def _n(n: int, noun: str) -> str:
     return f"{n} {noun}{('es' if noun.endswith('s') else 's') * (n != 1)}"
 
 
-CAPTION_TIP = ("Passes count forward passes, not time: a pass of a block of rows costs more than AR's one-row pass. "
-               "Time per token: the iterations' steps (both passes, sampling and checks) over the tokens they "
-               "committed, the prefill left out. AR's: the median step of the last finished mode-ar run of this "
+CAPTION_TIP = ("Counted after the prefill, which AR runs alike. Passes count forward passes, not time: a pass of a "
+               "block of rows costs more than AR's one-row pass. Time per token: the iterations' steps (both "
+               "passes, sampling and checks) over the tokens they committed. AR's: the median step of the last finished mode-ar run of this "
                "model file at these threads in this session.")
 
 
@@ -531,9 +539,8 @@ class WindowView(_StripView):
         self.committed_bars.setOpts(x=x, height=np.asarray(self._committed, float))
         self.filled_curve.setData(x, np.asarray(self._filled, float))
         self.cursor.setValue(step_number(k))
-        last = run.n_steps if run.done else max(run.steps_allowed, run.n_steps)
         top = max(max(self._committed, default=0), max(self._filled, default=0), 1)
-        self.plot.setRange(xRange=(0.5, max(step_number(last - 1), 2) + 0.5), yRange=(0, top + 0.5), padding=0)
+        self.plot.setRange(xRange=self._steps_range(run), yRange=(0, top + 0.5), padding=0)
         self.caption.setText(self.caption_text(run, k))
 
     @staticmethod
