@@ -39,7 +39,8 @@ def test_same_text_passes_saved_and_time_per_token(nemotron):
     assert (f"B ran {pa - pb} passes fewer" if pb < pa else f"B ran {pb - pa} passes more") in said
     assert "Per token after the prefill" in said
     passes, times, answers = summary_lines(a, b, pair)
-    assert passes.startswith(f"Forward passes: A {pa} (one per token) · B {pb} ({b.n_steps - 1} iterations")
+    assert passes.startswith(f"Forward passes: A {pa} (one per token after the prefill) · B {pb} (a draft and a "
+                             f"verify pass per iteration, {b.n_steps - 1} iterations after the prefill)")
     assert times.startswith("Time per token after the prefill: A ") and "8 rows each" in times
     assert answers.startswith("Answers: the same, token for token (all 40 positions")
 

@@ -346,8 +346,9 @@ def passes_line(a: RunState, b: RunState) -> str:
     if not (pa and pb):
         return "Forward passes: not reported (a server sends none)"
     tokens = int(b.n_committed[:b.n_steps].sum())
-    return (f"Forward passes: A {pa} (one per token) · B {pb} ({b.result.steps - 1} iterations of a draft and a "
-            f"verify pass, after one prefill): {tokens / pb:.2f} tokens per pass · {_saved(pa - pb)}")
+    return (f"Forward passes: A {pa} (one per token after the prefill) · B {pb} (a draft and a verify pass per "
+            f"iteration, {b.result.steps - 1} iterations after the prefill): {tokens / pb:.2f} tokens per pass · "
+            f"{_saved(pa - pb)}")
 
 
 def _saved(n: int) -> str:
