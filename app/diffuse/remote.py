@@ -496,7 +496,7 @@ class _Answer:
                              confidence=confidence, active=active, cached=cached,
                              forward_ms=float(d["forward_ms"]), sample_ms=float(d["sample_ms"]),
                              total_ms=float(d["total_ms"]), scheduled=int(d.get("scheduled", -1)), edited=edited,
-                             experts=experts)
+                             experts=experts, **_causal_fields(d, n))
         except (KeyError, TypeError, ValueError, OverflowError) as e:
             raise DiffuseError(f"{self.model.url}: a step event that is not diffuse serve's "
                                f"({type(e).__name__}: {str(e)[:80]})") from None
@@ -530,6 +530,23 @@ def _block_bounds(d: dict, block: int, n_blocks: int, n: int) -> tuple[int, int]
     if "block_start" in d and "block_end" in d:
         return max(0, int(d["block_start"])), min(n, int(d["block_end"]))
     return block * n // n_blocks, (block + 1) * n // n_blocks
+
+
+def _causal_fields(d: dict, n: int) -> dict:
+    """Self-speculation's draft (token ids) and drafts kept, WeDLM's window in pass order and its
+    commits (answer positions), where the event has them (StepEvent's fields of those names)."""
+    out = {}
+    if d.get("spec_draft") is not None:
+        draft, kept = np.asarray(d["spec_draft"], np.int32), int(d.get("spec_accepted", -1))
+        if draft.ndim != 1 or not draft.size or (draft < 0).any() or not 0 <= kept < draft.size:
+            raise ValueError("a draft that is not token ids, or more drafts kept than drafted")
+        out |= {"spec_draft": draft, "spec_accepted": kept}
+    if d.get("window_order") is not None:
+        window, committed = (np.asarray(d.get(k, []), np.int32) for k in ("window_order", "committed"))
+        if window.ndim != 1 or committed.ndim != 1 or not all(((a >= 0) & (a < n)).all() for a in (window, committed)):
+            raise ValueError("a window or commits outside the answer")
+        out |= {"window_order": window, "committed": committed}
+    return out
 
 
 def _positions(value, n: int) -> np.ndarray:

@@ -490,10 +490,10 @@ def _n(n: int, noun: str) -> str:
     return f"{n} {noun}{('es' if noun.endswith('s') else 's') * (n != 1)}"
 
 
-CAPTION_TIP = ("Counted after the prefill, which AR runs alike. Passes count forward passes, not time: a pass of a "
-               "block of rows costs more than AR's one-row pass. Time per token: the iterations' steps (both "
-               "passes, sampling and checks) over the tokens they committed. AR's: the median step of the last finished mode-ar run of this "
-               "model file at these threads in this session.")
+CAPTION_TIP = ("Counted after the prefill, which AR runs alike. Passes count forward passes, not time: a pass of "
+               "a block of rows costs more than AR's one-row pass. Time per token: the iterations' steps (both "
+               "passes, sampling and checks) over the tokens they committed. AR's: the median step of the last "
+               "finished mode-ar run of this model file at these threads in this session.")
 
 
 class WindowView(_StripView):
