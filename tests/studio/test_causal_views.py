@@ -214,3 +214,17 @@ def test_a_draft_of_one_row_is_the_seed_and_its_bonus(qtbot, nemotron):
     f = view.figures(run, run.n_steps - 1)
     assert f.passes == run.result.forward_passes - 1 == f.tokens == 11     # a verify pass per token, no draft pass
     assert "1 pass of 1 row," in view.caption.text()
+
+
+def test_steps_of_a_server_that_sends_no_drafts_say_so(qtbot, spec_run):
+    from diffuse.studio.causal_views import SPEC_UNSENT
+    events = [ev.__class__(**{**ev.__dict__, "spec_draft": None, "spec_accepted": -1}) for ev in spec_run.events]
+    run = RunState.from_recording(Recording(prompt="x", options=dict(spec_run.options), events=events,
+                                            result=spec_run.result, model=spec_run.recording.model))
+    view = SpecView()
+    qtbot.addWidget(view)
+    view.set_run(run)
+    view.show_step(0)
+    assert view.strip.message == SPEC_PREFILL
+    view.show_step(3)
+    assert view.strip.message == SPEC_UNSENT and not view.plot.isVisible()

@@ -38,6 +38,8 @@ SPEC_OTHER = ("This run is not self-speculation (mode {mode}): its steps draft n
               "decoding mode self_spec in Settings to see drafts kept and rejected here.")
 SPEC_PREFILL = ("Prefill: the prompt's K/V written causally, its last row choosing the first token, the "
                 "seed of the first draft. Step on to see the iterations.")
+SPEC_UNSENT = ("This self-speculation step carries no draft: the server that ran it did not send it. "
+               "The Canvas view shows what each step committed.")
 WINDOW_IDLE = "Generate with a WeDLM model to see its window fill and commit"
 WINDOW_OTHER = ("This run has no sliding window (WeDLM's diffusion under causal attention): the Canvas "
                 "and Cache views show its steps.")
@@ -397,6 +399,9 @@ class SpecView(_StripView):
         if ev.spec_draft is None:
             if run.options.get("mode") != "self_spec" and not any(self._spec):
                 self._say(SPEC_OTHER.format(mode=run.options.get("mode") or "diffusion"))
+                return
+            if k > 0:       # only the prefill has no draft
+                self._say(SPEC_UNSENT)
                 return
             self._set_lanes([], SPEC_PREFILL)
         else:
