@@ -228,3 +228,18 @@ def test_steps_of_a_server_that_sends_no_drafts_say_so(qtbot, spec_run):
     assert view.strip.message == SPEC_PREFILL
     view.show_step(3)
     assert view.strip.message == SPEC_UNSENT and not view.plot.isVisible()
+
+
+def test_nothing_is_cut_in_either_view_at_1024x700(qtbot, window, spec_run):
+    from layout_checks import layout_problems
+    from test_layout import _at_1024x700
+    _at_1024x700(qtbot, window)
+    for run, view in ((spec_run, window.spec_view), (RunState.from_recording(wedlm_recording()), window.window_view)):
+        window.show_run(run)
+        window.timeline.stop()
+        window.views.setCurrentWidget(view)
+        for k in (0, 2, run.n_steps - 1):
+            window.show_step(k)
+            window.refresh(), window.refresh()        # the canvas, then the view
+            qtbot.wait(20)                             # layouts settle
+            assert layout_problems(window) == [], (view, k)

@@ -259,8 +259,7 @@ def quoted(run: RunState, tid: int) -> str:
 class _StripView(RunView, QWidget):
     """A legend, the strip (scrolling when a block is long), a plot over the steps and a caption."""
 
-    def __init__(self, legend: list[tuple[str, QColor]], legend_tip: str, y_label: str, caption_tip: str = "",
-                 parent=None):
+    def __init__(self, legend: list[tuple[str, QColor]], legend_tip: str, caption_tip: str = "", parent=None):
         super().__init__(parent)
         self.legend = QLabel(theme.legend_html(legend))
         self.legend.setWordWrap(True)
@@ -273,7 +272,6 @@ class _StripView(RunView, QWidget):
         self.scroll.setFrameShape(QScrollArea.Shape.NoFrame)
         self.plot = pg.PlotWidget()
         self.plot.setMenuEnabled(False)
-        self.plot.setLabel("left", y_label)
         self.plot.setLabel("bottom", "step")
         self.plot.setMinimumHeight(80)
         self.plot.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)   # the room left
@@ -348,7 +346,7 @@ class SpecView(_StripView):
     run's model (RunController.ar_cost), or None when none was measured."""
 
     def __init__(self, ar_cost: Callable[[RunState], object] | None = None, parent=None):
-        super().__init__(SPEC_LEGEND, SPEC_LEGEND_TIP, "tokens", CAPTION_TIP)
+        super().__init__(SPEC_LEGEND, SPEC_LEGEND_TIP, CAPTION_TIP)
         self.ar_cost = ar_cost or (lambda run: None)
         self.kept_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=_alpha(theme.ACCENT, 200), pen=None)
         self.bonus_bars = pg.BarGraphItem(x=[], y0=[], height=[], width=0.8, brush=_alpha(BONUS, 220), pen=None)
@@ -505,7 +503,7 @@ class WindowView(_StripView):
     """WeDLM's window at a step: text order over pass order."""
 
     def __init__(self, parent=None):
-        super().__init__(WINDOW_LEGEND, WINDOW_LEGEND_TIP, "positions")
+        super().__init__(WINDOW_LEGEND, WINDOW_LEGEND_TIP)
         self.legend.setText(f"{self.legend.text()} &nbsp; <span style='color:{theme.MUTED.name()}'>"
                             f"#n: place in the pass · @n: answer position</span>")
         self.committed_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=_alpha(theme.ACCENT, 200), pen=None)
