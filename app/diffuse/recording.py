@@ -161,8 +161,9 @@ class Recording:
         return self
 
     def token_ids(self) -> list[int]:
-        """Every distinct token id in the events and the result, sorted."""
-        arrays = [e.tokens for e in self.events]
+        """Every distinct token id in the events (drafts too: a rejected draft's token may occur nowhere
+        else) and the result, sorted."""
+        arrays = [a for e in self.events for a in (e.tokens, e.spec_draft, e.draft) if a is not None]
         if self.result is not None:
             arrays += [self.result.tokens, self.result.prompt_tokens]
         if not arrays:

@@ -243,3 +243,24 @@ def test_nothing_is_cut_in_either_view_at_1024x700(qtbot, window, spec_run):
             window.refresh(), window.refresh()        # the canvas, then the view
             qtbot.wait(20)                             # layouts settle
             assert layout_problems(window) == [], (view, k)
+
+
+def test_a_replay_names_drafts_that_occur_nowhere_else(qtbot, spec_run, tmp_path):
+    """A rejected draft's token may never be committed: its text is recorded all the same."""
+    events = list(spec_run.events)
+    k = next(i for i, e in enumerate(events) if e.spec_draft is not None and e.spec_accepted + 1 < len(e.spec_draft))
+    a = events[k].spec_accepted
+    draft = events[k].spec_draft.copy()
+    draft[a + 1] = 250                      # a token the run never commits
+    events[k] = events[k].__class__(**{**events[k].__dict__, "spec_draft": draft})
+    assert 250 not in np.concatenate([e.tokens for e in events])
+    run = RunState(spec_run.prompt, spec_run.options, spec_run.recording.model, decode=spec_run._decode)
+    for e in events:
+        run.add(e)
+    run.finish(spec_run.result)
+    view = SpecView()
+    qtbot.addWidget(view)
+    view.set_run(replayed(run, tmp_path))
+    view.show_step(k)
+    rejected = view.strip.lanes[0][1][a + 1]
+    assert rejected.style == "rejected" and repr(spec_run.piece(250)) in rejected.tip and "<250>" not in rejected.tip
