@@ -18,7 +18,7 @@ draws live runs and replays (RunView).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pyqtgraph as pg
@@ -30,6 +30,9 @@ from diffuse.studio import theme
 from diffuse.studio.canvas import display_text
 from diffuse.studio.run_state import RunState, step_number
 from diffuse.studio.view_base import RunView
+
+if TYPE_CHECKING:
+    from diffuse.studio.run_controller import ARCost
 
 QWIDGETSIZE_MAX = (1 << 24) - 1     # Qt's "no maximum"
 
@@ -345,8 +348,8 @@ class SpecView(_StripView):
     """Self-speculation, iteration by iteration. `ar_cost(run)` gives AR's measured cost on the
     run's model (RunController.ar_cost), or None when none was measured."""
 
-    def __init__(self, ar_cost: Callable[[RunState], object] | None = None, parent=None):
-        super().__init__(SPEC_LEGEND, SPEC_LEGEND_TIP, CAPTION_TIP)
+    def __init__(self, ar_cost: Callable[[RunState], ARCost | None] | None = None, parent=None):
+        super().__init__(SPEC_LEGEND, SPEC_LEGEND_TIP, CAPTION_TIP, parent)
         self.ar_cost = ar_cost or (lambda run: None)
         self.kept_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=_alpha(theme.ACCENT, 200), pen=None)
         self.bonus_bars = pg.BarGraphItem(x=[], y0=[], height=[], width=0.8, brush=_alpha(BONUS, 220), pen=None)
@@ -503,7 +506,7 @@ class WindowView(_StripView):
     """WeDLM's window at a step: text order over pass order."""
 
     def __init__(self, parent=None):
-        super().__init__(WINDOW_LEGEND, WINDOW_LEGEND_TIP)
+        super().__init__(WINDOW_LEGEND, WINDOW_LEGEND_TIP, parent=parent)
         self.legend.setText(f"{self.legend.text()} &nbsp; <span style='color:{theme.MUTED.name()}'>"
                             f"#n: place in the pass · @n: answer position</span>")
         self.committed_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=_alpha(theme.ACCENT, 200), pen=None)
