@@ -10,6 +10,8 @@ from causal_runs import agreeable_nemotron, causal_run, wedlm_recording
 from conftest import recorded
 from test_studio_recording import assert_events_equal
 
+from PySide6.QtGui import QTextDocumentFragment
+
 import diffuse
 from diffuse import DiffuseError
 from diffuse.recording import Recording
@@ -31,6 +33,11 @@ def spec_run(nemotron) -> RunState:
 @pytest.fixture(scope="module")
 def ar_run(nemotron) -> RunState:
     return causal_run(nemotron, "ar")
+
+
+def shown(view) -> str:
+    """The caption as the user reads it (it is rich text: a link to measure AR)."""
+    return QTextDocumentFragment.fromHtml(view.caption.text()).toPlainText()
 
 
 def replayed(run: RunState, tmp_path) -> RunState:
@@ -62,7 +69,7 @@ def test_each_iteration_shows_its_draft_kept_rejected_and_bonus(qtbot, spec_run)
         else:                           # every draft kept: the bonus follows them, under no draft
             assert top[-1].style == "" and len(bottom) == len(draft) + 1
         styles_seen |= {c.style for c in top + bottom}
-        assert f"kept {a} of {len(draft) - 1} drafts" in view.caption.text()
+        assert f"kept {a} of {len(draft) - 1} drafts" in shown(view)
     assert {"accepted", "rejected", "bonus"} <= styles_seen       # the tiny model keeps some, not all
 
 
@@ -75,7 +82,8 @@ def test_the_figures_count_passes_and_tokens_against_ar(qtbot, spec_run, ar_run)
     # after the prefill (one pass, one token here): the run's passes and tokens less those
     assert f.passes == spec_run.result.forward_passes - 1 and f.tokens == spec_run.gen_length - 1 == 39
     saved = f.tokens - f.passes
-    lines = view.caption.text().splitlines()
+    lines = shown(view).splitlines()
+    assert "measure AR here" not in lines[2]        # measured already
     assert f"{f.tokens} tokens / {f.passes} passes" in lines[1]
     assert (f"{saved} passes fewer than AR" if saved > 0 else f"{-saved} passes more than AR") in lines[1]
     cost = ar_cost_of(ar_run)
@@ -91,7 +99,7 @@ def test_without_an_ar_run_the_speed_is_not_guessed(qtbot, spec_run):
     qtbot.addWidget(view)
     view.set_run(spec_run)
     view.show_step(3)
-    assert "AR's not measured on this model yet" in view.caption.text()
+    assert shown(view).endswith("AR's not measured on this model yet · measure AR here")
 
 
 def test_ar_cost_comes_only_from_finished_ar_runs(spec_run, ar_run):
@@ -109,7 +117,7 @@ def test_a_replay_draws_what_the_live_run_drew(qtbot, spec_run, tmp_path):
     for k in range(spec_run.n_steps):
         live.show_step(k)
         replay.show_step(k)
-        assert live.strip.lanes == replay.strip.lanes and live.caption.text() == replay.caption.text()
+        assert live.strip.lanes == replay.strip.lanes and shown(live) == shown(replay)
 
 
 def test_other_runs_say_what_the_view_needs(qtbot, ar_run):
@@ -147,7 +155,7 @@ def test_the_window_shows_commits_fills_and_masks_in_both_orders(qtbot, tmp_path
         states = ["mask" if c.ring else c.style for c in pass_order]
         assert states == sorted(states, key=["committed", "filled", "mask"].index)
         committed_seen += len(ev.committed)
-        assert f"{len(ev.committed)} committed at this step" in view.caption.text()
+        assert f"{len(ev.committed)} committed at this step" in shown(view)
     assert committed_seen == run.gen_length
     again = replayed(run, tmp_path)
     assert_events_equal(run.events, again.events)
@@ -196,7 +204,7 @@ def test_the_main_window_has_both_tabs_and_holds_spec_against_its_ar_run(qtbot, 
     window.views.setCurrentWidget(window.spec_view)
     window.show_step(2)
     qtbot.waitUntil(lambda: bool(window.spec_view.strip.lanes))
-    assert "x AR's speed" in window.spec_view.caption.text()
+    assert "x AR's speed" in shown(window.spec_view)
     window.show_run(RunState.from_recording(wedlm_recording()))
     window.views.setCurrentWidget(window.window_view)
     window.show_step(3)
@@ -213,7 +221,7 @@ def test_a_draft_of_one_row_is_the_seed_and_its_bonus(qtbot, nemotron):
     assert [c.style for c in top] == ["seed", ""] and [c.style for c in bottom] == ["seed", "bonus"]
     f = view.figures(run, run.n_steps - 1)
     assert f.passes == run.result.forward_passes - 1 == f.tokens == 11     # a verify pass per token, no draft pass
-    assert "1 pass of 1 row," in view.caption.text()
+    assert "1 pass of 1 row," in shown(view)
 
 
 def test_steps_of_a_server_that_sends_no_drafts_say_so(qtbot, spec_run):
@@ -264,3 +272,29 @@ def test_a_replay_names_drafts_that_occur_nowhere_else(qtbot, spec_run, tmp_path
     view.show_step(k)
     rejected = view.strip.lanes[0][1][a + 1]
     assert rejected.style == "rejected" and repr(spec_run.piece(250)) in rejected.tip and "<250>" not in rejected.tip
+
+
+def test_measure_ar_here_runs_a_short_ar_run_and_the_view_holds_spec_against_it(qtbot, window, nemotron, spec_run):
+    from diffuse.studio.run_controller import AR_MEASURE_TOKENS
+    window.set_model(nemotron)
+    window.show_run(spec_run)
+    window.timeline.stop()
+    window.views.setCurrentWidget(window.spec_view)
+    qtbot.waitUntil(lambda: shown(window.spec_view).endswith("measure AR here"))
+    with qtbot.waitSignal(window.engine.run_finished, timeout=30000) as done:
+        window.spec_view.caption.linkActivated.emit("measure")
+        assert window.runs.holder == "measure" and not window.generate_action.isEnabled()
+    measured = done.args[0]
+    assert measured.options["mode"] == "ar" and measured.n_steps == AR_MEASURE_TOKENS
+    assert measured.events[0].tokens[:measured.prompt_length].tolist() == \
+        spec_run.events[0].tokens[:spec_run.prompt_length].tolist()     # after the run's own prompt
+    assert window.runs.holder is None and window.runs.ar_cost(spec_run) == ar_cost_of(measured)
+    qtbot.waitUntil(lambda: "x AR's speed" in shown(window.spec_view))
+    assert window.run is spec_run            # the measurement is not shown in place of the run
+
+
+def test_measure_ar_needs_the_runs_own_model(qtbot, window, fake_model, spec_run):
+    window.set_model(fake_model())
+    window.measure_ar(spec_run)
+    assert window.runs.holder is None and not window.engine.busy
+    assert "load it first" in window.statusBar().currentMessage()

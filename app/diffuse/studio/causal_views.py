@@ -17,12 +17,13 @@ draws live runs and replays (RunView).
 """
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QRectF, QSize, Qt
+from PySide6.QtCore import QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPen
 from PySide6.QtWidgets import QLabel, QScrollArea, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
@@ -284,7 +285,8 @@ class _StripView(RunView, QWidget):
         self.caption = QLabel()
         self.caption.setObjectName("Muted")
         self.caption.setWordWrap(True)
-        self.caption.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.caption.setTextFormat(Qt.TextFormat.RichText)
+        self.caption.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
         self.caption.setToolTip(caption_tip)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
@@ -297,9 +299,9 @@ class _StripView(RunView, QWidget):
     def _say(self, message: str) -> None:
         """Nothing to draw: the message in the strip's place, no plot."""
         self._set_lanes([], message)
+        self.caption.setText("")
         self.plot.setVisible(False)
         self.legend.setVisible(False)
-        self.caption.setText("")
         self.scroll.setMaximumHeight(QWIDGETSIZE_MAX)     # the message takes the room
         self.scroll.setMinimumHeight(0)
 
@@ -346,7 +348,10 @@ class SpecFigures:
 
 class SpecView(_StripView):
     """Self-speculation, iteration by iteration. `ar_cost(run)` gives AR's measured cost on the
-    run's model (RunController.ar_cost), or None when none was measured."""
+    run's model (RunController.ar_cost), or None when none was measured; then the caption offers to
+    measure it (`measure_requested(run)`)."""
+
+    measure_requested = Signal(object)      # the run whose model AR should be measured on
 
     def __init__(self, ar_cost: Callable[[RunState], ARCost | None] | None = None, parent=None):
         super().__init__(SPEC_LEGEND, SPEC_LEGEND_TIP, CAPTION_TIP, parent)
@@ -360,6 +365,7 @@ class SpecView(_StripView):
         # An iteration runs two passes: AR commits two tokens in them, so bars above this line saved passes
         self.even_line = pg.InfiniteLine(pos=2, angle=0, pen=pg.mkPen(BONUS, width=1, style=Qt.PenStyle.DotLine))
         self.plot.addItem(self.even_line)
+        self.caption.linkActivated.connect(lambda _link: self.measure_requested.emit(self.run))
         self.plot.setToolTip("Per iteration, the tokens it committed: the drafts kept (teal) and the bonus "
                              "(gold); dashed, the drafts not kept. Dotted: 2 tokens, what AR commits in an "
                              "iteration's 2 passes: a bar above it saved passes.")
@@ -409,7 +415,10 @@ class SpecView(_StripView):
             self._set_lanes(self.lanes(run, k))
         self._drawing()
         self._draw_plot(run, k)
-        self.caption.setText(self.caption_text(run, k))
+        text = html.escape(self.caption_text(run, k), quote=False).replace("\n", "<br>")
+        if self.ar_cost(run) is None and self.figures(run, k).tokens:
+            text += f" · <a href='measure' style='color:{theme.ACCENT.name()}'>measure AR here</a>"
+        self.caption.setText(text)
 
     def lanes(self, run: RunState, k: int) -> list[tuple[str, list[Cell]]]:
         """The drafted block over what the verify pass made of it."""
@@ -487,7 +496,7 @@ class SpecView(_StripView):
         mine = f"{ms:.2f} ms/token"
         cost = self.ar_cost(run)
         if cost is None:
-            return f"{mine} · AR's not measured on this model yet: generate once in mode ar, or use Compare"
+            return f"{mine} · AR's not measured on this model yet"
         return (f"{mine} vs AR's {cost.ms_per_token:.2f} (measured {cost.when}): {cost.ms_per_token / ms:.2f}x "
                 f"AR's speed")
 
@@ -499,7 +508,8 @@ def _n(n: int, noun: str) -> str:
 CAPTION_TIP = ("Counted after the prefill, which AR runs alike. Passes count forward passes, not time: a pass of "
                "a block of rows costs more than AR's one-row pass. Time per token: the iterations' steps (both "
                "passes, sampling and checks) over the tokens they committed. AR's: the median step of the last "
-               "finished mode-ar run of this model file at these threads in this session.")
+               "finished mode-ar run of this model file at these threads in this session (a chat answer or "
+               "Compare in mode ar, or 'measure AR here': 32 tokens in mode ar after this run's prompt).")
 
 
 class WindowView(_StripView):
@@ -547,7 +557,7 @@ class WindowView(_StripView):
         self.cursor.setValue(step_number(k))
         top = max(max(self._committed, default=0), max(self._filled, default=0), 1)
         self.plot.setRange(xRange=self._steps_range(run), yRange=(0, top + 0.5), padding=0)
-        self.caption.setText(self.caption_text(run, k))
+        self.caption.setText(html.escape(self.caption_text(run, k), quote=False))
 
     @staticmethod
     def states(ev) -> dict[int, str]:

@@ -41,7 +41,7 @@ from diffuse.studio.heatmap import EntropyHeatmap
 from diffuse.studio.model_panel import ModelPanel
 from diffuse.studio.panes import PaneToggle
 from diffuse.studio.remote_dialog import connect_to_server
-from diffuse.studio.run_controller import RunController
+from diffuse.studio.run_controller import AR_MEASURE_TOKENS, RunController
 from diffuse.studio.run_state import RunState
 from diffuse.studio.serve_panel import ServePanel
 from diffuse.studio.settings_panel import SettingsPanel
@@ -108,6 +108,7 @@ class MainWindow(QMainWindow):
         self.uniform_view = UniformView()
         self.views.addTab(self.uniform_view, "Uniform state")
         self.spec_view = SpecView(self.runs.ar_cost)
+        self.spec_view.measure_requested.connect(self.measure_ar)
         self.views.addTab(self.spec_view, "Self-speculation")
         self.window_view = WindowView()
         self.views.addTab(self.window_view, "WeDLM window")
@@ -517,6 +518,7 @@ class MainWindow(QMainWindow):
         self.chat.set_refusal(self.runs.refusal("chat"))
         self.model_panel.engine_busy = holder is not None     # no model swap under any run
         self._update_actions()
+        self._mark_dirty()          # a measurement of AR that ended changes what Self-speculation says
 
     # -- showing a run ------------------------------------------------------------------------
 
@@ -530,6 +532,13 @@ class MainWindow(QMainWindow):
         self._draw_canvas()
         self._update_actions()
         self._mark_dirty()
+
+    def measure_ar(self, run: RunState | None) -> None:
+        """Self-speculation's 'measure AR here': a short mode-ar run after `run`'s prompt."""
+        if run is None:
+            return
+        refused = self.runs.measure_ar(run)
+        self._show_status(refused or f"measuring AR decoding: {AR_MEASURE_TOKENS} tokens after the run's prompt")
 
     def stop(self) -> None:
         """Cancel: whatever runs the model stops after its current step, and the display stops

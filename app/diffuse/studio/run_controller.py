@@ -15,7 +15,7 @@ It also keeps the state of the runs the window shows: the one on screen, the cha
 goes (and what was on screen before it), the served request the views follow, and the
 recordings and exports being written, which closing the window waits for; and what a token costs
 in mode ar on each model, as measured by the last such run here (what self-speculation's speed is
-held against: `ar_cost`).
+held against: `ar_cost`), or by a short one it runs when asked (`measure_ar`).
 """
 from __future__ import annotations
 
@@ -32,7 +32,9 @@ from diffuse.studio.run_state import RunState
 from diffuse.studio.workers import Engine, Job
 
 # holder -> what it is, as the refusal names it
-HOLDERS = {"chat": "A chat answer", "compare": "A comparison", "benchmarks": "A benchmark sweep"}
+HOLDERS = {"chat": "A chat answer", "compare": "A comparison", "benchmarks": "A benchmark sweep",
+           "measure": "A measurement of AR decoding"}
+AR_MEASURE_TOKENS = 32      # the one-row steps `measure_ar` runs: enough for a steady median
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,9 @@ class RunController(QObject):
         # recordings being written: the file, and the tag `recorded` hands back once written
         self.writing: dict[Job, tuple[Path, object]] = {}
         self._ar_costs: dict[tuple, ARCost] = {}     # by _cost_key: the last mode-ar run's
+        self._measuring: RunState | None = None      # the run measure_ar started, while it goes
         engine.run_finished.connect(self._note_ar_cost)
+        engine.run_failed.connect(self._measure_failed)
 
     # -- the right to run ---------------------------------------------------------------------
 
@@ -145,6 +149,31 @@ class RunController(QObject):
     def _note_ar_cost(self, run: RunState) -> None:
         if (cost := ar_cost_of(run)) is not None:
             self._ar_costs[self._cost_key(run)] = cost
+        self._measured(run)
+
+    def _measure_failed(self, run: RunState, _message: str) -> None:
+        self._measured(run)
+
+    def _measured(self, run: RunState) -> None:
+        if run is self._measuring:
+            self._measuring = None
+            self.release("measure")
+
+    def measure_ar(self, run: RunState) -> str:
+        """Decode AR_MEASURE_TOKENS tokens in mode ar after `run`'s prompt, with its options, on
+        the loaded model, which must be `run`'s: `ar_cost(run)` then knows what a token costs.
+        "" once started, else why not."""
+        model = self.engine.model
+        if model is None or str(getattr(model, "path", "")) != run.recording.model.get("path"):
+            return "AR is measured on the run's own model: load it first"
+        if not run.events or run.prompt_length == 0:
+            return "AR is measured after the run's prompt, which this run does not hold"
+        if not self.acquire("measure", self.engine.stop):
+            return self.refusal("measure")
+        options = {**run.options, "mode": "ar", "gen_length": AR_MEASURE_TOKENS, "eos_stop": "none", "chat": False}
+        self._measuring = RunState(run.prompt, options, run.recording.model)
+        self.start("measure", self._measuring, run.events[0].tokens[:run.prompt_length].tolist())
+        return ""
 
     def ar_cost(self, run: RunState) -> ARCost | None:
         """What a token cost in mode ar on `run`'s model and threads, measured by the last finished
