@@ -29,6 +29,7 @@ from PySide6.QtWidgets import QLabel, QScrollArea, QSizePolicy, QToolTip, QVBoxL
 
 from diffuse.studio import theme
 from diffuse.studio.canvas import display_text
+from diffuse.studio.compare_pairs import ms_per_token
 from diffuse.studio.run_state import RunState, step_number
 from diffuse.studio.view_base import RunView
 
@@ -336,10 +337,9 @@ class _StripView(RunView, QWidget):
 @dataclass
 class SpecFigures:
     """Self-speculation's iterations up to a step (the prefill left out: AR runs the same one): the
-    tokens they committed, their forward passes and their time."""
+    tokens they committed and their forward passes."""
     tokens: int
     passes: int
-    ms: float
 
     @property
     def tokens_per_pass(self) -> float:
@@ -373,8 +373,8 @@ class SpecView(_StripView):
 
     def clear_run(self, run: RunState | None) -> None:
         self._counted = 0       # events folded into the per-step arrays below
-        # per step: an iteration (not the prefill), drafts kept, drafts made, tokens committed, passes, ms
-        self._spec, self._kept, self._drafted, self._tokens, self._passes, self._ms = [], [], [], [], [], []
+        # per step: an iteration (not the prefill), drafts kept, drafts made, tokens committed, passes
+        self._spec, self._kept, self._drafted, self._tokens, self._passes = [], [], [], [], []
         mode = (run.options.get("mode") if run is not None else None) or "diffusion"
         if run is not None and mode != "self_spec" and not self.no_steps:
             self._say(SPEC_OTHER.format(mode=mode))
@@ -391,14 +391,12 @@ class SpecView(_StripView):
             self._drafted.append(len(e.spec_draft) - 1 if spec else 0)
             self._tokens.append(len(e.unmasked))
             self._passes.append((2 if len(e.spec_draft) > 1 else 1) if spec else 0)   # one row: no draft pass
-            self._ms.append(e.total_ms if spec else 0.0)
         self._counted = len(run.events)
 
     def figures(self, run: RunState, k: int) -> SpecFigures:
         self._count(run)
         spec = np.asarray(self._spec[:k + 1], bool)
-        return SpecFigures(int(np.asarray(self._tokens[:k + 1])[spec].sum()), int(sum(self._passes[:k + 1])),
-                           float(sum(self._ms[:k + 1])))
+        return SpecFigures(int(np.asarray(self._tokens[:k + 1])[spec].sum()), int(sum(self._passes[:k + 1])))
 
     def draw_step(self, run: RunState, k: int) -> None:
         ev = run.events[k]
@@ -487,12 +485,12 @@ class SpecView(_StripView):
                  if saved < 0 else "as many passes as AR")
         passes = (f"After the prefill {_n(f.tokens, 'token')} / {_n(f.passes, 'pass')} = {f.tokens_per_pass:.2f} "
                   f"per pass (AR 1) · {vs_ar}")
-        return "\n".join((step, passes, self.time_text(run, f)))
+        return "\n".join((step, passes, self.time_text(run, k)))
 
-    def time_text(self, run: RunState, f: SpecFigures) -> str:
-        if not f.tokens:
+    def time_text(self, run: RunState, k: int) -> str:
+        ms = ms_per_token(run, k)
+        if not ms:
             return "Time per token: from the first iteration on"
-        ms = f.ms / f.tokens
         mine = f"{ms:.2f} ms/token"
         cost = self.ar_cost(run)
         if cost is None:
@@ -507,7 +505,7 @@ def _n(n: int, noun: str) -> str:
 
 CAPTION_TIP = ("Counted after the prefill, which AR runs alike. Passes count forward passes, not time: a pass of "
                "a block of rows costs more than AR's one-row pass. Time per token: the iterations' steps (both "
-               "passes, sampling and checks) over the tokens they committed. AR's: the median step of the last "
+               "passes, sampling and checks) over the tokens they committed. AR's: the same over the last "
                "finished mode-ar run of this model file at these threads in this session (a chat answer or "
                "Compare in mode ar, or 'measure AR here': 32 tokens in mode ar after this run's prompt).")
 

@@ -329,16 +329,14 @@ def _steps_headline(a: RunState, b: RunState, names: dict) -> str:
 
 # -- AR against self-speculation ---------------------------------------------------------------
 
-def tokens_and_ms(run: RunState) -> tuple[int, float]:
-    """The tokens committed after the prefill and the time they took (both modes prefill once and
-    commit the first token there; the rest is the decoding being compared)."""
-    n = run.n_steps
-    return int(run.n_committed[1:n].sum()), float(run.step_ms[1:n].sum())
-
-
-def ms_per_token(run: RunState) -> float:
-    tokens, ms = tokens_and_ms(run)
-    return ms / tokens if tokens else 0.0
+def ms_per_token(run: RunState, k: int = -1) -> float:
+    """The time per token after the prefill, up to step `k` (-1: the last): the steps' time over the
+    tokens they committed. Every mode over a causal cache prefills alike and commits the first token
+    there; the rest is the decoding compared (self-speculation against AR here, in the Studio's
+    Self-speculation view, and AR's measured cost, run_controller.ar_cost_of)."""
+    end = run.clamp(k) + 1
+    tokens = run.n_committed[1:end].sum()
+    return float(run.step_ms[1:end].sum() / tokens) if tokens else 0.0
 
 
 def passes_line(a: RunState, b: RunState) -> str:

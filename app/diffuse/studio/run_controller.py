@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 from PySide6.QtCore import QObject, Signal
 
 from diffuse.studio import storage
+from diffuse.studio.compare_pairs import ms_per_token
 from diffuse.studio.run_state import RunState
 from diffuse.studio.workers import Engine, Job
 
@@ -39,8 +39,9 @@ AR_MEASURE_TOKENS = 32      # the one-row steps `measure_ar` runs: enough for a 
 
 @dataclass(frozen=True)
 class ARCost:
-    """What a token cost in mode ar on a model: the median step after the prefill (one one-row
-    pass and its sampling) of a run of `steps` such steps that ended at `when` (HH:MM)."""
+    """What a token cost in mode ar on a model: the time per token after the prefill (one one-row
+    pass and its sampling each; compare_pairs.ms_per_token) of a run of `steps` such steps that ended
+    at `when` (HH:MM)."""
     ms_per_token: float
     steps: int
     when: str
@@ -51,8 +52,7 @@ def ar_cost_of(run: RunState) -> ARCost | None:
     if run.options.get("mode") != "ar" or run.result is None or run.result.stop_reason == "cancelled" \
             or run.n_steps < 2:
         return None
-    return ARCost(float(np.median(run.step_ms[1:run.n_steps])), run.n_steps - 1,
-                  time.strftime("%H:%M", time.localtime()))
+    return ARCost(ms_per_token(run), run.n_steps - 1, time.strftime("%H:%M", time.localtime()))
 
 
 class RunController(QObject):
