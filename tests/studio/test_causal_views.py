@@ -292,6 +292,16 @@ def test_measure_ar_here_runs_a_short_ar_run_and_the_view_holds_spec_against_it(
     assert window.runs.holder is None and window.runs.ar_cost(spec_run) == ar_cost_of(measured)
     qtbot.waitUntil(lambda: "x AR's speed" in shown(window.spec_view))
     assert window.run is spec_run            # the measurement is not shown in place of the run
+    assert window.statusBar().currentMessage().startswith("AR on this model: ")
+
+
+def test_a_stopped_measurement_says_so_and_measures_nothing(qtbot, window, nemotron, spec_run):
+    window.set_model(nemotron)
+    with qtbot.waitSignal(window.runs.ar_measured, timeout=30000) as done:
+        window.measure_ar(spec_run)
+        window.stop_action.trigger()          # Cancel, as for any run
+    assert done.args == [None] and window.runs.holder is None and window.runs.ar_cost(spec_run) is None
+    assert window.statusBar().currentMessage() == "the measurement of AR decoding was stopped"
 
 
 def test_measure_ar_needs_the_runs_own_model(qtbot, window, fake_model, spec_run):

@@ -162,6 +162,7 @@ class MainWindow(QMainWindow):
         self.runs.holder_changed.connect(self._holder_changed)
         self.runs.recorded.connect(self._recorded)
         self.runs.not_recorded.connect(self._not_recorded)
+        self.runs.ar_measured.connect(self._ar_measured)
         self.chat.generate_requested.connect(self.generate)
         self.chat.stop_requested.connect(self.stop)
         self.chat.replay_requested.connect(self.replay)
@@ -539,6 +540,10 @@ class MainWindow(QMainWindow):
             return
         refused = self.runs.measure_ar(run)
         self._show_status(refused or f"measuring AR decoding: {AR_MEASURE_TOKENS} tokens after the run's prompt")
+
+    def _ar_measured(self, cost) -> None:
+        self._show_status(f"AR on this model: {cost.ms_per_token:.2f} ms per token after the prompt" if cost
+                          else "the measurement of AR decoding was stopped")
 
     def stop(self) -> None:
         """Cancel: whatever runs the model stops after its current step, and the display stops

@@ -59,6 +59,7 @@ class RunController(QObject):
     holder_changed = Signal(object)     # the HOLDERS key now running the model, or None
     recorded = Signal(object, str)      # (the tag given to `record`, the file written)
     not_recorded = Signal(str)          # why a run's recording could not be written
+    ar_measured = Signal(object)        # measure_ar's run ended: its ARCost, or None (stopped, failed)
 
     def __init__(self, engine: Engine, parent=None):
         super().__init__(parent)
@@ -149,15 +150,16 @@ class RunController(QObject):
     def _note_ar_cost(self, run: RunState) -> None:
         if (cost := ar_cost_of(run)) is not None:
             self._ar_costs[self._cost_key(run)] = cost
-        self._measured(run)
+        self._measured(run, cost)
 
     def _measure_failed(self, run: RunState, _message: str) -> None:
-        self._measured(run)
+        self._measured(run, None)
 
-    def _measured(self, run: RunState) -> None:
+    def _measured(self, run: RunState, cost: ARCost | None) -> None:
         if run is self._measuring:
             self._measuring = None
             self.release("measure")
+            self.ar_measured.emit(cost)
 
     def measure_ar(self, run: RunState) -> str:
         """Decode AR_MEASURE_TOKENS tokens in mode ar after `run`'s prompt, with its options, on
