@@ -176,7 +176,8 @@ class KneeView(QWidget):
         sources = {f["family"]: f for f in result.get("families", [])}
         for i, name in enumerate(families):
             f = sources[name]
-            lines.append(f"{i + 1}. {html.escape(name)}: {html.escape(str(f.get('tokens_per_pass', '?')))} tokens "
-                         f"per pass, {f.get('w', '?')} rows x {f.get('passes', '?')} pass(es), from "
-                         f"{html.escape(str(f.get('source', '?')))}")
+            rate = str(f.get("tokens_per_pass", "?"))
+            rate = "no tokens per pass to draw" if rate == "not measured" else f"{rate} tokens per pass"
+            lines.append(f"{i + 1}. {html.escape(name)}: {html.escape(rate)}, {f.get('w', '?')} rows x "
+                         f"{f.get('passes', '?')} pass(es); {html.escape(str(f.get('source', '?')))}")
         return "<br>".join(lines)
