@@ -115,14 +115,13 @@ class TokenStrip(QWidget):
         super().__init__(parent)
         self.lanes: list[tuple[str, list[Cell]]] = []
         self.message = ""
-        self.font_ = theme.mono_font(8.5)
+        self.cell_font = theme.mono_font(8.5)
         self.small = theme.mono_font(6.5)
         self.title_font = QFont(self.font())
         self.title_font.setPointSizeF(8.0)
         policy = QSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
         policy.setHeightForWidth(True)
         self.setSizePolicy(policy)
-        self.setMouseTracking(True)
         self._rects: list[tuple[QRectF, Cell]] = []
 
     def set_lanes(self, lanes: list[tuple[str, list[Cell]]], message: str = "") -> None:
@@ -134,7 +133,7 @@ class TokenStrip(QWidget):
     # -- geometry -----------------------------------------------------------------------------
 
     def _metrics(self):
-        return QFontMetrics(self.font_), QFontMetrics(self.small), QFontMetrics(self.title_font)
+        return QFontMetrics(self.cell_font), QFontMetrics(self.small), QFontMetrics(self.title_font)
 
     def _title_w(self) -> int:
         tm = self._metrics()[2]
@@ -226,7 +225,7 @@ class TokenStrip(QWidget):
         p.setPen(pen)
         p.setBrush(s.fill if s.fill is not None else Qt.BrushStyle.NoBrush)
         p.drawRoundedRect(r.adjusted(1, 1, -1, -1), 3, 3)
-        font = QFont(self.font_)
+        font = QFont(self.cell_font)
         font.setItalic(s.italic)
         font.setStrikeOut(s.strike)
         p.setFont(font)
