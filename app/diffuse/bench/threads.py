@@ -79,6 +79,7 @@ def run(path: str, threads: list[int], rows: int, depth: int, width: int, reps: 
     bins = find_bins(llama_bin) if use_llama else None
     plan, left_out = _llama_plan(bins, path, ar_path) if use_llama else ({}, dict.fromkeys(KINDS, "--no-llama"))
     _core.bench_block_step(model._core, 0, 1, threads=max(threads), reps=1)   # page the weights in
+    machine = describe()        # its load figure: at the start
     load_before = os.getloadavg()[0]
 
     ours = {(k, t): [] for k in KINDS for t in threads}
@@ -124,7 +125,7 @@ def run(path: str, threads: list[int], rows: int, depth: int, width: int, reps: 
             table.append(row)
     return {"model": path, "ar_model": ar_path, "hparams": model._core.hparams, "threads": threads, "rows": rows,
             "depth": depth, "width": width, "reps": reps, "table": table, "llama_left_out": left_out,
-            "machine": describe(), "load_average": [load_before, os.getloadavg()[0]],
+            "machine": machine, "load_average": [load_before, os.getloadavg()[0]],
             "when": time.strftime("%Y-%m-%d %H:%M")}
 
 
