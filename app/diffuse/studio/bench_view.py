@@ -310,6 +310,7 @@ class BenchWindow(QWidget):
         self.job.failed.connect(self._failed)
         self.job_box.label.setText(f"bench knee: {threads} threads, depths {', '.join(map(str, depths))}…")
         self.job_box.progress.setRange(0, 0)       # busy: one depth is one engine call
+        self.status.setText(f"Bench knee on {Path(model.path).name}: Cancel stops it after the current depth.")
         self.job_box.show()
         self.run_button.setEnabled(False)
         self.knee_button.setEnabled(False)
