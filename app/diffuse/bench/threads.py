@@ -41,7 +41,7 @@ COLUMNS = [("kind", "kind", "{}"), ("threads", "threads", "{}"), ("ms", "ours ms
 
 
 def _llama_plan(bins, path: str, ar_path: str | None) -> tuple[dict, dict]:
-    """Per kind the llama-bench call's arguments, or why it is left out."""
+    """Per kind the file llama-bench runs, or why that kind is left out."""
     from diffuse.gguf_file import read
 
     plan, why = {}, {}
