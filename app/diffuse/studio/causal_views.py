@@ -490,7 +490,7 @@ class SpecView(_StripView):
         ms = ms_per_token(run, k)
         if not ms:
             return "Time per token: from the first iteration on"
-        mine = f"{ms:.2f} ms/token"
+        mine = f"So far {ms:.2f} ms/token"
         cost = self.ar_cost(run)
         if cost is None:
             return f"{mine} · AR's not measured on this model yet"
