@@ -159,7 +159,7 @@ def test_the_live_view_draws_the_steps_of_diffuse_serve(server):
     for text, up in drawn:
         lines = SGR.sub("", text).split("\n")
         assert len(lines) <= 12 and all(len(line) < 50 for line in lines) and up == len(lines) - 1
-    assert re.search(r"step \d+/16  block [12]/2", screen)
+    assert re.search(r"step \d+/16 +block [12]/2", screen)      # one space apart where two do not fit
     local = run_in_pty(50, 12, *options)
     assert out == local[1]                      # the same answer as the model file gives
 
@@ -171,3 +171,33 @@ def test_ctrl_c_cancels_a_served_run(server):
     result = json.loads(out)
     assert result["stop_reason"] == "cancelled" and 0 < result["steps"] < 224 and result["undecided"]
     assert "(cancelled)" in screen
+
+
+@pytest.mark.parametrize("cols, rows", [(60, 24), (60, 5), (30, 12), (200, 8)])
+def test_the_status_line_keeps_every_figure(cols, rows):
+    """A new user's 60-column terminal cut the status line's last figure (the step's ms): the
+    fields now close up, then wrap between fields, and every one shows whole."""
+    import io
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from diffuse.cli.generate import LiveView
+
+    n, prompt = 2000, 8
+    mask = np.zeros(prompt + n, bool)
+    mask[prompt + 40:] = True
+    ev = SimpleNamespace(step=11, steps_allowed=64, block=1, n_blocks=4, unmasked=np.array([50, 51, 52]),
+                         edited=np.array([60, 61]), gen_mask=mask[prompt:], active=np.arange(32),
+                         tokens=np.full(prompt + n, 7), total_ms=1234.4, prompt_length=prompt, mask=mask)
+    tokenizer = SimpleNamespace(eos_token_ids=[0], decode=lambda ids: "ab")
+    out = io.StringIO()
+    view = LiveView(tokenizer, out)
+    view.size = lambda: os.terminal_size((cols, rows))
+    view(ev)
+    lines = SGR.sub("", out.getvalue()).split("\n")
+    assert len(lines) <= rows and all(len(line) < cols for line in lines)
+    status = " ".join(line for line in lines if not set(line) <= {"a", "b", "\u2591"})
+    for figure in ("step 12/64", "block 2/4", "+3", "edited 2", f"masked {n - 40}", f"active 32/{prompt + n}",
+                   "1234 ms", "lines above"):
+        assert figure in status, (figure, lines)

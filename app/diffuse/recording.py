@@ -24,8 +24,13 @@ N = prompt + generated positions:
     draft_values, draft_offsets, redrawn_values, redrawn_offsets, step_entropy_cut
                          uniform-state runs (DiffusionGemma) only: each event's argmax draft
                          (token ids), re-drawn positions and entropy cut
+    spec_draft_values, spec_draft_offsets
+                         self-speculation runs only: each event's drafted block (token ids;
+                         none: an event without a draft, the prefill); step_spec_accepted (S,)
+                         the drafts kept (-1: none; absent in older recordings)
     window_order_values, window_order_offsets, committed_values, committed_offsets
-                         WeDLM runs only: each event's window in pass order and committed positions
+                         WeDLM runs only: each event's window in pass order and the positions
+                         it committed (none: an event without a window)
     result_<array>       the result's arrays (tokens, prompt_tokens, step_ms, ...)
 """
 from __future__ import annotations
@@ -61,16 +66,17 @@ _DENSE_DTYPES = {"tokens": np.int32, "mask": np.bool_, "entropy": np.float32,
 _RAGGED = ("unmasked", "active", "cached", "edited")
 _OPTIONAL_RAGGED = ("edited",)           # absent in recordings made before it was kept: none
 _RESULT_ARRAYS = ("tokens", "prompt_tokens", "step_ms", "forward_ms", "sample_ms", "decided_step")
-_OPTIONAL_SCALARS = {"scheduled": -1}     # name -> its value in recordings made before it was kept
+# name -> its value in recordings made before it was kept (and, for spec_accepted, in other modes)
+_OPTIONAL_SCALARS = {"scheduled": -1, "spec_accepted": -1}
 _EXPERTS = {"experts_values": (np.int16, 1), "experts_offsets": (np.int64, 1), "experts_dims": (np.int32, 2)}
 _MAX_EXPERT = 4096      # the engine's bound on experts per layer
 # Uniform-state diffusion (DiffusionGemma): all of them or none.
 _UNIFORM = {"draft_values": (np.int32, 1), "draft_offsets": (np.int64, 1), "redrawn_values": (np.int32, 1),
             "redrawn_offsets": (np.int64, 1), "step_entropy_cut": (np.float64, 1)}
-# WeDLM: ragged positions per event, all of them or none.
-_WINDOW_RAGGED = ("window_order", "committed")
-_WINDOW = {f"{n}_{part}": (dtype, 1) for n in _WINDOW_RAGGED
-           for part, dtype in (("values", np.int32), ("offsets", np.int64))}
+# Decoding over a causal cache, each group only in the runs that have it: self-speculation's drafts,
+# WeDLM's window (pass order and commits); an event without one holds no values.
+_CAUSAL = {f"{name}_{part}": (np.int32 if part == "values" else np.int64, 1)
+           for name in ("spec_draft", "window_order", "committed") for part in ("values", "offsets")}
 _RESULT_SCALARS = ("text", "steps", "steps_allowed", "stop_reason", "total_ms", "gen_length",
                    "useful_length")
 
@@ -84,7 +90,7 @@ _SCHEMA = ({"meta": (np.uint8, 1)}
               for n in _RESULT_ARRAYS}
            | _EXPERTS      # optional: only runs of MoE models have them
            | _UNIFORM      # optional: only uniform-state runs have them
-           | _WINDOW)      # optional: only WeDLM runs have them
+           | _CAUSAL)      # optional: only self-speculation and WeDLM runs have them
 MAX_BYTES = 256 * 2**20     # the most a recording may hold, loaded (a long real run is ~50 MB)
 # A replay's view keeps four float32 and one int8 per allowed step and position
 # (studio.run_state): steps_allowed is bounded so that this fits in MAX_BYTES too.
@@ -155,8 +161,9 @@ class Recording:
         return self
 
     def token_ids(self) -> list[int]:
-        """Every distinct token id in the events and the result, sorted."""
-        arrays = [e.tokens for e in self.events]
+        """Every distinct token id in the events (drafts too: a rejected draft's token may occur nowhere
+        else) and the result, sorted."""
+        arrays = [a for e in self.events for a in (e.tokens, e.spec_draft, e.draft) if a is not None]
         if self.result is not None:
             arrays += [self.result.tokens, self.result.prompt_tokens]
         if not arrays:
@@ -176,20 +183,18 @@ class Recording:
             rows = [np.asarray(getattr(e, name), _DENSE_DTYPES[name]) for e in ev]
             arrays[name] = (np.stack(rows) if rows
                             else np.zeros((0, n_total), _DENSE_DTYPES[name]))
-        for name in (*_RAGGED, *(_WINDOW_RAGGED if ev and ev[0].window_order is not None else ())):
-            parts = [np.asarray(getattr(e, name), np.int32).ravel() for e in ev]
-            arrays[f"{name}_values"] = (np.concatenate(parts) if parts
-                                        else np.zeros(0, np.int32))
-            arrays[f"{name}_offsets"] = np.concatenate(
-                [[0], np.cumsum([len(p) for p in parts], dtype=np.int64)]).astype(np.int64)
+        for name in _RAGGED:
+            arrays.update(_ragged(name, [getattr(e, name) for e in ev]))
         if any(e.experts is not None for e in ev):
             arrays.update(_experts_arrays(ev))
         if ev and ev[0].draft is not None:
             for name in ("draft", "redrawn"):
-                parts = [np.asarray(getattr(e, name), np.int32) for e in ev]
-                arrays[f"{name}_values"] = np.concatenate(parts)
-                arrays[f"{name}_offsets"] = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+                arrays.update(_ragged(name, [getattr(e, name) for e in ev]))
             arrays["step_entropy_cut"] = np.array([e.entropy_cut for e in ev], np.float64)
+        for group in (("spec_draft",), ("window_order", "committed")):
+            if any(getattr(e, group[0]) is not None for e in ev):
+                for name in group:
+                    arrays.update(_ragged(name, [getattr(e, name) for e in ev]))
         result = None
         if self.result is not None:
             result = {name: getattr(self.result, name) for name in _RESULT_SCALARS}
@@ -288,7 +293,7 @@ def _events_from(data: dict[str, np.ndarray]) -> list[StepEvent]:
             kw[name] = int(data[f"step_{name}"][k]) if f"step_{name}" in data else unknown
         for name in _DENSE:
             kw[name] = data[name][k]
-        for name in (*_RAGGED, *(_WINDOW_RAGGED if "window_order_offsets" in data else ())):
+        for name in _RAGGED:
             if f"{name}_offsets" not in data:      # an optional one, from an older recording
                 kw[name] = np.zeros(0, np.int32)
                 continue
@@ -299,6 +304,16 @@ def _events_from(data: dict[str, np.ndarray]) -> list[StepEvent]:
                 off = data[f"{name}_offsets"]
                 kw[name] = data[f"{name}_values"][off[k]:off[k + 1]]
             kw["entropy_cut"] = float(data["step_entropy_cut"][k])
+        for name in ("spec_draft", "window_order", "committed"):
+            if f"{name}_offsets" in data:
+                off = data[f"{name}_offsets"]
+                kw[name] = data[f"{name}_values"][off[k]:off[k + 1]]
+        # a draft or a window is never empty: none held means the event had none (its commits go with its window)
+        for name in ("spec_draft", "window_order"):
+            if name in kw and not kw[name].size:
+                kw[name] = None
+        if kw.get("window_order") is None:
+            kw.pop("committed", None)
         if "experts_dims" in data and data["experts_dims"][k, 0] > 0:
             off, (n_layer, used) = data["experts_offsets"], data["experts_dims"][k]
             kw["experts"] = data["experts_values"][off[k]:off[k + 1]].astype(np.int32).reshape(
@@ -321,6 +336,41 @@ def _check_uniform(data: dict[str, np.ndarray], s: int, n: int) -> None:
             raise ValueError(f"{name}_values out of range")
     if not np.isfinite(_shape(data, "step_entropy_cut", (s,))).all():
         raise ValueError("step_entropy_cut: not finite")
+
+
+def _check_causal(data: dict[str, np.ndarray], s: int, n: int) -> None:
+    """Self-speculation and WeDLM members: both of a name, offsets that split their values, draft
+    token ids not negative, kept drafts fewer than the block drafted, window and committed positions
+    in [0, n), commits only in events with a window."""
+    lengths = {}
+    for name in ("spec_draft", "window_order", "committed"):
+        parts = (f"{name}_values", f"{name}_offsets")
+        if not any(p in data for p in parts):
+            continue
+        if not all(p in data for p in parts):
+            raise ValueError(f"expected both of {', '.join(parts)}")
+        off, values = _shape(data, parts[1], (s + 1,)), data[parts[0]]
+        if off[0] != 0 or (np.diff(off) < 0).any() or off[-1] != values.shape[0]:
+            raise ValueError(f"{parts[1]} do not split {parts[0]}")
+        top = None if name == "spec_draft" else n
+        if values.size and (values.min() < 0 or (top is not None and values.max() >= top)):
+            raise ValueError(f"{parts[0]} out of range")
+        lengths[name] = np.diff(off)
+    if "committed" in lengths and ("window_order" not in lengths
+                                   or ((lengths["committed"] > 0) & (lengths["window_order"] == 0)).any()):
+        raise ValueError("committed positions without a window")
+    accepted = data.get("step_spec_accepted")
+    if accepted is not None and "spec_draft" in lengths:
+        drafted = lengths["spec_draft"]
+        if ((drafted > 0) & (accepted >= drafted)).any():
+            raise ValueError("step_spec_accepted: more drafts kept than drafted")
+
+
+def _ragged(name: str, parts: list) -> dict[str, np.ndarray]:
+    """The <name>_values and <name>_offsets members of per-event int32 arrays (None: none)."""
+    parts = [np.zeros(0, np.int32) if p is None else np.asarray(p, np.int32).ravel() for p in parts]
+    return {f"{name}_values": np.concatenate(parts) if parts else np.zeros(0, np.int32),
+            f"{name}_offsets": np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)}
 
 
 def _experts_arrays(events: list[StepEvent]) -> dict[str, np.ndarray]:
@@ -392,7 +442,7 @@ def _check(data: dict[str, np.ndarray]) -> dict:
     for k, v in meta["pieces"].items():
         if not (k.isascii() and k.isdigit() and len(k) < 12 and isinstance(v, str)):
             raise ValueError(f"piece {k[:20]!r}: expected a token id and its text")
-    missing = [n for n in _SCHEMA if n not in data and n not in _EXPERTS and n not in _UNIFORM and n not in _WINDOW
+    missing = [n for n in _SCHEMA if n not in data and n not in _EXPERTS and n not in _UNIFORM and n not in _CAUSAL
                and n.removeprefix("step_") not in _OPTIONAL_SCALARS
                and n.rsplit("_", 1)[0] not in _OPTIONAL_RAGGED
                and not (n.startswith("result_") and meta.get("result") is None)]
@@ -421,9 +471,7 @@ def _check(data: dict[str, np.ndarray]) -> dict:
             raise ValueError(f"step_{name} is past the {n} positions")
     if (data["tokens"] < 0).any():
         raise ValueError("negative token ids")
-    if any(name in data for name in _WINDOW) and not all(name in data for name in _WINDOW):
-        raise ValueError(f"missing members {', '.join(m for m in _WINDOW if m not in data)}")
-    for name in (*_RAGGED, *(_WINDOW_RAGGED if "window_order_offsets" in data else ())):
+    for name in _RAGGED:
         if name in _OPTIONAL_RAGGED and f"{name}_offsets" not in data and f"{name}_values" not in data:
             continue
         off = _shape(data, f"{name}_offsets", (s + 1,))
@@ -436,6 +484,8 @@ def _check(data: dict[str, np.ndarray]) -> dict:
         _check_experts(data, s)
     if any(name in data for name in _UNIFORM):
         _check_uniform(data, s, n)
+    if any(name in data for name in _CAUSAL):
+        _check_causal(data, s, n)
     result = meta.get("result")
     if result is not None:
         if not isinstance(result, dict) or set(result) != set(_RESULT_SCALARS):

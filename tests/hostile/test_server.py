@@ -253,11 +253,26 @@ def test_a_stream_client_that_stops_reading_is_cut_off():
             with pytest.raises(ConnectionResetError):
                 while c.recv(1 << 16):
                     pass
-        assert s.log[0]["error"] == "the client read nothing for 1 s"
+        assert s.log[0]["error"] == "the client read nothing for 1 s" and s.log[0]["cut_off"]
         # (the sequences may all have ended while the socket's buffers still held their events)
         assert s.batcher.log[0]["status"] in ("cancelled", "ok") and s.batcher.log[0]["steps_dropped"] > 0
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("run_status, outcome", [("ok", "(made, not all delivered)"), ("cancelled", "(cancelled)")])
+def test_the_log_line_of_a_client_cut_off_says_so_first(capsys, run_status, outcome):
+    """Its 200 went out before the cut, and its run may have ended ok: the line says the cut first,
+    not "200 ... (ok)" followed by the reason."""
+    from diffuse.cli.serve import _log
+    run = {"prompt_tokens": 3, "completion_tokens": 240, "sequences": 8, "batch": 8, "steps": 240, "seed": 1,
+           "queued_ms": 2.0, "status": run_status}
+    _log({"client": "127.0.0.1:5000", "method": "POST", "path": "/v1/completions", "status": 200, "ms": 5234.0,
+          "request": run, "error": "the client read nothing for 1 s", "cut_off": True})
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("127.0.0.1:5000 POST /v1/completions cut off after 5234 ms, the client read nothing "
+                           "for 1 s (200 already sent), 3+240 tokens") and line.endswith(outcome)
+    assert line.count("read nothing") == 1 and "\n" not in line
 
 
 def test_step_events_waiting_for_a_slow_reader_are_bounded_in_bytes(server, monkeypatch):

@@ -1,17 +1,30 @@
 """The Benchmarks window: sweeps on a tiny model run in the background, plot as they go, cancel."""
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
+import pyqtgraph as pg
 import pytest
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import QApplication
 
 import diffuse
-from diffuse.studio.bench_view import SWEEPS, BenchWindow, parse_values, point_name
+from diffuse.studio.bench_view import KNEE_WIDTHS, SWEEPS, BenchWindow, parse_values, point_name
+from diffuse.studio.knee_view import read_result
 from diffuse.studio.run_controller import RunController
 
 OPTIONS = {"gen_length": 8, "block_length": 8, "steps": 4, "threads": 1, "chat": True, "seed": None}
+
+
+class IdleEngine(QObject):
+    """An engine that never runs: the window runs the model itself."""
+    run_finished = Signal(object)
+    run_failed = Signal(object, str)
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.busy = model, False
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +34,7 @@ def tiny_model(tiny_gguf):
 
 @pytest.fixture
 def bench(qtbot, tiny_model):
-    runs = RunController(SimpleNamespace(model=tiny_model, busy=False))
+    runs = RunController(IdleEngine(tiny_model))
     w = BenchWindow(runs, lambda: dict(OPTIONS))
     qtbot.addWidget(w)
     w.show()
@@ -150,3 +163,76 @@ def test_every_point_of_a_sweep_uses_one_seed(qtbot, bench, monkeypatch):
     assert len(seeds) == 3 and len(set(seeds)) == 1        # warm-up and both points
     assert f"Every point used seed {seeds[0]} (drawn for this sweep" in bench.status.text()
 
+
+
+# ---- where diffusion wins: bench knee drawn ----
+
+STUDY_KNEE = Path(__file__).resolve().parents[2] / "docs" / "study" / "knee.json"
+
+
+def _drawn(plot) -> list:
+    return [i for i in plot.getPlotItem().items if isinstance(i, (pg.PlotDataItem, pg.BarGraphItem))]
+
+
+def test_a_saved_knee_is_drawn_with_its_sources(bench):
+    bench.open_knee(str(STUDY_KNEE))
+    knee = bench.knee
+    assert bench.tabs.currentIndex() == 1 and "Showing knee.json" in bench.status.text()
+    assert not knee.cost_empty.note.isVisible() and not knee.speed_empty.note.isVisible()
+    # a curve per depth (512, 2048) beside the two reference lines; a bar set per depth
+    assert len(_drawn(knee.cost_plot)) == 4
+    x, y = _drawn(knee.cost_plot)[2].getData()
+    assert list(x) == [0, 1, 2, 3, 4, 5] and y[0] == pytest.approx(1.0)
+    assert len([i for i in _drawn(knee.speed_plot) if isinstance(i, pg.BarGraphItem)]) == 2
+    text = knee.source.text()
+    assert "from knee.json" in text and "SDAR (JetLM) report" in text and "not yet measured" in text
+    assert "1. SDAR, block 4" in text
+    bench.open_knee(str(STUDY_KNEE))          # drawn again: the same items, not twice as many
+    assert len(_drawn(knee.cost_plot)) == 4
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{", "not JSON"), ("[]", "not a bench knee result"), ('{"passes": [{"depth": 1}]}', "not a bench knee result"),
+    ('{"passes": [{"depth": 512, "w": 1, "tokens": 1.0}], "families": [3]}', "families"),
+])
+def test_a_bad_knee_file_is_one_line_and_changes_nothing(bench, tmp_path, content, message):
+    bench.open_knee(str(STUDY_KNEE))
+    shown = bench.knee.result
+    (tmp_path / "bad.json").write_text(content)
+    bench.open_knee(str(tmp_path / "bad.json"))
+    assert message in bench.status.text() and "\n" not in bench.status.text()
+    assert bench.knee.result is shown
+    bench.open_knee(str(tmp_path / "missing.json"))
+    assert "cannot read it" in bench.status.text()
+
+
+def test_the_knee_runs_on_the_loaded_model_and_saves(qtbot, bench, tmp_path):
+    bench.knee_depths.setText("32")
+    bench.knee_reps.setValue(1)
+    bench.start_knee()
+    assert bench.running and not bench.run_button.isEnabled() and not bench.knee_button.isEnabled()
+    bench.start()                             # the sweep waits for it: one job in this window
+    qtbot.waitUntil(lambda: not bench.running, timeout=60000)
+    assert bench.status.text().startswith("Done: bench knee measured depths 32")
+    assert {p["w"] for p in bench.knee.result["passes"]} == set(KNEE_WIDTHS)
+    assert "measured now on llada-f32.gguf" in bench.knee.source.text()
+    assert bench.save_button.isEnabled() and bench.runs.holder is None
+    bench.save_knee(str(tmp_path / "k.json"))
+    assert read_result(tmp_path / "k.json")["passes"] == bench.knee.result["passes"]
+    bench.knee_depths.setText("30")           # no multiple of the widths: the engine's refusal, said
+    bench.start_knee()
+    qtbot.waitUntil(lambda: not bench.running, timeout=60000)
+    assert bench.status.text().startswith("Bench knee failed:") and "multiple" in bench.status.text()
+    bench.knee_depths.setText("x")
+    bench.start_knee()
+    assert not bench.running and "whole numbers" in bench.status.text()
+
+
+def test_closing_cancels_the_knee_without_waiting(qtbot, bench):
+    bench.knee_depths.setText(",".join(["32"] * 30))
+    bench.knee_reps.setValue(1)
+    bench.start_knee()
+    bench.close()
+    assert not bench.isVisible()
+    qtbot.waitUntil(lambda: not bench.running, timeout=60000)
+    assert bench.status.text().startswith("Cancelled") and bench.runs.holder is None

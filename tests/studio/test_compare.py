@@ -254,7 +254,8 @@ def test_answers_are_compared_up_to_the_end_of_text(demo_run):
 
 def test_every_pair_names_its_effect_and_what_both_runs_share():
     for name, pair in PRESETS.items():
-        assert pair.effect in (compare_pairs.STEPS, compare_pairs.TIME, compare_pairs.ANSWER), name
+        assert pair.effect in (compare_pairs.STEPS, compare_pairs.TIME, compare_pairs.ANSWER,
+                               compare_pairs.SPEC), name
         assert len(pair.names) == 2 and pair.cause, name
         if pair.effect == compare_pairs.TIME:      # every step in both: whole runs compare
             assert pair.shared == {"eos_stop": "none"} and "whole times compare" in pair.shared_text()

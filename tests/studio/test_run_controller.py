@@ -9,9 +9,13 @@ import pytest
 from diffuse.studio.run_controller import RunController
 from diffuse.studio.run_state import RunState
 
+# an engine's run_finished and run_failed, which the controller listens to for what AR costs: never
+# emitted here
+SIGNAL = SimpleNamespace(connect=lambda slot: None)
+
 
 def test_one_holder_at_a_time_and_why_the_others_wait():
-    runs = RunController(SimpleNamespace(model=object(), busy=False))
+    runs = RunController(SimpleNamespace(model=object(), busy=False, run_finished=SIGNAL, run_failed=SIGNAL))
     seen, stopped = [], []
     runs.holder_changed.connect(seen.append)
     assert runs.refusal("chat") == "" and not runs.busy
@@ -35,7 +39,7 @@ def test_one_holder_at_a_time_and_why_the_others_wait():
 
 
 def test_a_run_the_engine_is_still_ending_refuses_everyone():
-    runs = RunController(SimpleNamespace(model=object(), busy=True))
+    runs = RunController(SimpleNamespace(model=object(), busy=True, run_finished=SIGNAL, run_failed=SIGNAL))
     assert "Another run is going" in runs.refusal("compare") and not runs.acquire("compare", lambda: None)
 
 

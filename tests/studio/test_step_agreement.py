@@ -21,7 +21,7 @@ def fresh_run(qtbot, window, model, pace_ms=60):
     window.chat.prompt.setPlainText("watch this")
     with qtbot.waitSignal(window.engine.run_finished, timeout=10000) as done:
         window.chat.submit()
-    window.stop_action.trigger()          # its automatic replay is not what these tests watch
+    window.stop_replay_action.trigger()   # its automatic replay is not what these tests watch
     qtbot.waitUntil(lambda: window.timeline.step() == done.args[0].n_steps - 1)
     return done.args[0]
 

@@ -40,7 +40,8 @@ def test_a_fast_run_is_paced_then_replayed_once(qtbot, window, fake_model):
     timeline = window.timeline
     # the engine ran at full speed: it finished long before the display showed every step
     assert run.n_steps == 24 and timeline.step() < 20
-    qtbot.waitUntil(lambda: timeline.playing and window.stop_action.isEnabled())  # Esc stops it
+    qtbot.waitUntil(lambda: timeline.playing and window.stop_replay_action.isEnabled())  # Esc stops it
+    assert not window.stop_action.isEnabled()          # a replay is not a run: nothing to cancel
     # 24 steps x 30 ms is under a second: once caught up, replayed from the start
     qtbot.waitUntil(lambda: timeline.play_button.isChecked(), timeout=5000)
     gaps = np.diff([drawn[k] for k in range(1, 24)])
@@ -49,15 +50,15 @@ def test_a_fast_run_is_paced_then_replayed_once(qtbot, window, fake_model):
     qtbot.waitUntil(lambda: window.timeline.label.text().endswith("· replay"), timeout=2000)
     qtbot.waitUntil(lambda: not timeline.playing, timeout=5000)
     assert timeline.step() == 23 and timeline.follow and not timeline.play_button.isChecked()
-    qtbot.waitUntil(lambda: not window.stop_action.isEnabled())
+    qtbot.waitUntil(lambda: not window.stop_replay_action.isEnabled())
 
 
 def test_cancel_and_a_new_run_stop_the_playback(qtbot, window, fake_model):
     model = fake_model(step_delay=0)
     run, _ = start(qtbot, window, model, pace_ms=200)
     assert window.timeline.step() < 5
-    qtbot.waitUntil(lambda: window.stop_action.isEnabled())       # playing
-    window.stop_action.trigger()                          # Esc: the newest step, no playback
+    qtbot.waitUntil(lambda: window.stop_replay_action.isEnabled())       # playing
+    window.stop_replay_action.trigger()                   # Esc: the newest step, no playback
     assert not window.timeline.playing and window.timeline.step() == run.n_steps - 1
     window.chat.prompt.setPlainText("again")
     with qtbot.waitSignal(window.engine.run_finished, timeout=10000) as done:
@@ -207,3 +208,17 @@ def test_cpu_load_is_measured_during_the_run(qtbot, window, fake_model):
     assert np.array_equal(window.throughput.cpu_bars.opts["height"], loads)
     window.throughput.sample_cpu()                        # the timer keeps the run's figure
     assert np.array_equal(window.throughput.cpu_bars.opts["height"], loads)
+
+
+def test_cancel_is_off_while_a_finished_run_replays(qtbot, window, recorded_run, tmp_path):
+    """A replay is not a run: the toolbar's Cancel stays off; Esc (View > Stop the replay) stops it."""
+    from PySide6.QtWidgets import QToolBar
+    recorded_run("blocks_cache").save(tmp_path / "run.npz")
+    window.replay(str(tmp_path / "run.npz"))
+    qtbot.waitUntil(lambda: window.timeline.playing and window.stop_replay_action.isEnabled())
+    button = window.findChild(QToolBar).widgetForAction(window.stop_action)
+    assert not window.stop_action.isEnabled() and not button.isEnabled()
+    assert window.stop_replay_action.shortcut().toString() == window.stop_action.shortcut().toString() == "Esc"
+    window.stop_replay_action.trigger()
+    assert not window.timeline.playing and window.timeline.step() == window.run.n_steps - 1
+    qtbot.waitUntil(lambda: not window.stop_replay_action.isEnabled())

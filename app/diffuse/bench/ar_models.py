@@ -89,21 +89,24 @@ def assemble(dest: Path, wheels: Path | None) -> dict[str, Path]:
     return out
 
 
-def relabel(src: Path, out: Path, arch: str, mask_id: int, extra: dict[str, tuple[object, str]]) -> Path:
-    """The qwen2 GGUF as a diffusion GGUF of `arch` (llama.cpp dialect): same tensors, `arch.*`
-    keys, the mask id, and `extra` keys ({key: (value, gguf type name)})."""
+def relabel(src: Path, out: Path, arch: str, mask_id: int, extra: dict[str, tuple[object, str]],
+            source: str = "qwen2") -> Path:
+    """The `source` GGUF (qwen2) as a GGUF of `arch` (llama.cpp dialect; a diffusion one, or
+    qwen2 from dream for llama.cpp's AR decode of a Dream file): same tensors, `arch.*` keys, the
+    mask id, and `extra` keys ({key: (value, gguf type name)})."""
     info = gguf_file.read(src)
-    if info.architecture != "qwen2":
-        raise DiffuseError(f"{src}: expected a qwen2 GGUF, found architecture {info.architecture!r}")
+    if info.architecture != source:
+        raise DiffuseError(f"{src}: expected a {source} GGUF, found architecture {info.architecture!r}")
     n_vocab = next(t.shape[1] for t in info.tensors if t.name == "token_embd.weight")
     if not 0 <= mask_id < n_vocab:
         raise DiffuseError(f"{src}: the mask id {mask_id} lies outside the vocabulary ({n_vocab} rows)")
     kv, types = {}, {}
     for key, value in info.kv.items():
-        new = f"{arch}." + key[len("qwen2."):] if key.startswith("qwen2.") else key
+        new = f"{arch}." + key[len(source) + 1:] if key.startswith(source + ".") else key
         kv[new], types[new] = value, info.kv_types[key]
     kv["general.architecture"] = arch
     kv["general.name"] = f"{kv.get('general.name', src.stem)} (relabelled as {arch} for speed tests)"
+    types["general.name"] = "str"
     extra = {"tokenizer.ggml.mask_token_id": (mask_id, "u32"), **extra}
     for key, (value, kind) in extra.items():
         kv[key], types[key] = value, kind

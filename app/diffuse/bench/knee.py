@@ -42,7 +42,19 @@ def _range(lo: float, hi: float, fmt: str = "{:.2f}") -> str:
     return fmt.format(lo) if lo == hi else f"{fmt.format(lo)}-{fmt.format(hi)}"
 
 
-def run(path: str, depths: list[int], widths: list[int], threads: int, reps: int, log=lambda line: None) -> dict:
+def range_values(text: str) -> tuple[float, float] | None:
+    """_range's text back as (low, high); None for what is no number (a row not measured)."""
+    try:
+        lo, _, hi = text.partition("-")
+        return float(lo), float(hi or lo)
+    except (AttributeError, ValueError):
+        return None
+
+
+def run(path: str, depths: list[int], widths: list[int], threads: int, reps: int, log=lambda line: None,
+        model=None, cancel=lambda: False) -> dict:
+    """`model`: the file already loaded (the Studio's); cancel(): checked between depths, the
+    depths measured by then are the result (`cancelled` says so)."""
     import diffuse
     from diffuse import _core
 
@@ -52,13 +64,16 @@ def run(path: str, depths: list[int], widths: list[int], threads: int, reps: int
         bad = [w for w in widths if d % w]
         if bad:
             raise DiffuseError(f"--depths {d} is not a multiple of the widths {bad}: blocks align at position 0")
-    model = diffuse.load(path, threads=threads)
+    model = model or diffuse.load(path, threads=threads)
     if max(depths) + max(widths) > model.n_ctx_train:
         raise DiffuseError(f"depth {max(depths)} + {max(widths)} rows exceed the model's context ({model.n_ctx_train})")
     _core.bench_block_step(model._core, 0, 1, threads=threads, reps=1)   # page the weights in
 
-    passes = []
+    passes, measured = [], []
     for d in depths:
+        if cancel():
+            break
+        log(f"depth {d}: {reps} rounds over {', '.join(map(str, sorted({1, *widths})))} rows")
         # Round by round over every width and the 1-row unit (one prefill for all):
         # (width, masked, threads, logit rows: all).
         cases = [(w, 0, threads, 0) for w in sorted({1, *widths})]
@@ -72,11 +87,12 @@ def run(path: str, depths: list[int], widths: list[int], threads: int, reps: int
             passes.append({"depth": d, "w": w, "ms": m, "decode_ms": unit, "tokens": m / unit, "samples": ms[w],
                            "decode_samples": ms[1]})
             log(f"depth {d}, {w} rows: {m:.1f} ms = {m / unit:.2f} decode tokens ({unit:.1f} ms)")
+        measured.append(d)
 
     families = []
     cost = {(p["depth"], p["w"]): p["tokens"] for p in passes}
     for name, rate, w, n_pass, source in FAMILIES:
-        for d in depths:
+        for d in measured:
             row = {"family": name, "w": w, "passes": n_pass, "depth": d, "source": source,
                    "tokens_per_pass": _range(*rate) if rate else "not measured"}
             if rate and (d, w) in cost:
@@ -87,7 +103,8 @@ def run(path: str, depths: list[int], widths: list[int], threads: int, reps: int
             families.append(row)
             if not rate:
                 break   # one row says it: nothing to compute at any depth
-    return {"model": path, "threads": threads, "reps": reps, "passes": passes, "families": families}
+    return {"model": path, "threads": threads, "reps": reps, "passes": passes, "families": families,
+            "cancelled": measured != depths}
 
 
 def header(result: dict) -> str:

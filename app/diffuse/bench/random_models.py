@@ -103,12 +103,14 @@ def write_random_nemotron(path: Path, n_layer: int, n_embd: int, n_head: int, n_
 def write_random_dream(path: Path, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int,
                        n_vocab: int, n_ctx: int) -> Path:
     """A Dream model (Qwen2.5 blocks: GQA, q/k/v biases, SwiGLU of width n_ff); the mask token
-    is Dream's 151666 where the vocabulary holds it, else the last id."""
+    is Dream's 151666 where the vocabulary holds it, else the last id. Tokenizer "none" and the
+    vocabulary size stated, which llama.cpp accepts."""
     d, f, kv_dim = n_embd, n_ff, n_embd // n_head * n_head_kv
     kv = {"context_length": n_ctx, "embedding_length": d, "block_count": n_layer, "feed_forward_length": f,
           "attention.head_count": n_head, "attention.head_count_kv": n_head_kv, "rope.freq_base": 1000000.0,
           "attention.layer_norm_rms_epsilon": 1e-6,
-          "tokenizer.ggml.mask_token_id": 151666 if n_vocab > 151666 else n_vocab - 1}
+          "tokenizer.ggml.mask_token_id": 151666 if n_vocab > 151666 else n_vocab - 1,
+          "vocab_size": n_vocab, "tokenizer.ggml.model": "none"}
     layer = _attention(d) | {"attn_k.weight": (d, kv_dim), "attn_v.weight": (d, kv_dim), "attn_q.bias": (d,),
                              "attn_k.bias": (kv_dim,), "attn_v.bias": (kv_dim,), "ffn_gate.weight": (d, f),
                              "ffn_up.weight": (d, f), "ffn_down.weight": (f, d)}

@@ -184,6 +184,26 @@ def add_parser(sub) -> argparse.ArgumentParser:
     kn.add_argument("--json", type=Path, metavar="PATH", help="write the measurements as JSON")
     kn.add_argument("--markdown", type=Path, metavar="PATH", help="write the tables as markdown")
 
+    th = bs.add_parser("threads", help="thread scaling: a full step, a block step and AR decode over 1..N threads, "
+                                       "beside llama.cpp",
+                       description="ms of a full step (ROWS rows, nothing cached), a block step (WIDTH rows over "
+                                   "DEPTH cached) and an AR decode token at each thread count, with the speedup over "
+                                   "the first count, alternated with llama.cpp's pass of the same rows and decode of "
+                                   "the same weights where llama-bench is found (see docs/benchmarks.md).")
+    th.add_argument("model", help="GGUF model file (python -m diffuse.bench.threads make writes a real-shape one)")
+    th.add_argument("--threads", type=int_list, default=None,
+                    help=f"thread counts (default 1,2,4.. up to the physical cores, {physical_cores()} here)")
+    th.add_argument("--rows", type=int, default=128, help="rows of the full step (default %(default)s)")
+    th.add_argument("--depth", type=int, default=512, help="cached rows of the block step and decode (default 512)")
+    th.add_argument("--width", type=int, default=4, help="rows of the block step (default %(default)s)")
+    th.add_argument("--reps", type=int, default=3, help="alternated rounds (default %(default)s)")
+    th.add_argument("--ar-model", metavar="AR.gguf",
+                    help="the same weights as an AR file, for llama.cpp's block pass and decode")
+    _llama_options(th)
+    th.add_argument("--no-llama", dest="llama", action="store_false", help="ours only")
+    th.add_argument("--json", type=Path, metavar="PATH", help="write the measurements as JSON")
+    th.add_argument("--markdown", type=Path, metavar="PATH", help="write the table as markdown")
+
     hd = bs.add_parser("head", help="the output head's product for 1-32 rows: ggml's against the engine's own, "
                                     "with the memory bandwidth each reaches",
                        description="Best time of the output head's product W x for each row count, ggml's mat-mul "
@@ -249,7 +269,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     return {"forward": _forward, "grid": _grid, "prompts": _prompts, "batch": _batch, "context": _context,
-            "steps": _steps, "block": _block, "knee": _knee, "head": _head, "fast": _fast,
+            "steps": _steps, "block": _block, "knee": _knee, "threads": _threads, "head": _head, "fast": _fast,
             "report": _report, "spec": _spec}[args.bench_command](args)
 
 
@@ -463,6 +483,20 @@ def _knee(args) -> int:
     print(text_table(result["families"], knee.FAMILY_COLUMNS))
     _write_json(args.json, result)
     _write(args.markdown, knee.markdown(result))
+    return 0
+
+
+def _threads(args) -> int:
+    from diffuse.bench import threads
+    from diffuse.bench.tables import text_table
+    _check_files(args, args.model, args.ar_model)
+    result = threads.run(args.model, args.threads or default_threads(), args.rows, args.depth, args.width, args.reps,
+                         llama_bin=args.llama_bin, ar_path=args.ar_model, use_llama=args.llama,
+                         log=lambda line: print(line, file=sys.stderr))
+    print(threads.header(result))
+    print(text_table(result["table"], threads.COLUMNS) + threads.left_out_lines(result))
+    _write_json(args.json, result)
+    _write(args.markdown, threads.markdown(result))
     return 0
 
 

@@ -160,19 +160,23 @@ class LiveView:
     def __call__(self, ev: StepEvent) -> None:
         cols, rows = self.size()
         width = cols - 1            # a line filling the last column leaves the cursor in a pending wrap
-        if cols < 20 or rows < 4:
+        fields = [f"step {ev.step + 1}/{ev.steps_allowed}", f"block {ev.block + 1}/{ev.n_blocks}",
+                  f"+{len(ev.unmasked)}", *([f"edited {len(ev.edited)}"] if len(ev.edited) else []),
+                  f"masked {int(ev.gen_mask.sum())}", f"active {len(ev.active)}/{len(ev.tokens)}",
+                  f"{ev.total_ms:.0f} ms"]
+        status = fitted(fields, width)
+        if cols < 20 or rows < 4 or len(status) >= rows - 1:
             lines = [clip(compact_status(ev), width)]
         else:
-            status = (f"step {ev.step + 1}/{ev.steps_allowed}  block {ev.block + 1}/{ev.n_blocks}  "
-                      f"+{len(ev.unmasked)}  {f'edited {len(ev.edited)}  ' if len(ev.edited) else ''}"
-                      f"masked {int(ev.gen_mask.sum())}  "
-                      f"active {len(ev.active)}/{len(ev.tokens)}  {ev.total_ms:.0f} ms")
             body = self.wrapped(ev, width)
-            hidden = max(0, len(body) - (rows - 1))
-            if hidden:
+            if len(body) + len(status) > rows:
+                # the note of the lines scrolled away may take a status line of its own: sized
+                # with the most there can be, then said with the count
+                status = fitted([f"{len(body)} lines above", *fields], width)
+                hidden = len(body) - max(rows - len(status), 0)
+                status = fitted([f"{hidden} line{'s' if hidden > 1 else ''} above", *fields], width)
                 body = body[hidden:]
-                status = f"{hidden} line{'s' if hidden > 1 else ''} above  {status}"
-            lines = body + [f"\x1b[2m{clip(status, width)}\x1b[0m"]
+            lines = body + [f"\x1b[2m{line}\x1b[0m" for line in status]
         # Back to the first line of the last frame, then each line overwrites one of the last
         # frame's (\e[K clears what is left of it) and \e[J clears what is below. Never one clear of
         # the whole screen: tmux and other terminals copy a screen cleared from the top-left corner
@@ -225,6 +229,25 @@ def clip(text: str, width: int) -> str:
             break
         out += c
     return out
+
+
+def fitted(fields: list[str], width: int) -> list[str]:
+    """Status fields on one line of `width` columns, two spaces apart, else one; else wrapped
+    between fields onto as many lines as they need (a field wider than a line is cut)."""
+    for gap in ("  ", " "):
+        if columns(line := gap.join(fields)) <= width:
+            return [line]
+    lines = []
+    for field in fields:
+        if lines and columns(lines[-1]) + 1 + columns(field) <= width:
+            lines[-1] += " " + field
+        else:
+            lines.append(clip(field, width))
+    return lines
+
+
+def columns(text: str) -> int:
+    return sum(char_width(c) for c in text)
 
 
 def compact_status(ev: StepEvent) -> str:

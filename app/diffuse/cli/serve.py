@@ -63,14 +63,21 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _log(entry: dict) -> None:
-    """One line per request: client, method, path, status, time, then its tokens or why it failed."""
-    line = f"{entry['client'] or '-'} {entry['method'] or '-'} {escaped(entry['path'] or '-')} {entry['status']} " \
-           f"{entry['ms']:.0f} ms"
+    """One line per request: client, method, path, status, time, then its tokens or why it failed.
+    A client cut off for reading nothing is said first: its status went out before the cut, and
+    its run's own status (ok: every token made) is not what the client got."""
+    where = f"{entry['client'] or '-'} {entry['method'] or '-'} {escaped(entry['path'] or '-')}"
+    cut = entry["cut_off"]
+    if cut:
+        line = f"{where} cut off after {entry['ms']:.0f} ms, {escaped(entry['error'])} ({entry['status']} already sent)"
+    else:
+        line = f"{where} {entry['status']} {entry['ms']:.0f} ms"
     if (run := entry["request"]) is not None:
+        outcome = "made, not all delivered" if cut and run["status"] == "ok" else run["status"]
         line += f", {run['prompt_tokens']}+{run['completion_tokens']} tokens, {run['sequences']} of a batch of " \
                 f"{run['batch']}, {run['steps']} steps, seed {run['seed']}, queued {run['queued_ms']:.0f} ms " \
-                f"({run['status']})"
-    if entry["error"]:
+                f"({outcome})"
+    if entry["error"] and not cut:
         line += f": {escaped(entry['error'])}"
     print(line, file=sys.stderr, flush=True)
 

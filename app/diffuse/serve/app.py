@@ -295,7 +295,8 @@ def _log_entry(scope, status: int | None, started: float) -> dict:
             "client": f"{client[0]}:{client[1]}" if client else None,
             "prompt_tokens": entry["prompt_tokens"] if entry else None,
             "completion_tokens": entry["completion_tokens"] if entry else None,
-            "request": entry, "error": scope.get("diffuse.error") or (job.error if job is not None else None)}
+            "request": entry, "error": scope.get("diffuse.error") or (job.error if job is not None else None),
+            "cut_off": bool(scope.get("diffuse.cut_off"))}
 
 
 def host_check(bound_host: str, allowed: tuple[str, ...]) -> Callable[[dict], bool] | None:
@@ -498,6 +499,7 @@ class _H11(H11Protocol):
         self._stall_timer = None
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.scope["diffuse.error"] = f"the client read nothing for {self._write_stall:g} s"
+            self.cycle.scope["diffuse.cut_off"] = True     # after its status went out: the log says so
         # A reset, not a close: a close would leave what the kernel still holds for this client to
         # trickle out to it, and the client with a stream cut without a word; a reset drops it and says so.
         sock = self.transport.get_extra_info("socket")
@@ -554,7 +556,8 @@ class _H11(H11Protocol):
             self._log({"method": None, "path": None, "status": status,
                        "ms": round((time.perf_counter() - self._head_started) * 1000, 1),
                        "client": "%s:%d" % self.client if self.client else None,
-                       "prompt_tokens": None, "completion_tokens": None, "request": None, "error": message})
+                       "prompt_tokens": None, "completion_tokens": None, "request": None, "error": message,
+                       "cut_off": False})
 
     def _timed_out(self) -> None:
         self._head_timer = None

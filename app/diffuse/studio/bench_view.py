@@ -1,4 +1,5 @@
-"""Benchmarks: a small sweep on the loaded model, drawn live (the performance study on screen).
+"""Benchmarks: a small sweep on the loaded model, drawn live (the performance study on screen),
+and where diffusion wins on this machine (`diffuse bench knee`, drawn by knee_view).
 
 One axis at a time (step budget, inter-step cache, block length, batch size) over the current
 settings: each point is one generation (a batch of copies of the prompt for the batch axis), run
@@ -8,22 +9,30 @@ budget on the step axis (how much answer fewer steps keep: the study's fourth fi
 value on the others (what the cache or blocks change; a batch changes nothing). The sweep runs on
 its own thread with the shared Model, holding it through the run controller: it is refused while
 a chat or compare run goes, and they are refused while it sweeps (two runs at once would time
-each other).
+each other). The knee tab runs `bench knee` on the loaded model the same way (one job at a time
+in this window: the sweep and the knee share it), or opens a saved result; its cancel takes
+effect between cache depths (one depth is one engine call), so closing the window cancels it
+without waiting, and the model stays held until that depth ends.
 """
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import (QApplication, QComboBox, QHBoxLayout, QLabel, QLineEdit,
-                               QPushButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QHBoxLayout, QLabel, QLineEdit,
+                               QPushButton, QSpinBox, QTabWidget, QVBoxLayout, QWidget)
 
+from diffuse import DiffuseError, physical_cores
+from diffuse.bench.knee import run as run_knee
+from diffuse.bench.tables import write_json
 from diffuse.generation import random_seed
 from diffuse.studio import theme
 from diffuse.studio.job_box import JobBox
+from diffuse.studio.knee_view import KneeView, read_result
 from diffuse.studio.run_controller import RunController
 from diffuse.studio.workers import Job
 
@@ -34,6 +43,7 @@ SWEEPS = {
     "Block length": ("block_length", "8,16,32,64"),
     "Batch size": ("batch", "1,2,4,8"),
 }
+KNEE_WIDTHS = [1, 2, 4, 8, 16, 32]      # rows per pass, as `diffuse bench knee` measures them
 
 
 def parse_values(option: str, text: str) -> list:
@@ -125,10 +135,48 @@ class BenchWindow(QWidget):
         plots.addWidget(self.tps_plot)
         plots.addWidget(self.ms_plot)
         plots.addWidget(self.agree_plot)
+        sweep = QWidget()
+        sweep_layout = QVBoxLayout(sweep)
+        sweep_layout.addLayout(top)
+        sweep_layout.addLayout(plots, 1)
+
+        self.knee = KneeView()
+        self.knee_depths = QLineEdit("512,2048")
+        self.knee_depths.setToolTip("Cache depths: rows already in the cache under each pass (multiples of 32)")
+        self.knee_reps = QSpinBox()
+        self.knee_reps.setRange(1, 20)
+        self.knee_reps.setValue(3)
+        self.knee_reps.setToolTip("Alternated rounds over the row counts; the median is kept")
+        self.knee_button = QPushButton("Run bench knee")
+        self.knee_button.setObjectName("Primary")
+        self.knee_button.clicked.connect(self.start_knee)
+        open_button = QPushButton("Open JSON…")
+        open_button.setToolTip("Show a result saved by diffuse bench knee --json")
+        open_button.clicked.connect(lambda: self.open_knee(self._pick(save=False)))
+        self.save_button = QPushButton("Save JSON…")
+        self.save_button.setToolTip("Save the result measured here, as diffuse bench knee --json writes it")
+        self.save_button.clicked.connect(lambda: self.save_knee(self._pick(save=True)))
+        self.save_button.setEnabled(False)
+        knee_top = QHBoxLayout()
+        knee_top.addWidget(QLabel("Depths"))
+        knee_top.addWidget(self.knee_depths)
+        knee_top.addWidget(QLabel("Rounds"))
+        knee_top.addWidget(self.knee_reps)
+        knee_top.addStretch(1)
+        knee_top.addWidget(open_button)
+        knee_top.addWidget(self.save_button)
+        knee_top.addWidget(self.knee_button)
+        knee = QWidget()
+        knee_layout = QVBoxLayout(knee)
+        knee_layout.addLayout(knee_top)
+        knee_layout.addWidget(self.knee, 1)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(sweep, "Sweep")
+        self.tabs.addTab(knee, "Where diffusion wins")
+        self.measured: dict | None = None     # the knee result measured here, for Save
         layout = QVBoxLayout(self)
-        layout.addLayout(top)
+        layout.addWidget(self.tabs, 1)
         layout.addWidget(self.job_box)
-        layout.addLayout(plots, 1)
         layout.addWidget(self.status)
         self._axis_changed(self.axis.currentText())
         runs.holder_changed.connect(self._holder_changed)
@@ -177,6 +225,9 @@ class BenchWindow(QWidget):
         refused = self._refusal()
         self.run_button.setEnabled(not self.running and not refused)
         self.run_button.setToolTip(refused or "Run one generation per value with the current settings")
+        self.knee_button.setEnabled(not self.running and not refused)
+        self.knee_button.setToolTip(refused or "Time passes over 1-32 rows at each depth on the loaded model "
+                                               "(diffuse bench knee)")
 
     def start(self) -> None:
         model = self.runs.engine.model
@@ -230,10 +281,88 @@ class BenchWindow(QWidget):
         self.run_button.setEnabled(False)
         self.job.start()
 
+    def start_knee(self) -> None:
+        """`diffuse bench knee` on the loaded model, on a background job."""
+        model = self.runs.engine.model
+        if model is None:
+            self.status.setText("Load a model first.")
+            return
+        if self.running:
+            return
+        if refused := self._refusal():
+            self.status.setText(f"{refused}.")
+            return
+        try:
+            depths = parse_values("depth", self.knee_depths.text())
+        except ValueError as e:
+            self.status.setText(f"Depths: {e}.")
+            return
+        threads = self.base_options().get("threads") or physical_cores()
+        reps = self.knee_reps.value()
+        self.runs.acquire("benchmarks", self.cancel)
+
+        def measure(progress, cancel):
+            return run_knee(model.path, depths, KNEE_WIDTHS, threads, reps, model=model, cancel=cancel,
+                            log=lambda line: progress(0, 0, line))
+        self.job = Job("bench knee", measure)
+        self.job.progressed.connect(lambda _d, _t, what: self.job_box.label.setText(what))
+        self.job.finished.connect(self._knee_finished)
+        self.job.failed.connect(self._failed)
+        self.job_box.label.setText(f"bench knee: {threads} threads, depths {', '.join(map(str, depths))}…")
+        self.job_box.progress.setRange(0, 0)       # busy: one depth is one engine call
+        self.status.setText(f"Bench knee on {Path(model.path).name}: Cancel stops it after the current depth.")
+        self.job_box.show()
+        self.run_button.setEnabled(False)
+        self.knee_button.setEnabled(False)
+        self.job.start()
+
+    def _knee_finished(self, result: dict) -> None:
+        cancelled = result["cancelled"]
+        if result["passes"]:
+            self.measured = result
+            self.knee.show_result(result, "now")
+            self.save_button.setEnabled(True)
+        depths = sorted({p["depth"] for p in result["passes"]})
+        self._ended(f"{'Cancelled' if cancelled else 'Done'}: bench knee measured "
+                    f"{'depths ' + ', '.join(map(str, depths)) if depths else 'no depth'}.")
+
+    def _pick(self, save: bool) -> str:
+        folder = str(Path.home())
+        if save:
+            path, _ = QFileDialog.getSaveFileName(self, "Save the knee", str(Path(folder) / "knee.json"),
+                                                  "JSON (*.json)")
+        else:
+            path, _ = QFileDialog.getOpenFileName(self, "Open a bench knee result", folder, "JSON (*.json)")
+        return path
+
+    def open_knee(self, path: str) -> None:
+        if not path:
+            return
+        try:
+            result = read_result(Path(path))
+        except ValueError as e:
+            self.status.setText(f"{e}.")
+            return
+        self.knee.show_result(result, path)
+        self.tabs.setCurrentIndex(1)
+        self.status.setText(f"Showing {Path(path).name}: bench knee on {Path(str(result.get('model'))).name}.")
+
+    def save_knee(self, path: str) -> None:
+        """The dialog asked before replacing a file; the write is atomic."""
+        if not path or self.measured is None:
+            return
+        try:
+            write_json(Path(path), self.measured)
+        except (OSError, DiffuseError) as e:
+            self.status.setText(f"Not saved: {e}.")
+            return
+        self.status.setText(f"Saved {path}.")
+
     def cancel(self) -> None:
         if self.job is not None:
             self.job.cancel()
-            self.job_box.label.setText("cancelling after this step…")
+            self.job_box.label.setText("cancelling after this depth…" if self.job.title == "bench knee"
+                                       else "cancelling after this step…")
 
     def _progressed(self, done: int, total: int, what: str) -> None:
         self.job_box.progress.setValue(done)
@@ -271,7 +400,8 @@ class BenchWindow(QWidget):
                     f"{self.seed_note}")
 
     def _failed(self, message: str) -> None:
-        self._ended(f"The sweep failed: {message}")
+        what = "Bench knee" if self.job is not None and self.job.title == "bench knee" else "The sweep"
+        self._ended(f"{what} failed: {message}")
 
     def stop(self) -> None:
         """Cancel a sweep and wait for its current step: no engine call outlives the window."""
@@ -280,5 +410,8 @@ class BenchWindow(QWidget):
             self.job.wait()
 
     def closeEvent(self, event) -> None:
-        self.stop()
+        if self.job is not None and self.job.title == "bench knee":
+            self.job.cancel()       # it ends after its current depth; waiting here would freeze the window
+        else:
+            self.stop()
         super().closeEvent(event)

@@ -8,7 +8,9 @@ both canvases, their step figures and answers together; past the end of the shor
 side shows its final state and says so. Both canvases share one colour scale, mode and fit. When
 both are done a headline states the pair's point as measured, over every figure, and the
 positions where the answers differ are outlined in both canvases and texts. Results of another
-model than the loaded one are cleared when the model changes. The window fits the screen.
+model than the loaded one are cleared when the model changes, and the menu offers the pairs the
+model can run. The window opens over the main window, no larger than it (nor than the screen, nor
+smaller than its own content needs); Esc closes it.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import html
 
 import numpy as np
 from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (QComboBox, QGridLayout, QHBoxLayout, QLabel, QLineEdit,
                                QPushButton, QTextBrowser, QVBoxLayout, QWidget)
 
@@ -218,22 +221,42 @@ class CompareWindow(QWidget):
         engine.run_finished.connect(self._finished)
         engine.run_failed.connect(self._failed)
         self.controller.holder_changed.connect(self._holder_changed)
+        # Esc closes the window as it would a dialog, whichever of its widgets has the focus
+        close = QAction("Close", self)
+        close.setShortcut(QKeySequence(Qt.Key.Key_Escape))
+        close.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        close.triggered.connect(self.close)
+        self.addAction(close)
         self._update_titles()
         self._holder_changed()
 
     def _fit_to_screen(self) -> None:
         """At most SIZE, within the screen's free area (taskbars and docks left out) with room
-        for the title bar: every button stays on screen."""
+        for the title bar, and no larger than the main window it opens over; never smaller than
+        its content needs, so every button stays on screen."""
         area, least = self.screen().availableGeometry(), self.minimumSizeHint()
-        width = min(SIZE[0], max(int(area.width() * 0.96), least.width()), area.width())
-        height = min(SIZE[1], max(int(area.height() * 0.92), least.height()), area.height())
+        room_w, room_h = int(area.width() * 0.96), int(area.height() * 0.92)
+        over = self.parentWidget().window() if self.parentWidget() is not None else None
+        if over is not None and over.isVisible():
+            room_w, room_h = min(room_w, over.width()), min(room_h, over.height())
+        width = min(SIZE[0], max(room_w, least.width()), area.width())
+        height = min(SIZE[1], max(room_h, least.height()), area.height())
         self.resize(width, height)
-        self.move(area.x() + (area.width() - width) // 2, area.y() + (area.height() - height) // 3)
+        if over is not None and over.isVisible():     # centred over the main window, on screen
+            centre = over.frameGeometry().center()
+            x, y = centre.x() - width // 2, centre.y() - height // 2
+        else:
+            x, y = area.x() + (area.width() - width) // 2, area.y() + (area.height() - height) // 3
+        self.move(min(max(x, area.x()), area.right() + 1 - width), min(max(y, area.y()), area.bottom() + 1 - height))
 
     def pair(self) -> Pair:
         return PRESETS[self.preset.currentText()]
 
     def _update_titles(self) -> None:
+        self._set_titles()
+        self.update_context()
+
+    def _set_titles(self) -> None:
         """The titles of the runs shown, with the tau each used (B's comes from the Settings or
         the model); without runs, of the pair picked."""
         pair = self.ran if self.runs else self.pair()
@@ -244,12 +267,27 @@ class CompareWindow(QWidget):
                 said.append(run.rule.condition())
             side.title.setText(" · ".join(said))
             side.title.setToolTip(f"{letter}: {options_text(over)} over the settings both share")
-        self.update_context()
+
+    def _offer_pairs(self, arch: str | None) -> bool:
+        """The menu lists the pairs a model of family `arch` can run, keeping the one picked if it
+        is among them; True if the list changed."""
+        names = [name for name, pair in PRESETS.items() if pair.offered(arch)]
+        if names == [self.preset.itemText(i) for i in range(self.preset.count())]:
+            return False
+        picked = self.preset.currentText()
+        self.preset.blockSignals(True)
+        self.preset.clear()
+        self.preset.addItems(names)
+        self.preset.setCurrentIndex(names.index(picked) if picked in names else 0)
+        self.preset.blockSignals(False)
+        return True
 
     def update_context(self) -> None:
         """Show the model and shared settings now in force; drop results of another model."""
         model = self.model_info()
         name = model.get("name", "")
+        if self._offer_pairs(model.get("arch")):
+            self._set_titles()
         self.context.setText(shared_text(name, self.base_options(), self.pair(), self.seed))
         shown = self.runs[0].recording.model if self.runs else model
         if shown.get("path") != model.get("path") and not any(r is self.engine.run
@@ -353,12 +391,6 @@ class CompareWindow(QWidget):
         self.run_button.setEnabled(not refused and self.engine.model is not None)
         self.run_button.setToolTip(refused or "Run A, then B")
         self.stop_button.setEnabled(self.controller.holder == "compare")
-
-    def keyPressEvent(self, event) -> None:
-        if event.key() == Qt.Key.Key_Escape:       # as a dialog closes
-            self.close()
-        else:
-            super().keyPressEvent(event)
 
     def closeEvent(self, event) -> None:
         if any(r is self.engine.run for r in self.runs):

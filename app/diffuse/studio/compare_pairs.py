@@ -10,6 +10,10 @@ Each pair changes one thing between A and B and says which effect it is about:
   small for the saving to show.
 - ANSWER: a change meant to give another answer (the order, sampling): the headline is where the
   answers differ.
+- SPEC: AR against self-speculation on the same model and seed, which should give the same text
+  (docs/self_speculation.md): the headline says whether it did (or where they part and why), the
+  forward passes saved and the time per token after the prefill. Offered only for models that can
+  self-speculate.
 
 Every line states what the runs measured. The answers are compared up to the later end of text
 (what a reader sees), and the line says until which step the runs made the same commits: with the
@@ -25,7 +29,7 @@ import numpy as np
 
 from diffuse.studio.run_state import RunState, options_text
 
-STEPS, TIME, ANSWER = "steps", "time", "answer"
+STEPS, TIME, ANSWER, SPEC = "steps", "time", "answer", "spec"
 # Per-step times closer than this ratio are not called a difference: on a busy machine one run's
 # median moves by about that much.
 TIME_NOISE = 1.2
@@ -41,6 +45,11 @@ class Pair:
     cause: str               # what makes the answers differ, when they do
     shared: dict = field(default_factory=dict)   # both runs, over the Settings: keeps the effect alone
     why_shared: str = ""
+    causal: bool = False     # runs the modes over a causal cache: only for models that have them
+
+    def offered(self, arch: str | None) -> bool:
+        """Whether the pair can run on a model of family `arch` ("" or None: not known)."""
+        return not self.causal or can_self_speculate(arch)
 
     def options(self, base: dict) -> tuple[dict, dict]:
         """A's and B's options: the Settings, the pair's shared options, then each side's own."""
@@ -53,6 +62,12 @@ class Pair:
     def shared_text(self) -> str:
         """What the pair sets for both runs and why; "" when nothing."""
         return f"both: {options_text(self.shared)} ({self.why_shared})" if self.shared else ""
+
+
+def can_self_speculate(arch: str | None) -> bool:
+    """Modes ar and self_spec run on every family but DiffusionGemma (docs/self_speculation.md); a
+    server that does not say its family is not assumed to have them."""
+    return bool(arch) and arch != "diffusion-gemma"
 
 
 def _timed(a: dict, b: dict, names: tuple[str, str], cause: str) -> Pair:
@@ -100,6 +115,9 @@ PRESETS: dict[str, Pair] = {
     "Early end-of-text: none vs dInfer's": Pair(
         {"eos_stop": "none"}, {"eos_stop": "holds_eos"}, STEPS, ("no early stop", "dInfer's stop"),
         "B stopped where A went on"),
+    "AR vs self-speculation, same model, same seed": Pair(
+        {"mode": "ar"}, {"mode": "self_spec"}, SPEC, ("AR: one token per pass", "self-speculation: draft, verify"),
+        "self-speculation keeps only drafts the AR pass agrees with", causal=True),
 }
 
 
@@ -230,6 +248,8 @@ def answers_line(a: RunState, b: RunState, pair: Pair) -> str:
 
 def summary_lines(a: RunState, b: RunState, pair: Pair) -> list[str]:
     """Every figure the two runs measured, one line each, in the same order for every pair."""
+    if pair.effect == SPEC:
+        return [passes_line(a, b), token_time_line(a, b), spec_answer_line(a, b, pair)]
     tau = tau_line(b)       # A's tau, where it has one, is set never to fire
     return [steps_line(a, b), *([tau] if tau else []), time_line(a, b), answers_line(a, b, pair)]
 
@@ -242,6 +262,8 @@ def headline(a: RunState, b: RunState, pair: Pair) -> str:
         return _time_headline(a, b, names)
     if pair.effect == STEPS:
         return _steps_headline(a, b, names)
+    if pair.effect == SPEC:
+        return _spec_headline(a, b)
     diff = answer_diff(a, b)
     span = max(answer_end(a), answer_end(b))
     if not diff.any():
@@ -303,3 +325,82 @@ def _steps_headline(a: RunState, b: RunState, names: dict) -> str:
         return (f"B ({names['B']}) took {_n(-saved, 'more step')} than A ({names['A']}): {rb.steps} "
                 f"against {ra.steps}{why}.")
     return f"Both took {ra.steps} steps{why}."
+
+
+# -- AR against self-speculation ---------------------------------------------------------------
+
+def ms_per_token(run: RunState, k: int = -1) -> float:
+    """The time per token after the prefill, up to step `k` (-1: the last): the steps' time over the
+    tokens they committed. Every mode over a causal cache prefills alike and commits the first token
+    there; the rest is the decoding compared (self-speculation against AR here, in the Studio's
+    Self-speculation view, and AR's measured cost, run_controller.ar_cost_of)."""
+    end = run.clamp(k) + 1
+    tokens = run.n_committed[1:end].sum()
+    return float(run.step_ms[1:end].sum() / tokens) if tokens else 0.0
+
+
+def passes_line(a: RunState, b: RunState) -> str:
+    pa, pb = a.result.forward_passes, b.result.forward_passes
+    if not (pa and pb):
+        return "Forward passes: not reported (a server sends none)"
+    tokens = int(b.n_committed[:b.n_steps].sum())
+    return (f"Forward passes: A {pa} (one per token after the prefill) · B {pb} (a draft and a verify pass per "
+            f"iteration, {b.result.steps - 1} iterations after the prefill): {tokens / pb:.2f} tokens per pass · "
+            f"{_saved(pa - pb)}")
+
+
+def _saved(n: int) -> str:
+    """B's passes against A's: "B ran 7 passes fewer"."""
+    passes = f"{abs(n)} pass{'es' * (abs(n) != 1)}"
+    return f"B ran {passes} fewer" if n > 0 else f"B ran {passes} more" if n < 0 else "B ran as many passes"
+
+
+def token_time_line(a: RunState, b: RunState) -> str:
+    ta, tb = ms_per_token(a), ms_per_token(b)
+    said = f" · B at {ta / tb:.2f}x A's speed" if ta and tb else ""
+    return (f"Time per token after the prefill: A {ta:.2f} ms · B {tb:.2f} ms{said} (B's passes run "
+            f"{b.options.get('draft_length') or 'the default'} rows each; whole runs: A "
+            f"{a.result.total_ms / 1000:.2f} s, B {b.result.total_ms / 1000:.2f} s)")
+
+
+def parting(a: RunState, b: RunState) -> str:
+    """Where the answers part and why, or "" when they are the same up to end of text."""
+    diff = answer_diff(a, b)
+    if not diff.any():
+        return ""
+    i = int(np.argmax(diff))
+    temperature = max(r.options.get("temperature") or 0.0 for r in (a, b))
+    why = (f"both sample at temperature {temperature:g}, and with the F16 K/V cache a one-row pass and a block "
+           f"pass round differently, so a draw near a boundary between two tokens can flip (with an F32 "
+           f"cache the draws agree)" if temperature > 0 else
+           "a near tie between the two best tokens there, which the F16 K/V cache's rounding (different for a "
+           "one-row pass and a block pass) can flip")
+    return f"they part at position {i} (the {i} before it are the same): {why}; see docs/self_speculation.md"
+
+
+def spec_answer_line(a: RunState, b: RunState, pair: Pair) -> str:
+    span = max(answer_end(a), answer_end(b))
+    where = parting(a, b)
+    return (f"Answers: {where}" if where else
+            f"Answers: the same, token for token (all {span} positions up to end of text): "
+            f"{pair.cause}")
+
+
+def _spec_headline(a: RunState, b: RunState) -> str:
+    where = parting(a, b)
+    text = (f"The answers differ: {where}." if where else
+            f"Self-speculation gave AR's answer token for token ({max(answer_end(a), answer_end(b))} positions).")
+    pa, pb = a.result.forward_passes, b.result.forward_passes
+    if pa and pb:
+        text += f" {_saved(pa - pb)}: {pb} against {pa}."
+    ta, tb = ms_per_token(a), ms_per_token(b)
+    if ta and tb:
+        text += f" Per token after the prefill B took {tb:.2f} ms, A {ta:.2f} ms: "
+        if max(ta, tb) / min(ta, tb) < TIME_NOISE:
+            text += f"no clear difference (within {TIME_NOISE - 1:.0%}: one run's timing noise)."
+        else:
+            text += f"{max(ta, tb) / min(ta, tb):.2f}x {'faster' if tb < ta else 'slower'}"
+            if tb > ta and pb and pb < pa:
+                text += " (fewer passes, but each runs a block of rows: on this model that costs more than it saves)"
+            text += "."
+    return text

@@ -31,6 +31,7 @@ from diffuse.studio.view_base import RunView
 # Widest and narrowest: the side plot keeps readable entropy ticks at 80 px; the counts plot keeps
 # room for its axis title ("commits", about 70 px) so the title never runs out of a narrow view.
 SIDE_WIDTH, COUNTS_WIDTH = (220, 80), (110, 72)
+TITLE_ROW = 30      # pyqtgraph's own title row: the height the legends need on one or two lines
 
 
 class EntropyHeatmap(RunView, pg.GraphicsLayoutWidget):
@@ -97,6 +98,8 @@ class EntropyHeatmap(RunView, pg.GraphicsLayoutWidget):
         self.summary = theme.Caption(justify="left", color=theme.MUTED)
         self.addItem(self.summary, row=1, col=0, colspan=3)
         self.empty = theme.EmptyState(self.plot, also=(self.bar, self.side, self.counts, self.plot.titleLabel))
+        for plot in (self.side, self.counts):
+            plot.vb.sigResized.connect(self._fit_titles)
         self.scene().sigMouseClicked.connect(self._clicked)
         self.set_run(None)
 
@@ -109,7 +112,28 @@ class EntropyHeatmap(RunView, pg.GraphicsLayoutWidget):
         plot.setMenuEnabled(False)
         plot.setMaximumWidth(widths[0])
         plot.setMinimumWidth(widths[1])
+        # Its legend wraps at the plot's width: with real fonts a one-line legend (147 px for the
+        # middle plot's at 8 pt) asked for more than the narrow column, and the plot drew its
+        # axis and legend over the next one.
+        plot.layout.removeItem(plot.titleLabel)
+        plot.scene().removeItem(plot.titleLabel)
+        plot.titleLabel = theme.Caption("", size="11pt", parent=plot)
+        plot.layout.addItem(plot.titleLabel, 0, 1)
+        plot.setTitle(None)
         return plot
+
+    def _fit_titles(self, *_) -> None:
+        """The three plots' title rows take the tallest legend's height (wrapped at its plot's
+        width), so that their step axes stay aligned."""
+        plots = (self.plot, self.side, self.counts)
+        for plot in plots[1:]:
+            plot.titleLabel.item.setTextWidth(max(plot.vb.width(), 1.0))
+        height = max([TITLE_ROW] + [p.titleLabel.item.boundingRect().height() for p in plots
+                                    if p.titleLabel.isVisible()])
+        for plot in plots:
+            if plot.titleLabel.isVisible() and plot.layout.rowMinimumHeight(0) != height:
+                plot.titleLabel.setMaximumHeight(height)
+                plot.layout.setRowFixedHeight(0, height)
 
     def _bar_label(self) -> str:
         return f"entropy (nats), {scale_name(self.fitted)}"
@@ -143,6 +167,7 @@ class EntropyHeatmap(RunView, pg.GraphicsLayoutWidget):
         if run is not None and run.events and run.edits:
             counts.append((f"edits {EDIT_MARK}", theme.EDITED))
         self.counts.setTitle(theme.legend_html(counts), size="8pt")
+        self._fit_titles()      # setTitle put each title row back to pyqtgraph's height
 
     def clear_run(self, run: RunState | None) -> None:
         """The rule's legends, axis and tau from the run's options (known before its first step);

@@ -30,6 +30,7 @@ from diffuse.recording import Recording
 from diffuse.studio import export, first_run, storage, theme
 from diffuse.studio.bench_view import BenchWindow
 from diffuse.studio.cache_view import CacheView
+from diffuse.studio.causal_views import SpecView, WindowView
 from diffuse.studio.canvas import CanvasPanel
 from diffuse.studio.chat import ChatPanel, fit_history, system_support
 from diffuse.studio.compare import CompareWindow
@@ -40,7 +41,7 @@ from diffuse.studio.heatmap import EntropyHeatmap
 from diffuse.studio.model_panel import ModelPanel
 from diffuse.studio.panes import PaneToggle
 from diffuse.studio.remote_dialog import connect_to_server
-from diffuse.studio.run_controller import RunController
+from diffuse.studio.run_controller import AR_MEASURE_TOKENS, RunController
 from diffuse.studio.run_state import RunState
 from diffuse.studio.serve_panel import ServePanel
 from diffuse.studio.settings_panel import SettingsPanel
@@ -106,6 +107,11 @@ class MainWindow(QMainWindow):
         self.views.addTab(self.experts_view, "Experts")
         self.uniform_view = UniformView()
         self.views.addTab(self.uniform_view, "Uniform state")
+        self.spec_view = SpecView(self.runs.ar_cost)
+        self.spec_view.measure_requested.connect(self.measure_ar)
+        self.views.addTab(self.spec_view, "Self-speculation")
+        self.window_view = WindowView()
+        self.views.addTab(self.window_view, "WeDLM window")
         self.views.currentChanged.connect(self._mark_dirty)
         centre_top = QWidget()
         top_layout = QVBoxLayout(centre_top)
@@ -156,6 +162,7 @@ class MainWindow(QMainWindow):
         self.runs.holder_changed.connect(self._holder_changed)
         self.runs.recorded.connect(self._recorded)
         self.runs.not_recorded.connect(self._not_recorded)
+        self.runs.ar_measured.connect(self._ar_measured)
         self.chat.generate_requested.connect(self.generate)
         self.chat.stop_requested.connect(self.stop)
         self.chat.replay_requested.connect(self.replay)
@@ -220,8 +227,7 @@ class MainWindow(QMainWindow):
         # menu only names it.
         self.generate_action = self._action(run, "Generate\tCtrl+Return", self.chat.submit,
                                             tip="Generate an answer to the chat's prompt")
-        self.stop_action = self._action(run, "Cancel", self.stop, "Esc",
-                                        "Stop the run after the current step, and its playback")
+        self.stop_action = self._action(run, "Cancel", self.stop, "Esc", "Stop the run after the current step")
         self.compare_action = self._action(run, "Compare two settings…", self.open_compare,
                                            "Ctrl+K")
         self._action(run, "Benchmarks…", self.open_benchmarks,
@@ -234,6 +240,9 @@ class MainWindow(QMainWindow):
                      self.timeline.play_button.toggle, "Space")
         self._action(view, "Step back", self.timeline.back, "Ctrl+Left")
         self._action(view, "Step forward", self.timeline.forward, "Ctrl+Right")
+        # Esc too, but never at once with Cancel: this one only while nothing runs
+        self.stop_replay_action = self._action(view, "Stop the replay", self.stop, "Esc",
+                                               "Stop playing the steps and show the last one")
         view.addSeparator()
         # Ctrl+Tab changes tabs anywhere, the prompt box included (it would type a tab there).
         self._action(view, "Next tab", lambda: self._cycle_tabs(1), "Ctrl+Tab",
@@ -271,7 +280,9 @@ class MainWindow(QMainWindow):
         self.save_action.setEnabled(has_run and self.run.done)
         self.png_action.setEnabled(has_run and self.run.done)
         self.gif_action.setEnabled(has_run and self.run.done)
-        self.stop_action.setEnabled(self.runs.busy or busy or self.timeline.playing)
+        running = self.runs.busy or busy
+        self.stop_action.setEnabled(running)         # a replay is not a run: Cancel has nothing to stop
+        self.stop_replay_action.setEnabled(self.timeline.playing and not running)
         refused = self.runs.refusal("chat")
         self.generate_action.setEnabled(not busy and not refused and self.engine.model is not None)
         self.generate_action.setToolTip(refused or "Generate an answer to the chat's prompt")
@@ -320,7 +331,8 @@ class MainWindow(QMainWindow):
         if model.recipe_problem:
             self._show_status(model.recipe_problem)
         note = model.views_note() if remote else ""
-        for view in (self.canvas_panel, self.heatmap, self.cache_view, self.throughput, self.experts_view):
+        for view in (self.canvas_panel, self.heatmap, self.cache_view, self.throughput, self.experts_view,
+                     self.spec_view, self.window_view):
             view.set_no_steps("" if getattr(model, "steps_sent", True) else note)
         if remote:
             self._probe = None          # a file's template probe still going answers for nothing
@@ -508,6 +520,7 @@ class MainWindow(QMainWindow):
         self.chat.set_refusal(self.runs.refusal("chat"))
         self.model_panel.engine_busy = holder is not None     # no model swap under any run
         self._update_actions()
+        self._mark_dirty()          # a measurement of AR that ended changes what Self-speculation says
 
     # -- showing a run ------------------------------------------------------------------------
 
@@ -515,12 +528,23 @@ class MainWindow(QMainWindow):
         self.runs.shown = run
         self.timeline.reset()
         for view in (self.canvas_panel, self.heatmap, self.cache_view, self.throughput, self.experts_view,
-                     self.uniform_view):
+                     self.uniform_view, self.spec_view, self.window_view):
             view.set_run(run)
         self.timeline.set_count(run.n_steps if run else 0)
         self._draw_canvas()
         self._update_actions()
         self._mark_dirty()
+
+    def measure_ar(self, run: RunState | None) -> None:
+        """Self-speculation's 'measure AR here': a short mode-ar run after `run`'s prompt."""
+        if run is None:
+            return
+        refused = self.runs.measure_ar(run)
+        self._show_status(refused or f"measuring AR decoding: {AR_MEASURE_TOKENS} tokens after the run's prompt")
+
+    def _ar_measured(self, cost) -> None:
+        self._show_status(f"AR on this model: {cost.ms_per_token:.2f} ms per token after the prompt" if cost
+                          else "the measurement of AR decoding was stopped")
 
     def stop(self) -> None:
         """Cancel: whatever runs the model stops after its current step, and the display stops
@@ -751,6 +775,7 @@ class MainWindow(QMainWindow):
         self.compare_window.update_context()     # the model may have changed since
         self.compare_window.show()
         self.compare_window.raise_()
+        self.compare_window.activateWindow()     # the keys go to it (Esc closes it), not to this window
 
     def open_benchmarks(self) -> None:
         if self.bench_window is None:
