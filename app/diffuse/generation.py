@@ -28,6 +28,13 @@ ARCHITECTURES: dict[str, dict] = {a["name"]: dict(a) for a in _core.ARCHITECTURE
 FAMILIES: tuple[str, ...] = tuple(_core.FAMILIES)
 
 
+def has_causal_modes(arch: str | None) -> bool:
+    """Whether modes "ar" and "self_spec" run on architecture `arch`: on every decoding loop but the
+    uniform-state canvas's (docs/self_speculation.md). An unknown architecture (a server that does
+    not say it, one this engine lacks) is not assumed to have them."""
+    return isinstance(arch, str) and arch in ARCHITECTURES and ARCHITECTURES[arch]["loop"] != "uniform-state"
+
+
 # Named decoding modes, as options over the model's defaults: the CLI's --preset, a server request's
 # "preset", the Studio's presets menu, `diffuse bench fast`. The published fast-decoding methods
 # (Fast-dLLM's rules and caches, DPad's suffix window, dInfer's end-of-text stop, the paper's

@@ -153,6 +153,9 @@ def test_options_of_another_kind_of_decoding_are_off_with_the_reason(qtbot):
     assert f["draft_length"].toolTip().startswith(f["draft_length"].property("help"))
     panel.set_options({"mode": "self_spec"})
     assert f["draft_length"].isEnabled() and f["draft_length"].toolTip() == f["draft_length"].property("help")
+    panel.show_defaults("wedlm-qwen2")     # the table's loop decides (generation.has_causal_modes), not a name
+    assert f["mode"].isEnabled() and f["draft_length"].isEnabled()
     panel.show_defaults("diffusion-gemma")
     assert all(f[k].isEnabled() for k in ("temperature_end", "stability", "stop_entropy"))
     assert not f["mode"].isEnabled() and not f["draft_length"].isEnabled()
+    assert "has no AR or self-speculation mode: its decoding loop is uniform-state" in f["mode"].toolTip()

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from diffuse.generation import has_causal_modes
 from diffuse.studio.run_state import RunState, options_text
 
 STEPS, TIME, ANSWER, SPEC = "steps", "time", "answer", "spec"
@@ -48,8 +49,8 @@ class Pair:
     causal: bool = False     # runs the modes over a causal cache: only for models that have them
 
     def offered(self, arch: str | None) -> bool:
-        """Whether the pair can run on a model of family `arch` ("" or None: not known)."""
-        return not self.causal or can_self_speculate(arch)
+        """Whether the pair can run on a model of architecture `arch` ("" or None: not known)."""
+        return not self.causal or has_causal_modes(arch)
 
     def options(self, base: dict) -> tuple[dict, dict]:
         """A's and B's options: the Settings, the pair's shared options, then each side's own."""
@@ -62,12 +63,6 @@ class Pair:
     def shared_text(self) -> str:
         """What the pair sets for both runs and why; "" when nothing."""
         return f"both: {options_text(self.shared)} ({self.why_shared})" if self.shared else ""
-
-
-def can_self_speculate(arch: str | None) -> bool:
-    """Modes ar and self_spec run on every family but DiffusionGemma (docs/self_speculation.md); a
-    server that does not say its family is not assumed to have them."""
-    return bool(arch) and arch != "diffusion-gemma"
 
 
 def _timed(a: dict, b: dict, names: tuple[str, str], cause: str) -> Pair:

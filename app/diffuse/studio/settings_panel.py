@@ -19,8 +19,8 @@ from PySide6.QtWidgets import (QAbstractSpinBox, QCheckBox, QComboBox, QDoubleSp
 
 from diffuse import DiffuseError, physical_cores
 from diffuse.generation import PRESET_TITLES, PRESETS as GENERATION_PRESETS
-from diffuse.generation import (ARCHITECTURES, FAMILIES, OPTION_NAMES, OPTIONS, default_options, option,
-                                 resolve_options, schedule_check)
+from diffuse.generation import (ARCHITECTURES, FAMILIES, OPTION_NAMES, OPTIONS, default_options,
+                                 has_causal_modes, option, resolve_options, schedule_check)
 from diffuse.studio import storage, theme
 from diffuse.studio.wheel import guard_wheel
 
@@ -425,10 +425,11 @@ class SettingsPanel(QWidget):
         for key in UNIFORM_STATE:
             self._enable(key, self.arch is None or uniform,
                          f"a uniform-state canvas only: this model ({self.arch}) unmasks masked positions")
-        self._enable("mode", not uniform,
-                     f"this model ({self.arch}) decodes a uniform-state canvas only: no AR or self-speculation mode")
+        causal = self.arch is None or has_causal_modes(self.arch)
+        self._enable("mode", causal, f"this model ({self.arch}) has no AR or self-speculation mode: its decoding "
+                                     f"loop is {loop or 'not one this engine knows'}")
         for key in ("draft_length", "draft_lora"):
-            self._enable(key, not uniform and f["mode"].currentData() == "self_spec",
+            self._enable(key, causal and f["mode"].currentData() == "self_spec",
                          "used by the self_spec decoding mode only")
         for key in ("window_size", "pos_penalty"):
             self._enable(key, self.arch is None or wedlm and f["mode"].currentData() in (None, "diffusion"),
