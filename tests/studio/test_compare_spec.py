@@ -24,7 +24,10 @@ def test_the_pair_is_offered_only_where_self_speculation_runs():
     pair = PRESETS[SPEC_PAIR]
     assert pair.effect == SPEC and pair.a == {"mode": "ar"} and pair.b == {"mode": "self_spec"}
     assert pair.offered("nemotron-diffusion") and pair.offered("llada") and pair.offered("sdar")
+    # the table's loop decides, for every architecture of a family alike
+    assert pair.offered("wedlm-qwen2") and pair.offered("stable-diffcoder")
     assert not pair.offered("diffusion-gemma") and not pair.offered("") and not pair.offered(None)
+    assert not pair.offered("some-future-arch")       # a server's architecture this engine lacks
     assert all(p.offered("diffusion-gemma") for p in PRESETS.values() if p is not pair)
 
 
@@ -70,6 +73,8 @@ def test_the_window_offers_it_and_runs_it_on_the_loaded_model(qtbot, window, nem
     a, b = cmp.runs
     assert a.options["mode"] == "ar" and b.options["mode"] == "self_spec" and a.options["seed"] == b.options["seed"]
     assert cmp.headline.text().startswith("Self-speculation gave AR's answer token for token")
+    # no threshold rule in the titles: the tiny model's scheduler (confidence_threshold) decided nothing here
+    assert [side.title.text() for side in cmp.sides] == [f"{x} · {name}" for x, name in zip("AB", PRESETS[SPEC_PAIR].names)]
     # the AR run measured what a token costs here: the main window's Self-speculation view holds B against it
     assert window.runs.ar_cost(b) is not None
 

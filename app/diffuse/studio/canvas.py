@@ -3,7 +3,8 @@
 Masked cells are dark and hatched, with a thin bar showing their current uncertainty; decided
 cells carry their token and are coloured by the entropy (or top-1 probability) they had when
 committed; cells committed at the shown step get a white ring and flash, fading while the step
-is shown; block starts get a vertical bar, and the current block is underlined. Colours use an
+is shown; block starts get a vertical bar, and the current block is underlined (runs without
+blocks, modes ar and self_spec and WeDLM's window: the step's span). Colours use an
 absolute scale or one fitted to the run (its 5th-95th percentiles), as the legend says. Hover a
 cell for its token, entropy, probability and the step it was decided. `paint_cells` draws into any
 QPainter, so exports reuse it.
@@ -205,7 +206,10 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
     edited_now = set((np.asarray(event.edited) - pl).tolist())
     block_lo, block_hi = event.block_start - pl, event.block_end - pl
     block_len = max(1, block_hi - block_lo)
-    blocks = event.n_blocks > 1      # one block (Dream's default): no block marks at all
+    # Modes ar and self_spec and WeDLM's window have no blocks: the step's span (its token, its
+    # draft, its window) is underlined and its ends marked.
+    span = no_blocks(run)
+    blocks = span or event.n_blocks > 1      # one block (Dream's default): no block marks at all
     point_size = 8.5 if layout.cell_h >= 26 else 7.0
     font, small = theme.mono_font(point_size), theme.mono_font(point_size - 1.5)
     small.setItalic(True)
@@ -264,8 +268,9 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
             p.drawRoundedRect(r.adjusted(-1, -1, 1, 1), RADIUS, RADIUS)
         if blocks and block_lo <= i < block_hi:   # underline the block being denoised
             p.fillRect(QRectF(r.left(), r.bottom() + 1, r.width(), 2), theme.ACCENT)
-        if i > 0 and (i - block_lo) % block_len == 0:   # a block starts here (block diffusion: at
-            # multiples of the block length from position 0, so the prompt's tail may share one)
+        # a block starts here (block diffusion: at multiples of the block length from position 0,
+        # so the prompt's tail may share one)
+        if i > 0 and (i in (block_lo, block_hi) if span else (i - block_lo) % block_len == 0):
             x = r.left() - layout.gap / 2
             p.fillRect(QRectF(x - 1, r.top() - 1, 2, r.height() + 2),
                        theme.ACCENT if i in (block_lo, block_hi) else theme.MUTED)
@@ -301,18 +306,57 @@ def render_image(run: RunState, step: int, mode: str, width: int = 960, cell_w: 
     return image
 
 
+def no_blocks(run: RunState) -> bool:
+    """Whether the run decodes without blocks: modes ar and self_spec (a token, or a draft, at a time
+    in text order) and WeDLM's sliding window; its events' "block" is the step's span."""
+    return run.causal_mode is not None or run.wedlm_window
+
+
+def _not_started_text(run: RunState) -> str:
+    if run.causal_mode is not None:
+        return "not reached yet: the causal pass decodes in text order"
+    if run.wedlm_window:
+        return "past the window: not in a pass yet"
+    return "a later block: not started (block diffusion computes one block at a time)"
+
+
+def header_text(run: RunState, k: int) -> str:
+    """The canvas's status line at step k: where the run stands and what the step committed."""
+    e, g, pl = run.events[k], run.gen_length, run.prompt_length
+    masked, later = int(e.gen_mask.sum()), int(run.not_started(k).sum())
+    lo, hi = e.block_start - pl, e.block_end - pl
+    if run.causal_mode == "ar":
+        where = f"AR decode: one token per pass at position {lo} · {masked} of {g} still masked"
+    elif run.causal_mode == "self_spec":
+        where = ("the prefill: the prompt's pass chose the first token" if k == 0 else
+                 f"iteration {k}: {hi - lo - 1} drafts after the seed at position {lo}")
+        where += f" · {masked} of {g} still masked"
+    elif run.wedlm_window:
+        committed = "" if e.committed is None else f", {len(e.committed)} committed"
+        return (f"{run.step_label(k)} · window at positions {lo}–{hi - 1} · {masked - later} masked in it, "
+                f"{later} past it · {len(e.unmasked)} filled{committed} · {run.window_rule_text()}")
+    else:
+        where = f"block {e.block + 1}/{e.n_blocks} · " + (
+            f"{masked - later} masked in this block · {later} positions in later blocks" if later
+            else f"{masked} of {g} masked")
+    return f"{run.step_label(k)} · {where} · {run.commits_text(k)}"
+
+
 def tooltip_html(run: RunState, step: int, i: int) -> str:
     event = run.events[step]
     pl = run.prompt_length
     pos = pl + i
-    block_len = max(1, event.block_end - event.block_start)
-    block = event.block + (pos - event.block_start) // block_len
-    # counted from 1, like the header's "block k/n"
-    lines = [f"<b>position {i}</b> &nbsp;<span style='color:#8a90a2'>(sequence {pos}, "
-             f"block {block + 1}/{event.n_blocks})</span>"]
+    if no_blocks(run):
+        lines = [f"<b>position {i}</b> &nbsp;<span style='color:#8a90a2'>(sequence {pos})</span>"]
+    else:
+        block_len = max(1, event.block_end - event.block_start)
+        block = event.block + (pos - event.block_start) // block_len
+        # counted from 1, like the header's "block k/n"
+        lines = [f"<b>position {i}</b> &nbsp;<span style='color:#8a90a2'>(sequence {pos}, "
+                 f"block {block + 1}/{event.n_blocks})</span>"]
     decided = run.decided_step[i]
     if run.not_started(step)[i]:
-        lines.append("<i>a later block: not started (block diffusion computes one block at a time)</i>")
+        lines.append(f"<i>{_not_started_text(run)}</i>")
         return "<br>".join(lines)
     if event.gen_mask[i]:
         lines.append("<i>still masked</i>")
@@ -634,9 +678,4 @@ class CanvasPanel(RunView, QWidget):
     def draw_step(self, run: RunState, k: int) -> None:
         self.canvas.show_step(self.step)      # as asked: -1 keeps the canvas on the newest step
         self.legend.set_scale(self.canvas.scale)
-        e = run.events[k]
-        later = int(run.not_started(k).sum())
-        masked = (f"{int(e.gen_mask.sum()) - later} masked in this block · {later} positions in later blocks"
-                  if later else f"{int(e.gen_mask.sum())} of {run.gen_length} masked")
-        self.status.setText(f"{run.step_label(k)} · block {e.block + 1}/{e.n_blocks} · {masked} · "
-                            f"{run.commits_text(k)}")
+        self.status.setText(header_text(run, k))

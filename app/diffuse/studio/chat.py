@@ -31,7 +31,7 @@ from diffuse import DiffuseError
 from diffuse.studio import theme
 from diffuse.studio.conversations import Conversation, ConversationStore, Message
 from diffuse.studio.demo import DEMO_ABOUT, SUGGESTED_PROMPTS
-from diffuse.studio.run_state import MASK_GLYPH, RunState
+from diffuse.studio.run_state import MASK_GLYPH, RunState, decoding_text
 
 SYSTEM_SAVE_MS = 600       # the system prompt is saved this long after the last key
 _PROBE = "diffuse-system-probe"   # text no template writes by itself
@@ -105,7 +105,7 @@ def answer_meta(run: RunState) -> dict:
     """What an answer remembers of its run (its recording is added once written)."""
     res = run.result
     meta = {"options": run.options, "model": run.recording.model.get("name", ""),
-            "recording": None, "time": time.time()}
+            "arch": run.arch, "recording": None, "time": time.time()}
     if run.left_out:
         meta["left_out"] = run.left_out
     if res is not None:
@@ -696,9 +696,10 @@ class ChatPanel(QWidget):
             bits.append(f"{meta['total_ms'] / 1000:.2f} s")
         if meta.get("stop_reason") == "cancelled":
             bits.append("stopped")
-        sched = (meta.get("options") or {}).get("scheduler")
-        if sched:
-            bits.append(sched)
+        # the mode, WeDLM's window or the scheduler (answers kept before answers kept their arch: the
+        # mode or the scheduler)
+        if decoding := decoding_text(meta.get("options") or {}, meta.get("arch")):
+            bits.append(html.escape(decoding))
         if (seed := answer_seed(m)) is not None:      # set it in Settings to repeat the answer
             bits.append(f"seed {seed}")
         links = f" &nbsp;<a href='copy:{m.id}' style='color:#8a90a2'>copy</a>"

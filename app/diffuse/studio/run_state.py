@@ -13,6 +13,7 @@ import numpy as np
 from diffuse import DiffuseError
 
 from diffuse.events import GenerateResult, StepEvent
+from diffuse.generation import ARCHITECTURES, default_options
 from diffuse.recording import Recording
 from diffuse.studio.rules import ThresholdRule, threshold_extras, threshold_rule
 
@@ -33,6 +34,44 @@ def options_text(options: dict) -> str:
     (None) are not listed."""
     return ", ".join(f"{k} {'on' if v is True else 'off' if v is False else v}"
                      for k, v in options.items() if v is not None)
+
+
+CAUSAL_MODES = {"ar": "AR decode", "self_spec": "self-speculation"}    # mode: what views call it
+
+
+def family_of(arch) -> str | None:
+    """The family of architecture `arch` (a recording's or a server's: anything), None if unknown."""
+    return ARCHITECTURES[arch]["family"] if isinstance(arch, str) and arch in ARCHITECTURES else None
+
+
+def run_option(options: dict, arch, name: str):
+    """A run's option as it ran: the recorded value, or where the run left it to the model (None:
+    a recording made before runs recorded their options resolved) the model's default."""
+    value = options.get(name)
+    if value is None and isinstance(arch, str) and arch in ARCHITECTURES:
+        value = default_options(arch).get(name)
+    return value
+
+
+def causal_mode(options: dict) -> str | None:
+    """"ar" or "self_spec" for a run in one of those modes (a token at a time over the causal cache,
+    however it was drafted), else None (options read from a file: the mode may be anything)."""
+    mode = options.get("mode")
+    return mode if isinstance(mode, str) and mode in CAUSAL_MODES else None
+
+
+def decoding_text(options: dict, arch) -> str:
+    """How a run decoded, in a few words, for headers: its causal-cache mode ("AR decode",
+    "self-speculation, draft blocks of 8"), WeDLM's window ("WeDLM, window 16") or its scheduler; "" when
+    the options say none of these."""
+    mode = causal_mode(options)
+    if mode == "self_spec":
+        return f"{CAUSAL_MODES[mode]}, draft blocks of {run_option(options, arch, 'draft_length')}"
+    if mode:
+        return CAUSAL_MODES[mode]
+    if family_of(arch) == "wedlm":
+        return f"WeDLM, window {run_option(options, arch, 'window_size')}"
+    return str(options.get("scheduler") or "")
 
 
 class RunState:
@@ -85,10 +124,32 @@ class RunState:
         return self.result is not None or self.failed is not None
 
     @property
+    def arch(self):
+        return self.recording.model.get("arch")
+
+    @property
+    def causal_mode(self) -> str | None:
+        return causal_mode(self.options)
+
+    @property
+    def wedlm_window(self) -> bool:
+        """Whether the run is WeDLM's own decoding: its sliding window, filled by its entropy rule."""
+        return self.causal_mode is None and family_of(self.arch) == "wedlm"
+
+    @property
     def rule(self) -> ThresholdRule | None:
         """The scheduler's threshold rule, if it has one: from the options, so a live run knows it
-        before its first step (the engine resolves "auto" options as the run starts)."""
-        return threshold_rule(self.options, self.recording.model.get("arch"))
+        before its first step (the engine resolves "auto" options as the run starts). None where no
+        scheduler decides: modes ar and self_spec commit what the causal pass chooses, and WeDLM's
+        window fills by its own rule (window_rule_text)."""
+        if self.causal_mode or self.wedlm_window:
+            return None
+        return threshold_rule(self.options, self.arch)
+
+    def window_rule_text(self) -> str:
+        """WeDLM's rule, as its window fills masks (core_cpp/src/loops/wedlm.cpp, WeDLMWindow::select)."""
+        tau, penalty = (run_option(self.options, self.arch, k) for k in ("threshold", "pos_penalty"))
+        return f"fills the masks whose entropy + {penalty} × distance to the first mask < {tau} nats, at least one"
 
     @property
     def steps_allowed(self) -> int:
