@@ -1,6 +1,6 @@
 """Runs decoded over a causal K/V cache, for the Studio's tests: a real self-speculation run of a tiny
-Nemotron-Labs-Diffusion look-alike whose drafts are kept sometimes (as tests/test_causal_modes.py's
-`agreeable`), and a made-up WeDLM run (its engine loop is written elsewhere against StepEvent's
+Nemotron-Labs-Diffusion look-alike whose drafts are kept sometimes (fixtures' agreeable_head, as
+tests/test_causal_modes.py's `agreeable`), and a made-up WeDLM run (its engine loop is written elsewhere against StepEvent's
 window_order / committed contract)."""
 from __future__ import annotations
 
@@ -14,21 +14,14 @@ from diffuse.events import GenerateResult, StepEvent
 from diffuse.generation import resolve_options
 from diffuse.recording import Recording
 from diffuse.studio.run_state import RunState
-from fixtures.tiny_models import write_nemotron_diffusion
+from fixtures.tiny_models import agreeable_head, write_nemotron_diffusion
 
 PROMPT = [300, 12, 12, 8, 77, 140, 2, 64, 33, 9, 210]
 
 
 def agreeable_nemotron(folder: Path) -> Path:
-    """A GGUF whose head favours two tokens by the sign of one direction of the final hidden state:
-    drafts match the AR choice often but not always."""
-    def edit(tensors):
-        head = tensors["diffusion_head.weight"]
-        head *= 0.05
-        u = np.random.default_rng(0).normal(size=head.shape[1]).astype(np.float32)
-        head[60], head[61] = 3 * u / np.linalg.norm(u) * 4, -3 * u / np.linalg.norm(u) * 4
-
-    hf = write_nemotron_diffusion(folder / "hf", dtype="f32", edit=edit)
+    """A GGUF of the tiny look-alike whose drafts are kept sometimes (fixtures' agreeable_head)."""
+    hf = write_nemotron_diffusion(folder / "hf", dtype="f32", edit=agreeable_head)
     return convert_hf(hf, folder / "agreeable.gguf", "f32")
 
 
