@@ -40,9 +40,24 @@ def test_drafts_and_windows_are_read_and_other_events_have_none(fake):  # noqa: 
     assert plain.spec_draft is None and plain.window_order is None and plain.committed is None
 
 
+def test_the_uniform_state_fields_are_read_and_other_events_have_none(fake):  # noqa: F811
+    uniform = BASE | {"draft": [7, 9, 8, 4], "redrawn": [0, 3], "entropy_cut": 0.25}
+    first, plain = events_of(fake, uniform, BASE)
+    assert first.draft.tolist() == [7, 9, 8, 4] and first.redrawn.tolist() == [0, 3] and first.entropy_cut == 0.25
+    assert first.draft.dtype == first.redrawn.dtype == np.int32 and first.spec_draft is None
+    assert plain.draft is None and plain.redrawn is None and plain.entropy_cut is None
+
+
+UNIFORM = {"draft": [7, 9], "redrawn": [3], "entropy_cut": 0.5}
+
+
 @pytest.mark.parametrize("extra", [{"spec_draft": [7, -1], "spec_accepted": 0},
                                    {"spec_draft": [7, 9], "spec_accepted": 2}, {"spec_draft": [], "spec_accepted": 0},
-                                   {"window_order": [0, 4]}, {"window_order": [0, 1], "committed": [9]}])
+                                   {"window_order": [0, 4]}, {"window_order": [0, 1], "committed": [9]},
+                                   UNIFORM | {"draft": [7, -2]}, UNIFORM | {"draft": [[7]]}, UNIFORM | {"draft": "ab"},
+                                   UNIFORM | {"redrawn": [4]}, UNIFORM | {"redrawn": [-1]}, {"draft": [7, 9]},
+                                   UNIFORM | {"entropy_cut": None}, UNIFORM | {"entropy_cut": "x"},
+                                   UNIFORM | {"entropy_cut": float("nan")}, UNIFORM | {"draft": [2**40]}])
 def test_damaged_fields_are_refused_in_one_line(fake, extra):  # noqa: F811
     with pytest.raises(DiffuseError, match="a step event that is not diffuse serve's"):
         events_of(fake, BASE | extra)

@@ -496,7 +496,7 @@ class _Answer:
                              confidence=confidence, active=active, cached=cached,
                              forward_ms=float(d["forward_ms"]), sample_ms=float(d["sample_ms"]),
                              total_ms=float(d["total_ms"]), scheduled=int(d.get("scheduled", -1)), edited=edited,
-                             experts=experts, **_causal_fields(d, n))
+                             experts=experts, **_uniform_fields(d, n), **_causal_fields(d, n))
         except (KeyError, TypeError, ValueError, OverflowError) as e:
             raise DiffuseError(f"{self.model.url}: a step event that is not diffuse serve's "
                                f"({type(e).__name__}: {str(e)[:80]})") from None
@@ -530,6 +530,20 @@ def _block_bounds(d: dict, block: int, n_blocks: int, n: int) -> tuple[int, int]
     if "block_start" in d and "block_end" in d:
         return max(0, int(d["block_start"])), min(n, int(d["block_end"]))
     return block * n // n_blocks, (block + 1) * n // n_blocks
+
+
+def _uniform_fields(d: dict, n: int) -> dict:
+    """Uniform-state diffusion's argmax draft (token ids), re-drawn positions (answer positions) and
+    entropy cut (nats), all three where the event has a draft (StepEvent's fields of those names)."""
+    if d.get("draft") is None:
+        return {}
+    draft, redrawn = np.asarray(d["draft"], np.int32), np.asarray(d["redrawn"], np.int32)
+    cut = float(d["entropy_cut"])
+    if draft.ndim != 1 or (draft < 0).any() or redrawn.ndim != 1 or ((redrawn < 0) | (redrawn >= n)).any():
+        raise ValueError("a draft that is not token ids, or re-drawn positions outside the answer")
+    if not math.isfinite(cut):
+        raise ValueError("an entropy cut that is not a number")
+    return {"draft": draft, "redrawn": redrawn, "entropy_cut": cut}
 
 
 def _causal_fields(d: dict, n: int) -> dict:
