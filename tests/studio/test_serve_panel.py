@@ -167,3 +167,20 @@ def test_a_refused_address_is_forgotten_once_changed(panel):
         assert "cannot listen" in panel.status.text()
     panel.port.setValue(0)
     assert panel.status.text() == "Not serving."
+
+
+def test_a_client_cut_off_is_said_in_place_of_its_runs_status(panel):
+    """The server cut a client that read nothing (serve/app.py's write stall): its run's 'ok' (every
+    token made) and the 200 sent before the cut are not what the client got."""
+    ran = {"id": 7, "kind": "chat", "status": "ok", "prompt_tokens": 12, "completion_tokens": 64, "steps": 64,
+           "batch": 1, "queued_ms": 3.0, "run_ms": 900.0, "sequences": 1, "seed": 5}
+    entry = {"method": "POST", "path": "/v1/chat/completions", "status": 200, "ms": 30900.0, "client": "127.0.0.1:5",
+             "request": ran, "error": "the client read nothing for 30 s", "cut_off": True}
+    panel.request_logged.emit(entry)
+    panel.request_logged.emit(entry | {"request": None})       # cut before its request ran
+    panel.request_logged.emit(entry | {"error": "the client went away", "cut_off": False})
+    cut, cut_early, went = [line.split("  ", 1)[1] for line in panel.log.toPlainText().splitlines()[-3:]]
+    assert cut == ("#7 chat cut off, the client read nothing for 30 s: 12+64 tokens, 64 steps, batch of 1, "
+                   "waited 3 ms, ran 900 ms")
+    assert cut_early == "POST /v1/chat/completions cut off, the client read nothing for 30 s"
+    assert went.startswith("#7 chat ok: 12+64 tokens") and went.endswith("ran 900 ms (the client went away)")

@@ -261,15 +261,20 @@ class ServePanel(QWidget):
         QGuiApplication.clipboard().setText(self.snippet.toPlainText())
 
     def _logged(self, e: dict) -> None:
-        """One line per HTTP request: what a request that ran did, or why one was refused."""
+        """One line per HTTP request: what a request that ran did, or why one was refused. A client
+        cut off for reading nothing is said in place of the status: its run's own ("ok": every token
+        made) and the HTTP status (sent before the cut) are not what the client got."""
         r = e["request"]     # the batcher's entry, for a request that ran
+        cut = e["cut_off"]
         if r is not None:
-            line = (f"#{r['id']} {r['kind']} {r['status']}: {r['prompt_tokens']}+{r['completion_tokens']} "
+            status = f"cut off, {e['error']}" if cut else r["status"]
+            line = (f"#{r['id']} {r['kind']} {status}: {r['prompt_tokens']}+{r['completion_tokens']} "
                     f"tokens, {r['steps']} steps, batch of {r['batch']}, waited {r['queued_ms']:.0f} ms, "
-                    f"ran {r['run_ms']:.0f} ms" + (f" ({e['error']})" if e["error"] else ""))
+                    f"ran {r['run_ms']:.0f} ms" + (f" ({e['error']})" if e["error"] and not cut else ""))
         else:
             what = f"{e['method']} {e['path']}" if e["method"] else "request"
-            line = f"{what} {e['status']}" + (f": {e['error']}" if e["error"] else "")
+            line = f"{what} cut off, {e['error']}" if cut else f"{what} {e['status']}" + (
+                f": {e['error']}" if e["error"] else "")
         self.log.appendPlainText(f"{time.strftime('%H:%M:%S')}  {line}")
 
 
