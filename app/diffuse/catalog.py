@@ -142,9 +142,53 @@ def _fields(obj: dict, required: dict, optional: dict) -> str | None:
     return None
 
 
-def gguf_size_text(gguf: dict) -> str:
-    """The ready GGUF's size as exactly as the catalog knows it."""
-    if "file_bytes" in gguf:
+# -- display: how the apps show an entry's figures -------------------------------------------------
+
+UNVERIFIED_MARK = "~"     # before a figure no primary record confirmed (the entry's unverified member)
+_FIGURE_WORDS = {"license": "licence", "context_length": "context length", "params": "parameters",
+                 "active_params": "parameters used per token", "download_bytes": "checkpoint size",
+                 "download_files": "checkpoint files", "file_gb": "file size", "file_bytes": "file size",
+                 "ram_gb": "RAM needed"}
+
+
+def unverified(model: dict, path: str) -> bool:
+    """Whether the figure at dotted `path` ("params", "quantizations.f16.file_gb") is one the entry's
+    unverified member names: by that path, or by its field's name alone (every field so named)."""
+    names = model.get("unverified", [])
+    return path in names or path.rsplit(".", 1)[-1] in names
+
+
+def marked(model: dict, path: str, text: str) -> str:
+    """A figure's text, with UNVERIFIED_MARK in front where it is unverified."""
+    return UNVERIFIED_MARK + text if unverified(model, path) else text
+
+
+def unverified_text(model: dict) -> str:
+    """One sentence naming the entry's unverified figures in words, for a tooltip; "" when none."""
+    names = []
+    for path in model.get("unverified", []):
+        parts = path.split(".")
+        words = _FIGURE_WORDS.get(parts[-1], parts[-1].replace("_", " "))
+        if parts[0] == "ready_gguf":
+            words = f"ready GGUF's {words}"
+        elif parts[0] == "quantizations" and len(parts) == 3:
+            words = f"{parts[1].upper()} {words}"
+        elif parts[0] not in model:         # a field's name alone, found deeper: every one so named
+            words = f"{words} (all)"
+        names.append(words)
+    if not names:
+        return ""
+    return (f"{UNVERIFIED_MARK} unverified: no primary record confirmed the {', '.join(names)} of {model['name']} "
+            f"(read from third-party pages or inferred; the catalog's about says from where)")
+
+
+def gguf_size_text(gguf: dict, model: dict | None = None) -> str:
+    """The ready GGUF's size as exactly as the catalog knows it (of `model`'s entry: marked where
+    unverified)."""
+    key = "file_bytes" if "file_bytes" in gguf else "file_gb"
+    if model is not None and unverified(model, f"ready_gguf.{key}"):
+        return f"{UNVERIFIED_MARK}{gguf[key] / (1e9 if key == 'file_bytes' else 1):.1f} GB"
+    if key == "file_bytes":
         return f"{gguf['file_bytes'] / 1e9:.2f} GB"
     return f"about {gguf['file_gb']:.1f} GB"
 

@@ -350,3 +350,29 @@ def test_asked_back_it_comes_back(qtbot, dialog):
     d.show_at_start.setChecked(True)
     d.close()
     assert first_run.show_at_start() and dialog().show_at_start.isChecked()
+
+
+def test_unverified_figures_are_marked_and_named(dialog):
+    """A catalog entry's unverified member (figures no primary record confirmed): each such figure the
+    card shows carries ~, and the card names them all, in words, under its table and in its tooltip."""
+    d = dialog()
+    nemotron = card(d, "nemotron-diffusion")     # the 8B: licence and context unverified, parameters computed
+    entry = nemotron.model
+    assert entry["id"] == "nemotron-labs-diffusion-8b" and entry["unverified"] == ["license", "context_length"]
+    text = nemotron.findChildren(first_run.QLabel)[0].text()
+    assert f"~{entry['license']} licence" in text and f" · {entry['params'] / 1e9:.1f} billion parameters" in text
+    named = ("~ unverified: no primary record confirmed the licence, context length of Nemotron-Labs-Diffusion-8B "
+             "(read from third-party pages or inferred; the catalog's about says from where)")
+    assert named in text and nemotron.findChildren(first_run.QLabel)[0].toolTip() == named
+    gemma = card(d, "diffusion-gemma")           # every ram_gb, the F16 and Q8_0 files, the checkpoint
+    text = gemma.findChildren(first_run.QLabel)[0].text()
+    rows = {line.split("</td>")[0]: line for line in text.split("<tr><td>")[1:]}
+    assert "<td align=right>~50.5 GB</td>" in rows["F16"] and "<td align=right>16.8 GB</td>" in rows["Q4_K_M (recommended)"]
+    assert all(f"~{theme.size_text(need['ram_gb'] * GB)}" in rows[q.upper() + (" (recommended)" if q == "q4_k_m" else "")]
+               for q, need in gemma.model["quantizations"].items())
+    assert "Hugging Face checkpoint: ~" in text and "needs ~" in text.split("<b>Ready GGUF</b>")[1]
+    assert gemma.gguf_button.text() == "Download the ready GGUF (16.81 GB)"    # its pinned size is a record's
+    assert gemma.download_button.text().startswith("Download and make (~")
+    assert "RAM needed (all)" in gemma.findChildren(first_run.QLabel)[0].toolTip()
+    llada = card(d, "llada")                     # nothing unverified: no mark, no note
+    assert "~" not in llada.findChildren(first_run.QLabel)[0].text() and not llada.findChildren(first_run.QLabel)[0].toolTip()

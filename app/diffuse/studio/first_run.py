@@ -14,6 +14,7 @@ Jobs run on a worker thread; closing the dialog leaves them running, reopening s
 """
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 import psutil
@@ -64,19 +65,22 @@ def laptop_line() -> str:
         return ""
     q = model["recommended"]
     need = model["quantizations"][q]
+    file_gb = catalog.marked(model, f"quantizations.{q}.file_gb", f"{need['file_gb']:.1f} GB")
+    ram = catalog.marked(model, f"quantizations.{q}.ram_gb", theme.size_text(need["ram_gb"] * GB))
     return (f"<b>For a laptop, start with {model['name']}</b>: block diffusion with an exact cache, "
             f"so a step computes only a few new rows, and one of the smallest real models; as {q.upper()} it is a "
-            f"{need['file_gb']:.1f} GB file that needs {theme.size_text(need['ram_gb'] * GB)} of RAM. ")
+            f"{file_gb} file that needs {ram} of RAM. ")
 
 
 def get_text(model: dict) -> str:
     """The one-click button of a model: what it fetches and what it makes."""
     gguf = model.get("ready_gguf")
     if gguf is not None:
-        return f"Get {model['name']}: download its {catalog.gguf_size_text(gguf)} GGUF"
+        return f"Get {model['name']}: download its {catalog.gguf_size_text(gguf, model)} GGUF"
     q = model["recommended"]
-    return (f"Get {model['name']}: download {model['download_bytes'] / GB:.1f} GB, make a "
-            f"{model['quantizations'][q]['file_gb']:.1f} GB {q.upper()} file")
+    checkpoint = catalog.marked(model, "download_bytes", f"{model['download_bytes'] / GB:.1f} GB")
+    made = catalog.marked(model, f"quantizations.{q}.file_gb", f"{model['quantizations'][q]['file_gb']:.1f} GB")
+    return f"Get {model['name']}: download {checkpoint}, make a {made} {q.upper()} file"
 
 
 def demo_html() -> str:
@@ -142,21 +146,29 @@ class ModelCard(QGroupBox):
         self.model = model
         quants = model["quantizations"]
         rows = []
+
+        def figure(path: str, text: str) -> str:      # marked where the catalog has it unverified
+            return html.escape(catalog.marked(model, path, text), quote=False)
+
         for q, need in quants.items():
             verdict = _verdict(need["ram_gb"], ram_total)
             star = " (recommended)" if q == model.get("recommended") else ""
-            rows.append(f"<tr><td>{q.upper()}{star}</td><td align=right>{need['file_gb']:.1f} GB"
-                        f"</td><td align=right>{theme.size_text(need['ram_gb'] * GB)}</td><td>{verdict}</td></tr>")
+            file_gb = figure(f"quantizations.{q}.file_gb", f"{need['file_gb']:.1f} GB")
+            ram = figure(f"quantizations.{q}.ram_gb", theme.size_text(need["ram_gb"] * GB))
+            rows.append(f"<tr><td>{q.upper()}{star}</td><td align=right>{file_gb}</td><td align=right>{ram}</td>"
+                        f"<td>{verdict}</td></tr>")
+        params = figure("params", f"{model['params'] / 1e9:.1f}")
+        checkpoint = figure("download_bytes", f"{model['download_bytes'] / GB:.1f} GB")
+        unverified = catalog.unverified_text(model)
         facts = QLabel(
             f"<a href='{model['url']}' style='color:{theme.ACCENT.name()}'>{model['hf_repo']}</a>"
-            f" · {model['family']} family · "
-            f"{model['params'] / 1e9:.1f} billion parameters{_active(model)} · "
-            f"{model['license']} licence<br>{_ready_line(model, ram_total)}"
-            f"Hugging Face checkpoint: {model['download_bytes'] / GB:.1f} GB "
-            f"({model['download_files']}), made into a GGUF here:"
-            "<table cellspacing=6><tr><th align=left>weights</th><th>file</th>"
-            f"<th>RAM needed at {catalog.RAM_POSITIONS} positions</th><th></th></tr>" + "".join(rows)
-            + "</table>")
+            f" · {model['family']} family · {params} billion parameters{_active(model)} · "
+            f"{figure('license', model['license'])} licence<br>{_ready_line(model, ram_total)}"
+            f"Hugging Face checkpoint: {checkpoint} ({figure('download_files', model['download_files'])}), "
+            "made into a GGUF here:<table cellspacing=6><tr><th align=left>weights</th><th>file</th>"
+            f"<th>RAM needed at {catalog.RAM_POSITIONS} positions</th><th></th></tr>" + "".join(rows) + "</table>"
+            + (f"<span style='color:{theme.MUTED.name()}'>{html.escape(unverified, quote=False)}</span>" if unverified else ""))
+        facts.setToolTip(unverified)       # the figures marked ~, named
         facts.setOpenExternalLinks(True)
         facts.setWordWrap(True)
         facts.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
@@ -171,8 +183,8 @@ class ModelCard(QGroupBox):
                                        f"(config.json and *.safetensors inside)")
         self.convert_button.clicked.connect(
             lambda: self.convert_requested.emit(self.model, self.qtype.currentData()))
-        self.download_button = QPushButton(
-            f"Download and make ({model['download_bytes'] / GB:.0f} GB)")
+        whole = catalog.marked(model, "download_bytes", f"{model['download_bytes'] / GB:.0f} GB")
+        self.download_button = QPushButton(f"Download and make ({whole})")
         self.download_button.setToolTip("Download the whole checkpoint folder, then make the "
                                         "GGUF of the chosen weight type from it")
         self.download_button.clicked.connect(
@@ -181,7 +193,7 @@ class ModelCard(QGroupBox):
         self.gguf_button = None
         if gguf is not None:
             self.gguf_button = QPushButton(f"Download the ready GGUF "
-                                           f"({catalog.gguf_size_text(gguf)})")
+                                           f"({catalog.gguf_size_text(gguf, model)})")
             self.gguf_button.setObjectName("Primary")
             self.gguf_button.setToolTip(f"{gguf['repo']}/{gguf['file']}: one file, resumable, "
                                         f"{catalog.gguf_checks_text(gguf)}")
@@ -219,7 +231,8 @@ def _active(model: dict) -> str:
         return ""
     experts = (f": {model['experts_per_token']} of {model['experts']} experts"
                if "experts" in model and "experts_per_token" in model else "")
-    return f" ({model['active_params'] / 1e9:.1f} billion used per token{experts})"
+    used = catalog.marked(model, "active_params", f"{model['active_params'] / 1e9:.1f}")
+    return f" ({used} billion used per token{experts})"
 
 
 def _ready_line(model: dict, ram_total: int) -> str:
@@ -227,8 +240,9 @@ def _ready_line(model: dict, ram_total: int) -> str:
     gguf = model.get("ready_gguf")
     if gguf is None:
         return ""
+    ram = catalog.marked(model, "ready_gguf.ram_gb", theme.size_text(gguf["ram_gb"] * GB))
     return (f"<b>Ready GGUF</b> ({gguf['quantization'].upper()}): {gguf['repo']}/{gguf['file']}"
-            f" · {catalog.gguf_size_text(gguf)} · needs {theme.size_text(gguf['ram_gb'] * GB)} of RAM at "
+            f" · {catalog.gguf_size_text(gguf, model)} · needs {ram} of RAM at "
             f"{catalog.RAM_POSITIONS} positions, "
             f"{_verdict(gguf['ram_gb'], ram_total)} · {catalog.gguf_checks_text(gguf)}<br>")
 

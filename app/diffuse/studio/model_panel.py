@@ -629,8 +629,11 @@ class ModelPanel(QWidget):
             return
         available = psutil.virtual_memory().available
         labels = [_gguf_offer(m, available) for m in offered]
-        label, ok = QInputDialog.getItem(self, "Download a ready GGUF",
-                                         f"Into {storage.models_dir()}:", labels, 0, False)
+        # the list's items have no tooltips: the mark of an unverified figure is said over them
+        marks = any(catalog.UNVERIFIED_MARK in label for label in labels)
+        label, ok = QInputDialog.getItem(self, "Download a ready GGUF", f"Into {storage.models_dir()}:" + (
+            f"\n{catalog.UNVERIFIED_MARK}: a figure no primary record confirmed (Help → Getting real models names them)"
+            if marks else ""), labels, 0, False)
         if ok and label in labels:
             self.download_gguf(offered[labels.index(label)], storage.models_dir())
 
@@ -673,6 +676,7 @@ def _gguf_offer(model: dict, available: int) -> str:
     gguf = model["ready_gguf"]
     ram = gguf["ram_gb"] * 1e9
     fits = "fits" if ram <= available else f"more than the {theme.size_text(available)} available"
+    need = catalog.marked(model, "ready_gguf.ram_gb", theme.size_text(ram))
     return (f"{model['name']} · {gguf['quantization'].upper()} · "
-            f"{catalog.gguf_size_text(gguf)} · needs {theme.size_text(ram)} of RAM at {catalog.RAM_POSITIONS} "
+            f"{catalog.gguf_size_text(gguf, model)} · needs {need} of RAM at {catalog.RAM_POSITIONS} "
             f"positions ({fits})")
