@@ -343,7 +343,8 @@ def test_spec_llama_twin_is_the_same_weights_as_mistral3(tiny_gguf, tmp_path):
 
 def test_spec_beside_llama_bench(tiny_gguf, tmp_path, monkeypatch, capsys):
     """llama-bench decodes the mistral3 copy at the same depth, once per rep between ours; the copy
-    is removed after. Its ms per token is a column and a break-even; absent, the output says so."""
+    is removed after; --llama-model names the file for a family without one. Its ms per token is a
+    column and a break-even; absent or failing, the output says why and our numbers stand."""
     folder = tmp_path / "bin"
     folder.mkdir()
     calls = tmp_path / "calls.txt"
@@ -364,6 +365,13 @@ def test_spec_beside_llama_bench(tiny_gguf, tmp_path, monkeypatch, capsys):
         assert r["break_even_llama"] == pytest.approx(r["iteration_ms"] / 80)
     assert all(s["llama_tok_s"] == pytest.approx(12.5) for s in result["speed"])
     assert "llama.cpp tok/s" in text and "llama.cpp tok/s" in (tmp_path / "s.md").read_text()
+
+    sdar = str(tiny_gguf("sdar", "f32"))
+    short = ["--depth", "16", "--reps", "1", "--ar-tokens", "2", "--draft-lengths", "4", "--llama-bin", str(folder)]
+    assert main(["bench", "spec", sdar, *short]) == 0
+    assert "llama.cpp: not run: no llama.cpp architecture takes a sdar file" in capsys.readouterr().out
+    assert main(["bench", "spec", sdar, *short, "--llama-model", model]) == 0
+    assert "llama.cpp tok/s" in capsys.readouterr().out and calls.read_text().splitlines()[-1].split()[1] == model
 
     (folder / "llama-bench").write_text("#!/bin/sh\necho \"unknown model architecture: 'mistral3'\" >&2\nexit 1\n")
     assert main(["bench", "spec", model, "--depth", "16", "--reps", "2", "--ar-tokens", "2", "--draft-lengths", "4",

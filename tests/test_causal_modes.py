@@ -216,7 +216,8 @@ def test_self_spec_events(agreeable):
 def test_server_sends_the_drafts_as_the_local_run_has_them(agreeable):
     """Through `diffuse serve` a self_spec run's step events carry each iteration's draft and the
     drafts kept, rebuilt by diffuse.remote as the local run has them, and every drafted token's text
-    (a rejected draft is decided nowhere); a run of another mode carries none."""
+    (a rejected draft is decided nowhere); a run of another mode carries none. The usage brings the
+    forward passes the engine counted."""
     from diffuse.remote import RemoteModel
     from diffuse.serve import Server
     model, _ = agreeable
@@ -229,13 +230,14 @@ def test_server_sends_the_drafts_as_the_local_run_has_them(agreeable):
         client = RemoteModel.connect(server.url, timeout=60)
         remote = []
         got = client.generate("It was", chat=False, on_step=remote.append, **options)
-        assert list(got.tokens) == list(want.tokens)
+        assert list(got.tokens) == list(want.tokens) and got.forward_passes == want.forward_passes > 0
         assert [(None if e.spec_draft is None else list(e.spec_draft), e.spec_accepted) for e in remote] == \
             [(None if e.spec_draft is None else list(e.spec_draft), e.spec_accepted) for e in local]
         drafted = {int(t) for e in local if e.spec_draft is not None for t in e.spec_draft}
         assert drafted <= set(client.tokenizer.pieces)
         ar = []
-        client.generate("It was", chat=False, on_step=ar.append, mode="ar", gen_length=8)
+        passes = client.generate("It was", chat=False, on_step=ar.append, mode="ar", gen_length=8).forward_passes
+        assert passes == model.generate("It was", chat=False, mode="ar", gen_length=8).forward_passes
         assert all(e.spec_draft is None and e.spec_accepted == -1 for e in ar)
     finally:
         server.stop()

@@ -66,6 +66,7 @@ def test_models_and_plain_chat(client, model):
     assert r.choices[0].finish_reason == "stop"
     assert r.usage.prompt_tokens == len(expected.prompt_tokens)
     assert r.usage.completion_tokens == expected.useful_length
+    assert "forward_passes" not in r.usage.model_extra     # a denoising loop counts none
 
 
 def test_completion_cut_at_max_tokens_and_stop(client, model):

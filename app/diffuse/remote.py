@@ -521,7 +521,8 @@ class _Answer:
             steps_allowed=last.steps_allowed if last is not None else 0, stop_reason=reason,
             step_ms=np.array([e.total_ms for e in ev]), forward_ms=np.array([e.forward_ms for e in ev]),
             sample_ms=np.array([e.sample_ms for e in ev]), total_ms=total_ms,
-            gen_length=tokens.shape[0] if last is not None else useful, useful_length=useful, decided_step=decided)
+            gen_length=tokens.shape[0] if last is not None else useful, useful_length=useful, decided_step=decided,
+            forward_passes=passes if type(passes := self.usage.get("forward_passes")) is int and passes > 0 else 0)
 
 
 def _block_bounds(d: dict, block: int, n_blocks: int, n: int) -> tuple[int, int]:

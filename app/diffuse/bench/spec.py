@@ -101,7 +101,8 @@ def run(path: str, depth: int, draft_lengths: list[int], acceptance: list[float]
     events = []
     model.generate(prompt, mode="ar", gen_length=ar_tokens + 1, chat=False, threads=threads or None,
                    on_step=events.append)
-    loop_ms = statistics.median(e.forward_ms + e.sample_ms for e in events[1:])   # the prefill's first token excluded
+    loop = [e.forward_ms + e.sample_ms for e in events[1:]]   # the prefill's first token excluded
+    loop_ms = statistics.median(loop) if loop else None      # None: end-of-text came first
     rows, speed = [], []
     lora = model._core.hparams["draft_lora_rank"] > 0
     for i, k in enumerate(draft_lengths):
@@ -196,8 +197,10 @@ def header(result: dict) -> str:
     return (f"{Path(result['model']).name}: {hp['arch']}, {hp['n_layer']} layers of {hp['n_embd']}, "
             f"vocabulary {hp['n_vocab']}{lora}; depth {result['depth']}, {result['threads']} threads, "
             f"median of {result['reps']}; AR decode {result['decode_ms']:.1f} ms/token at fixed depth, "
-            f"{result['ar_loop_ms']:.1f} ms/token in the real loop; load average "
-            f"{result['load_average'][0]:.1f} -> {result['load_average'][1]:.1f}\n" + llama_line(result))
+            + (f"{result['ar_loop_ms']:.1f} ms/token in the real loop" if result["ar_loop_ms"] is not None
+               else "none from the real loop (its answer ended at end-of-text first)")
+            + f"; load average {result['load_average'][0]:.1f} -> {result['load_average'][1]:.1f}\n"
+            + llama_line(result))
 
 
 def llama_line(result: dict) -> str:

@@ -202,7 +202,7 @@ class Job:
                 self._put("text", index, new)
             self._put("finish", index, answer.finish_reason)
         n_prompt = sum(len(p) for p in self.request.prompts)   # each prompt once, as OpenAI counts
-        return protocol.usage(n_prompt, sum(a.n_tokens for a in self.answers))
+        return protocol.usage(n_prompt, sum(a.n_tokens for a in self.answers), sum(r.forward_passes for r in results))
 
     def end(self, usage: dict) -> None:
         self._put("end", usage)

@@ -392,9 +392,12 @@ def _completion_prompts(body: dict, model, n: int, max_batch: int) -> list[list[
 
 # ---- responses ----
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, forward_passes: int = 0) -> dict:
+    """OpenAI's counts, and the forward passes where the engine counts them (modes ar and self_spec,
+    Nemotron's diffusion: GenerateResult.forward_passes, summed over the request's answers)."""
+    counts = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+              "total_tokens": prompt_tokens + completion_tokens}
+    return counts | ({"forward_passes": forward_passes} if forward_passes else {})
 
 
 def choice(kind: str, index: int, text: str, finish_reason: str | None) -> dict:

@@ -67,7 +67,7 @@ class Place(NamedTuple):
 
 SCHEDULE, CACHE, SAMPLING = "Schedule", "Inter-step cache", "Sampling and compute"
 # The options of one decoding loop only (generation.ARCHITECTURES' "loop"), each in a group of its own.
-CAUSAL, UNIFORM = "AR and self-speculation (causal cache)", "Uniform-state canvas"
+CAUSAL, UNIFORM = "AR and self-speculation", "Uniform-state canvas"   # titles fit the 1024-px panel
 # In panel order; an option the engine adds later shows at the end of the sampling group.
 PLACES = {
     "scheduler": Place(SCHEDULE, "Scheduler"),
