@@ -72,7 +72,7 @@ def test_conversion_writes_llama_cpp_moe_layout(tiny_gguf):
 
 def test_hparams(moe):
     hp = moe.hparams
-    assert (hp["arch"], hp["dialect"], hp["rope_mode"]) == ("llada", "diffuse", "neox")
+    assert (hp["arch"], hp["family"], hp["dialect"], hp["rope_mode"]) == ("llada-moe", "llada", "diffuse", "neox")
     assert (hp["n_expert"], hp["n_expert_used"], hp["n_ff_exp"], hp["qk_norm"]) == (MOE_EXPERTS, MOE_USED, 256, True)
     assert moe.n_expert == MOE_EXPERTS and hp["shift_logits"] is False
 

@@ -68,7 +68,10 @@ def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None
         return _convert_diffusion_gemma(hf_dir, out_path, outtype, progress, cancel, recipe)
     family, hp, config = read_config(hf_dir)
     # The authors' decoding (the family's table; LLaDA2.1's editing), overridden by the user's --recipe.
-    recipe = recipes.check({**authors_recipe(family, hp, hf_dir, config), **(recipe or {})}, family.arch, hp.n_ctx)
+    # Checked against the model's own block, as the engine will plan it (not only its context).
+    sizes = {"block_size": hp.block_size, "trained_block": hp.block_size}
+    recipe = recipes.check({**authors_recipe(family, hp, hf_dir, config), **(recipe or {})}, family.arch, hp.n_ctx,
+                           sizes)
     ckpt = Checkpoint(hf_dir)
     tensors, n_vocab = _plan(family, hp, ckpt, hf_dir, outtype)
     lora = draft_lora.plan(hf_dir, hp, outtype) if family.draft_lora else None
