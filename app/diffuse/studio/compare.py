@@ -392,6 +392,15 @@ class CompareWindow(QWidget):
         self.run_button.setToolTip(refused or "Run A, then B")
         self.stop_button.setEnabled(self.controller.holder == "compare")
 
+    def keyPressEvent(self, event) -> None:
+        """Esc closes it also where the window was shown without becoming the active one (the
+        shortcut above needs that: some window managers, the offscreen platform): the key comes up
+        from the focused field, which does not use it."""
+        if event.key() == Qt.Key.Key_Escape:
+            self.close()
+        else:
+            super().keyPressEvent(event)
+
     def closeEvent(self, event) -> None:
         if any(r is self.engine.run for r in self.runs):
             self.stop()
