@@ -291,6 +291,30 @@ def test_the_server_streams_uniform_state_events(gguf_f32):
     assert ev["entropy_cut"] == max(ev["entropy"][i] for i in ev["unmasked"])
 
 
+def test_the_server_streams_a_canvas_once_it_is_final(gguf_f32):
+    """A canvas re-draws positions it accepted at an earlier step: the server streams each canvas's
+    text once it is finished (streamed == not streamed, never a 500 for a changed prefix), and a mode
+    the canvases cannot run is the request's fault (400), said before the run."""
+    import openai
+    from diffuse.serve import Server
+    s = Server(diffuse.load(gguf_f32, threads=2), port=0, api_key="k", max_batch=4)
+    s.start()
+    try:
+        client = openai.OpenAI(base_url=s.url, api_key="k", max_retries=0, timeout=60)
+        chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2 * CANVAS}
+        for seed in range(1, 7):
+            plain = client.chat.completions.create(**chat, extra_body={"seed": seed})
+            streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+                **chat, stream=True, extra_body={"seed": seed}) if c.choices)
+            assert streamed == plain.choices[0].message.content
+            assert plain.usage.completion_tokens == 2 * CANVAS
+        with pytest.raises(openai.BadRequestError, match="do not apply to DiffusionGemma") as e:
+            client.chat.completions.create(**chat, extra_body={"mode": "ar"})
+        assert e.value.body["type"] == "invalid_request_error"
+    finally:
+        s.stop()
+
+
 def test_recordings_keep_the_uniform_state_fields(gguf_f32, tmp_path):
     from diffuse.recording import Recording
     m = diffuse.load(gguf_f32, threads=2)

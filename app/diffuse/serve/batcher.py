@@ -25,6 +25,7 @@ import numpy as np
 
 from diffuse import DiffuseError
 from diffuse.events import GenerateResult
+from diffuse.generation import ARCHITECTURES
 from diffuse.serve import protocol
 
 LOG_LENGTH = 500    # request log entries kept for late readers (the Studio panel, tests)
@@ -42,9 +43,9 @@ logger = logging.getLogger("diffuse.serve")
 class AnswerText:
     """The final part of one answer as the steps decide it.
 
-    A committed token never changes (with editing, LLaDA2.1's, once its block is finished), so the
-    decided prefix of the buffer (up to the first masked position, end-of-text or max_tokens) is
-    final. Text that could still turn out to be the start
+    A committed token never changes (with editing, LLaDA2.1's, once its block is finished; with
+    uniform-state diffusion, DiffusionGemma's, once its canvas is finished), so the decided prefix of
+    the buffer (up to the first masked position, end-of-text or max_tokens) is final. Text that could still turn out to be the start
     of a stop string (the longest end of the text that begins one), or half of a multi-byte
     character, is held back until the next tokens settle.
     """
@@ -114,6 +115,9 @@ class Job:
         self.request, self.loop, self.model = request, loop, model     # the model it was parsed for
         self.events: asyncio.Queue = asyncio.Queue()
         tok = model.tokenizer
+        # DiffusionGemma's canvas may re-draw a position it accepted at a later step: only a finished
+        # canvas is final (the positions before the current one; the last one in the result)
+        self.uniform_state = ARCHITECTURES[model.arch]["loop"] == "uniform-state"
         self.answers = [AnswerText(tok, tok.eos_token_ids, request.max_tokens, request.stop)
                         for _ in range(request.n_sequences)]
         # Per answer, the token ids whose text its client was sent (None: no step event yet)
@@ -172,8 +176,8 @@ class Job:
                 self.steps_dropped += 1
         answer = self.answers[index]
         settled = ~ev.gen_mask
-        if self.request.options["editing_threshold"] < 1:     # editing may still change the current block
-            settled[max(ev.block_start - ev.prompt_length, 0):] = False
+        if self.request.options["editing_threshold"] < 1 or self.uniform_state:
+            settled[max(ev.block_start - ev.prompt_length, 0):] = False    # the current block may still change
         if new := answer.update(ev.gen_tokens, ~settled):
             self._put("text", index, new)
         return answer.finish_reason is None
@@ -198,7 +202,9 @@ class Job:
     def finish(self, results: list) -> dict:
         """The last text of each answer; returns the usage, which `end` then hands out."""
         for index, (answer, r) in enumerate(zip(self.answers, results)):
-            if new := answer.update(r.tokens, r.tokens == self.model.mask_token_id, final=True):
+            # a uniform-state canvas has no mask: its tokens may be any id, the mask's too
+            masked = np.zeros(len(r.tokens), bool) if self.uniform_state else r.tokens == self.model.mask_token_id
+            if new := answer.update(r.tokens, masked, final=True):
                 self._put("text", index, new)
             self._put("finish", index, answer.finish_reason)
         n_prompt = sum(len(p) for p in self.request.prompts)   # each prompt once, as OpenAI counts

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from diffuse import DiffuseError
-from diffuse.generation import OPTION_NAMES, default_options, preset, resolve_options, whole_blocks
+from diffuse.generation import OPTION_NAMES, default_options, preset, resolve_options, schedule_check, whole_blocks
 
 # Engine options a body may carry by name; the answer's length comes from max_tokens.
 ENGINE_FIELDS = tuple(name for name in OPTION_NAMES if name != "gen_length")
@@ -195,6 +195,10 @@ def parse(raw: bytes, kind: str, model, max_batch: int) -> Request:
         options = resolve_options(model.arch, **{**options, "gen_length": gen_length})
     except DiffuseError as e:
         raise BadRequest(str(e)) from None
+    # what the engine's plan refuses on this model (mode ar on DiffusionGemma's canvases) is the
+    # request's fault, said before the run rather than as the run's failure
+    if refused := schedule_check(options, model.arch, hparams=model.hparams)[1]:
+        raise BadRequest(refused)
     return Request(kind=kind, prompts=prompts, n=n, max_tokens=max_tokens, options=options, stop=stop,
                    stream=stream, include_usage=include_usage, diffusion_events=diffusion_events)
 
