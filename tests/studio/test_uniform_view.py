@@ -21,7 +21,7 @@ def gemma_run(tmp_path_factory) -> RunState:
     folder = tmp_path_factory.mktemp("dg")
     path = convert_hf(write_diffusion_gemma(folder / "hf"), folder / "tiny.gguf", "f32")
     model = diffuse.load(path, threads=2)
-    options = diffuse.generation.resolve_options(model.arch, model.recipe, gen_length=CANVAS, steps=4,
+    options = diffuse.generation.resolve_options(model.arch, model.recipe, gen_length=2 * CANVAS, steps=4,
                                                  entropy_budget=8.0, seed=2)
     run = RunState("ids", options, {"name": "tiny", "arch": model.arch}, decode=model.tokenizer.decode)
     run.finish(model.generate(list(range(10, 30)), chat=False, on_step=run.add, **options))
@@ -70,3 +70,26 @@ def test_the_main_window_has_the_tab(qtbot, gemma_run):
     w.views.setCurrentWidget(w.uniform_view)
     w.uniform_view.show_step(1)
     assert not w.uniform_view.empty.empty
+
+
+def test_the_canvas_says_canvas_and_ends_on_the_answer_decided(gemma_run):
+    """The canvas's header names DiffusionGemma's canvases as this tab does, and its last frame
+    shows the answer (the argmax draft) decided, not the last step's re-drawn positions masked."""
+    from diffuse.studio.canvas import header_text, tooltip_html
+    last = gemma_run.n_steps - 1
+    ev = gemma_run.events[last]
+    first = header_text(gemma_run, 0)
+    assert "canvas 1/" in first and "block" not in first and "accepted" in first
+    end = header_text(gemma_run, last)
+    assert f"canvas {ev.block + 1}/{ev.n_blocks}" in end and "argmax draft" in end and "masked" not in end
+    tokens, mask = gemma_run.shown(last)
+    lo, hi = ev.block_start - gemma_run.prompt_length, ev.block_end - gemma_run.prompt_length
+    assert not mask.any() and np.array_equal(tokens[lo:hi], ev.draft)
+    assert np.array_equal(tokens[:lo], gemma_run.result.tokens[:lo])    # the canvases before it
+    if ev.gen_mask.any():      # a position the last step re-drew: the tooltip says it is the answer's
+        i = int(np.flatnonzero(ev.gen_mask)[0])
+        assert "final argmax draft" in tooltip_html(gemma_run, last, i)
+    # Earlier steps show the step as it was, and the canvases after the step's as not run yet.
+    assert np.array_equal(gemma_run.shown(0)[1], gemma_run.events[0].gen_mask)
+    if gemma_run.events[0].block_end - gemma_run.prompt_length < gemma_run.gen_length:
+        assert gemma_run.not_started(0)[-1] and "later canvas" in tooltip_html(gemma_run, 0, gemma_run.gen_length - 1)

@@ -196,9 +196,8 @@ def paint_cells(p: QPainter, layout: CellLayout, run: RunState, step: int, mode:
         return
     event = run.events[step]
     pl = run.prompt_length
-    masked = event.gen_mask.tolist()
+    tokens, masked = (a.tolist() for a in run.shown(step))
     later = run.not_started(step).tolist()     # block diffusion: blocks not begun, drawn as outlines
-    tokens = event.gen_tokens.tolist()
     colors = (scale or color_scale(run, mode)).colors(run.cell_values(step, mode))
     by_tau = (run.by_threshold & (run.decided_step >= 0) & (run.decided_step <= event.step)).tolist()
     fresh = set((np.asarray(event.unmasked) - pl).tolist())
@@ -315,6 +314,8 @@ def no_blocks(run: RunState) -> bool:
 def _not_started_text(run: RunState) -> str:
     if run.causal_mode is not None:
         return "not reached yet: the causal pass decodes in text order"
+    if run.uniform_state:
+        return "a later canvas: not run yet (canvases are denoised one at a time; end of text stops the run)"
     if run.wedlm_window:
         return "past the window: not in a pass yet"
     return "a later block: not started (block diffusion computes one block at a time)"
@@ -335,6 +336,12 @@ def header_text(run: RunState, k: int) -> str:
         committed = "" if e.committed is None else f", {len(e.committed)} committed"
         return (f"{run.step_label(k)} · window at positions {lo}–{hi - 1} · {masked - later} masked in it, "
                 f"{later} past it · {len(e.unmasked)} filled{committed} · {run.window_rule_text()}")
+    elif run.uniform_state:     # "canvas", as the Uniform state tab says
+        where = f"canvas {e.block + 1}/{e.n_blocks} · "
+        if run.final_draft(k):
+            return f"{run.step_label(k)} · {where}the answer: its argmax draft, all {hi - lo} positions decided"
+        return (f"{run.step_label(k)} · {where}{len(e.unmasked)} of {hi - lo} accepted (keep their draw), "
+                f"{int(e.gen_mask[lo:hi].sum())} re-drawn · {later} positions in later canvases")
     else:
         where = f"block {e.block + 1}/{e.n_blocks} · " + (
             f"{masked - later} masked in this block · {later} positions in later blocks" if later
@@ -353,25 +360,30 @@ def tooltip_html(run: RunState, step: int, i: int) -> str:
         block = event.block + (pos - event.block_start) // block_len
         # counted from 1, like the header's "block k/n"
         lines = [f"<b>position {i}</b> &nbsp;<span style='color:#8a90a2'>(sequence {pos}, "
-                 f"block {block + 1}/{event.n_blocks})</span>"]
+                 f"{'canvas' if run.uniform_state else 'block'} {block + 1}/{event.n_blocks})</span>"]
     decided = run.decided_step[i]
     if run.not_started(step)[i]:
         lines.append(f"<i>{_not_started_text(run)}</i>")
         return "<br>".join(lines)
-    if event.gen_mask[i]:
+    tokens, mask = run.shown(step)
+    if mask[i]:
         lines.append("<i>still masked</i>")
         ent, conf = run.latest_entropy[step, i], run.latest_confidence[step, i]
         what = "latest"
     else:
-        tid = int(event.gen_tokens[i])
+        tid = int(tokens[i])
         lines.append(f"token <b>{html.escape(repr(run.piece(tid)))}</b> (id {tid})")
         ent, conf = run.commit_entropy[i], run.commit_confidence[i]
         what = "when decided"
+        if event.gen_mask[i]:       # re-drawn at the last step: its token is the final argmax draft's
+            ent, conf, what = run.latest_entropy[step, i], run.latest_confidence[step, i], "at the last step"
     lines.append(f"entropy: {ent:.3f} nats ({what})" if np.isfinite(ent)
                  else "entropy: not evaluated yet")
     lines.append(f"top-1 probability: {conf:.3f}" if np.isfinite(conf)
                  else "top-1 probability: not evaluated yet")
-    if decided >= 0 and decided <= event.step:
+    if event.gen_mask[i] and not mask[i]:
+        lines.append(f"decided at step {step_number(step)}: the final argmax draft is the answer")
+    elif decided >= 0 and decided <= event.step:
         lines.append(f"decided at step {step_number(decided)}")
         if run.by_threshold[i]:     # the condition holds "<": escaped, or the tooltip ends at it
             lines.append(f"{TAU_MARK} committed by the threshold ({html.escape(run.rule.condition())}), "

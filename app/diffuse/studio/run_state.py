@@ -146,6 +146,28 @@ class RunState:
             return None
         return threshold_rule(self.options, self.arch)
 
+    @property
+    def uniform_state(self) -> bool:
+        """Whether the run is uniform-state diffusion (DiffusionGemma's canvases): its steps carry
+        the argmax draft."""
+        return bool(self.events) and self.events[0].draft is not None
+
+    def final_draft(self, step: int) -> bool:
+        """Whether `step` ends a finished uniform-state run: its argmax draft is the answer."""
+        return self.result is not None and step == self.n_steps - 1 and self.events[step].draft is not None
+
+    def shown(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """The generated tokens and masks the canvas shows at `step`: the step's own, but at the
+        end of a uniform-state run the last canvas's argmax draft, all decided (the step holds the
+        canvas it denoised, its re-drawn positions masked; the draft is what the run returns)."""
+        e = self.events[step]
+        if not self.final_draft(step):
+            return e.gen_tokens, e.gen_mask
+        lo, hi = e.block_start - self.prompt_length, e.block_end - self.prompt_length
+        tokens, mask = e.gen_tokens.copy(), e.gen_mask.copy()
+        tokens[lo:hi], mask[lo:hi] = e.draft, False
+        return tokens, mask
+
     def window_rule_text(self) -> str:
         """WeDLM's rule, as its window fills masks (core_cpp/src/loops/wedlm.cpp, WeDLMWindow::select)."""
         tau, penalty = (run_option(self.options, self.arch, k) for k in ("threshold", "pos_penalty"))
@@ -319,8 +341,11 @@ class RunState:
 
     def not_started(self, step: int) -> np.ndarray:
         """bool (G,): masked positions the step neither computed nor read from the cache. Block
-        diffusion's later blocks: they do not exist for the model yet (full-attention runs have none)."""
+        diffusion's later blocks: they do not exist for the model yet (full-attention runs have none).
+        Uniform state: the canvases after the step's, which hold padding, not masks."""
         event = self.events[step]
+        if event.draft is not None:
+            return np.arange(self.gen_length) >= event.block_end - self.prompt_length
         return event.gen_mask & (self.cache[step, self.prompt_length:] == 0)
 
     def fitted_values(self, mode: str) -> np.ndarray:
