@@ -159,3 +159,44 @@ def test_options_of_another_kind_of_decoding_are_off_with_the_reason(qtbot):
     assert all(f[k].isEnabled() for k in ("temperature_end", "stability", "stop_entropy"))
     assert not f["mode"].isEnabled() and not f["draft_length"].isEnabled()
     assert "has no AR or self-speculation mode: its decoding loop is uniform-state" in f["mode"].toolTip()
+
+
+def test_an_option_the_loaded_model_does_not_take_is_not_sent_but_kept(qtbot):
+    """self_spec chosen for Nemotron, then a DiffusionGemma model: the mode is off, not sent (the
+    engine would refuse it, and the user could not change an off field), and back on with the
+    user's choice for the next model that takes it; also after a restart (the settings file)."""
+    panel = SettingsPanel()
+    qtbot.addWidget(panel)
+    f = panel.fields
+    panel.show_defaults("nemotron-diffusion")
+    panel.set_options({"mode": "self_spec", "draft_length": 8, "draft_lora": False})
+    chosen = {"mode": "self_spec", "draft_length": 8, "draft_lora": False}
+    assert {k: panel.options()[k] for k in chosen} == chosen
+    panel.show_defaults("diffusion-gemma", 4096, {}, {"canvas_length": 256})
+    assert not f["mode"].isEnabled() and f["mode"].currentData() == "self_spec"     # kept, shown off
+    assert all(panel.options()[k] is None for k in chosen) and panel.refusal() is None
+    panel.show_defaults("diffusion-gemma")                   # no sizes known: the same
+    assert panel.options()["mode"] is None and panel.refusal() is None
+    again = SettingsPanel()
+    qtbot.addWidget(again)
+    again.show_defaults("nemotron-diffusion")
+    assert {k: again.options()[k] for k in chosen} == chosen
+    panel.show_defaults("nemotron-diffusion")
+    assert {k: panel.options()[k] for k in chosen} == chosen
+
+
+def test_wedlm_and_uniform_state_options_are_sent_to_their_models_only(qtbot):
+    panel = SettingsPanel()
+    qtbot.addWidget(panel)
+    panel.show_defaults("wedlm")
+    panel.set_options({"window_size": 8, "pos_penalty": 0.05})
+    assert (panel.options()["window_size"], panel.options()["pos_penalty"]) == (8, 0.05)
+    panel.set_options({"mode": "ar"})                  # WeDLM's window is its diffusion decoding's
+    assert (panel.options()["window_size"], panel.options()["pos_penalty"]) == (None, None)
+    panel.set_options({"mode": None})
+    panel.show_defaults("diffusion-gemma")
+    panel.set_options({"stability": 3, "temperature_end": 0.2})
+    assert panel.options()["window_size"] is None and panel.options()["stability"] == 3
+    panel.show_defaults("llada")
+    assert (panel.options()["stability"], panel.options()["temperature_end"]) == (None, None)
+    assert panel.fields["stability"].value() == 3 and panel.refusal() is None

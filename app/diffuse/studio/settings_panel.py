@@ -241,6 +241,8 @@ class SettingsPanel(QWidget):
         self.n_ctx: int | None = None       # the loaded model's context (positions)
         self.recipe: dict = {}              # the loaded model's recipe (Model.recipe)
         self.fields: dict[str, QWidget] = {}
+        # Fields of another kind of decoding than the loaded model's (off, _enable): not sent.
+        self.off: set[str] = set()
         self.defaults_note: dict[str, QLabel] = {}
         forms: dict[str, QFormLayout] = {}
         layout = QVBoxLayout(self)
@@ -300,7 +302,13 @@ class SettingsPanel(QWidget):
     # -- values -------------------------------------------------------------------------------
 
     def options(self) -> dict:
-        """Keyword arguments for Model.generate; None leaves an option to the model's default."""
+        """Keyword arguments for Model.generate; None leaves an option to the model's default. An
+        option of a kind of decoding the loaded model does not do (its field off) is not sent; its
+        field keeps the user's choice for the next model that takes it."""
+        return self._values() | dict.fromkeys(self.off)
+
+    def _values(self) -> dict:
+        """What the fields hold, off or not (what is saved)."""
         opts = {name: _value(box) for name, box in self.fields.items()}
         return opts | {"threads": _value(self.threads), "chat": self.chat.isChecked()}
 
@@ -377,7 +385,7 @@ class SettingsPanel(QWidget):
     def save(self) -> None:
         s = storage.settings()
         s.beginGroup("generation")
-        for key, value in self.options().items():
+        for key, value in self._values().items():
             s.setValue(key, "" if value is None else value)
         s.endGroup()
         s.sync()
@@ -436,10 +444,11 @@ class SettingsPanel(QWidget):
                          "WeDLM's decoding only")
 
     def _enable(self, key: str, on: bool, why_off: str) -> None:
-        """A field on, or off with the reason after its help in the tooltip."""
+        """A field on, or off (not sent: options) with the reason after its help in the tooltip."""
         box = self.fields[key]
         help_text = box.property("help")
         box.setEnabled(on)
+        (self.off.discard if on else self.off.add)(key)
         box.setToolTip(help_text if on else f"{help_text}\n(off: {why_off})")
 
     def _update_schedule_line(self) -> None:
