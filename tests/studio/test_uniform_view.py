@@ -93,3 +93,17 @@ def test_the_canvas_says_canvas_and_ends_on_the_answer_decided(gemma_run):
     assert np.array_equal(gemma_run.shown(0)[1], gemma_run.events[0].gen_mask)
     if gemma_run.events[0].block_end - gemma_run.prompt_length < gemma_run.gen_length:
         assert gemma_run.not_started(0)[-1] and "later canvas" in tooltip_html(gemma_run, 0, gemma_run.gen_length - 1)
+
+
+def test_a_masked_diffusion_run_after_a_uniform_one_leaves_no_bars(qtbot, gemma_run):
+    """The message is drawn over the plot: the DiffusionGemma run's bars and cut line go."""
+    from conftest import recorded
+    view = UniformView()
+    qtbot.addWidget(view)
+    view.set_run(gemma_run)
+    assert len(view.accepted_bars.opts["x"]) and view.cut_line.isVisible()
+    view.set_run(RunState.from_recording(recorded("blocks_cache")))
+    assert view.empty.empty and view.empty.note.toPlainText() == OTHER
+    assert not len(view.accepted_bars.opts["x"]) and not len(view.redrawn_bars.opts["x"])
+    assert not view.cut_line.isVisible() and view.before_curve.getData()[0] is None
+    assert view.summary.text == ""

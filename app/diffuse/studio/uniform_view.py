@@ -63,15 +63,23 @@ class UniformView(pg.GraphicsLayoutWidget):
         self.rule.addItem(self.accepted_region)
         self.summary = theme.Caption(justify="left", color=theme.MUTED)
         self.addItem(self.summary, row=2, col=0)
-        self.empty = theme.EmptyState(self.canvas, NO_RUN, also=(self.rule, self.canvas.titleLabel))
+        self.empty = theme.EmptyState(self.canvas, NO_RUN, also=(self.rule, self.canvas.titleLabel, self.cut_line))
         self.set_run(None)
 
     def set_run(self, run: RunState | None) -> None:
         self.run = run
-        self.empty.note.setText(NO_RUN)
-        self.empty.show(True)
-        self.summary.setText("")
+        self._clear(NO_RUN)
         self.show_step(-1)
+
+    def _clear(self, message: str) -> None:
+        """Nothing to show: say why, and drop the last uniform-state run's plots (the message is
+        drawn over the plot, which would otherwise keep that run's bars under it)."""
+        for bars in (self.accepted_bars, self.redrawn_bars):
+            bars.setOpts(x=[], height=[])
+        for curve in (self.sorted_curve, self.before_curve):
+            curve.setData([], [])
+        self.summary.setText("")
+        self.empty.show(True, message)
 
     def show_step(self, step: int) -> None:
         run = self.run
@@ -80,8 +88,7 @@ class UniformView(pg.GraphicsLayoutWidget):
         k = run.clamp(step)
         ev = run.events[k]
         if ev.draft is None:
-            self.empty.note.setText(OTHER)
-            self.empty.show(True)
+            self._clear(OTHER)
             return
         self.empty.show(False)
         start, end = ev.block_start, ev.block_end
