@@ -255,6 +255,28 @@ def test_cli_generate_reports_the_forward_passes(agreeable, capsys):
     assert json.loads(out)["forward_passes"] == want.forward_passes > 0
     assert f"forward passes {want.forward_passes}" in err
 
+def test_cli_generate_over_the_network_reports_and_records_the_forward_passes(agreeable, capsys, tmp_path):
+    """diffuse generate --server --mode self_spec: --json has the passes the server counted, and the
+    recording keeps them and the architecture the server names (diffuse info shows it)."""
+    from diffuse.cli import main
+    from diffuse.recording import Recording
+    from diffuse.serve import Server
+    model, _ = agreeable
+    want = model.generate("It was", chat=False, mode="self_spec", draft_length=4, gen_length=16)
+    server = Server(model, port=0, max_batch=4)
+    server.start()
+    try:
+        args = ["generate", "--server", server.url, "-p", "It was", "--no-chat", "--mode", "self_spec",
+                "--draft-length", "4", "--gen-length", "16", "--quiet"]
+        assert main([*args, "--json", "--record", str(tmp_path / "run.npz")]) == 0
+    finally:
+        server.stop()
+    assert json.loads(capsys.readouterr().out)["forward_passes"] == want.forward_passes > 0
+    assert Recording.load(tmp_path / "run.npz").result.forward_passes == want.forward_passes
+    assert main(["info", str(tmp_path / "run.npz")]) == 0
+    assert f"({model.arch})" in capsys.readouterr().out
+
+
 def test_end_of_text_stops_every_mode(nemotron):
     """An end-of-text token ends the answer (the rest padded with it) in every mode alike."""
     prompt = PROMPTS[0]

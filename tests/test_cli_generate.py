@@ -263,7 +263,7 @@ def test_server_answers_records_and_json_as_a_model_file_does(served, tmp_path, 
     assert out == local and f"(diffuse serve, {served.url})" in err and "tok/s" in err
     rec = Recording.load(run)
     assert rec.result.text == local.rstrip("\n") and len(rec.events) == rec.result.steps > 0
-    assert rec.model == {"name": "diffuse-demo-3m", "server": served.url}
+    assert rec.model == {"name": "diffuse-demo-3m", "server": served.url, "arch": "llada"}   # the one /v1/models names
     assert main(["generate", "--server", served.url, "-m", "diffuse-demo-3m", *options, "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["text"] == local.rstrip("\n") and r["server"] == served.url and r["model"] == "diffuse-demo-3m"

@@ -78,7 +78,8 @@ _UNIFORM = {"draft_values": (np.int32, 1), "draft_offsets": (np.int64, 1), "redr
 _CAUSAL = {f"{name}_{part}": (np.int32 if part == "values" else np.int64, 1)
            for name in ("spec_draft", "window_order", "committed") for part in ("values", "offsets")}
 _RESULT_SCALARS = ("text", "steps", "steps_allowed", "stop_reason", "total_ms", "gen_length",
-                   "useful_length")
+                   "useful_length", "forward_passes")
+_RESULT_LATER = {"forward_passes"}     # result fields a recording made before they were kept lacks
 
 # What `save` writes: member -> (dtype, dimensions). Anything else in an archive is refused.
 _SCHEMA = ({"meta": (np.uint8, 1)}
@@ -488,12 +489,12 @@ def _check(data: dict[str, np.ndarray]) -> dict:
         _check_causal(data, s, n)
     result = meta.get("result")
     if result is not None:
-        if not isinstance(result, dict) or set(result) != set(_RESULT_SCALARS):
+        if not isinstance(result, dict) or not set(_RESULT_SCALARS) - _RESULT_LATER <= set(result) <= set(_RESULT_SCALARS):
             raise ValueError(f"result: expected the fields {', '.join(_RESULT_SCALARS)}")
         _want(result, "text", str)
         _want(result, "stop_reason", str)
         _number(result, "total_ms")
-        for name in ("steps", "steps_allowed", "gen_length", "useful_length"):
+        for name in ("steps", "steps_allowed", "gen_length", "useful_length", *(_RESULT_LATER & set(result))):
             _want(result, name, int)
             if not 0 <= result[name] <= _INT_MAX:
                 raise ValueError(f"result {name} = {result[name]} is out of range")

@@ -414,7 +414,8 @@ def run_remote(args: argparse.Namespace) -> int:
                                                      and sys.stderr.isatty()) else None
     streamed = not model.steps_sent and not args.json      # text as it comes, when no view shows progress
     recording = Recording(prompt=prompt, options={k: v for k, v in options.items() if v is not None},
-                          model={"name": model.id, "server": model.url}) if args.record else None
+                          model={"name": model.id, "server": model.url,
+                                 **({"arch": model.arch} if model.arch else {})}) if args.record else None
     interrupted, last = False, None
 
     def on_interrupt(signum, frame):
