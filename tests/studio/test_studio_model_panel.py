@@ -153,3 +153,24 @@ def test_disk_space_is_checked(model_panel, models, tmp_path, monkeypatch):
     monkeypatch.setattr(mp.shutil, "disk_usage", lambda p: usage)
     assert not model_panel.quantise(models / "tiny-llada-f32.gguf", "F16", tmp_path / "f16.gguf")
     assert "of disk" in model_panel.message.text()
+
+
+def test_a_model_loaded_from_outside_the_list_is_listed_and_selected(qtbot, model_panel, models, tmp_path):
+    """`diffuse-studio MODEL.gguf` loads a file no listed folder holds: the list gains it, selected,
+    with its details (it showed another model highlighted, and its details, beside it)."""
+    add_folder(qtbot, model_panel, models)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    path = Path(shutil.copy(models / "tiny-dream-q8_0.gguf", elsewhere / "opened.gguf")).resolve()
+    model_panel.table.selectRow(0)
+    with qtbot.waitSignal(model_panel.model_loaded, timeout=20000):
+        assert model_panel.load(path)
+    qtbot.waitUntil(lambda: model_panel.selected() is not None and model_panel.selected().path == path,
+                    timeout=10000)
+    assert "opened.gguf" in model_panel.details.toPlainText()
+    assert str(path) in mp._setting_list("models/files")
+    # Loading a listed model selects its row too.
+    listed = (models / "tiny-llada-f32.gguf").resolve()
+    with qtbot.waitSignal(model_panel.model_loaded, timeout=20000):
+        assert model_panel.load(listed)
+    assert model_panel.selected().path == listed

@@ -550,13 +550,26 @@ class ModelPanel(QWidget):
         if isinstance(value, diffuse.Model):
             self.loaded_path = Path(value.path).resolve()
             storage.settings().setValue("models/last", str(self.loaded_path))
-            self._fill_table()
+            self._show_loaded()
             self.model_loaded.emit(value)
         elif output is not None:
             if not any(output.parent.resolve() == f.resolve() for f in self.folders()):
                 self._remember("models/files", output)
             self.rescan(select=output)
         self.job_finished.emit(job.title, value)
+
+    def _show_loaded(self) -> None:
+        """The loaded model is listed, selected and its details shown. One opened from the command
+        line (or last session's) that no listed folder holds is added as Add GGUF… adds it: the list
+        otherwise lacked it and showed another model's details beside it."""
+        path = self.loaded_path
+        if any(e.path == path for e in self.entries):
+            self._fill_table()
+            self.select_path(path)
+            return
+        if not any(path.parent == f.resolve() for f in self.folders()):
+            self._remember("models/files", path)
+        self.rescan(select=path)
 
     def _job_failed(self, message: str) -> None:
         job = self._job_done()
