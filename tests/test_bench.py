@@ -280,9 +280,57 @@ def test_knee_costs_in_decode_tokens_and_the_families(family, tiny_gguf, tmp_pat
     cost = next(p["tokens"] for p in result["passes"] if (p["depth"], p["w"]) == (32, 4))
     assert sdar["cost"] == f"{cost:.2f}" and sdar["vs_ar"] == f"{2 / cost:.2f}-{4 / cost:.2f}"
     gemma = [f for f in result["families"] if f["family"].startswith("DiffusionGemma")]
-    assert len(gemma) == 1 and gemma[0]["tokens_per_pass"] == "not measured" and "vs_ar" not in gemma[0]
+    assert len(gemma) == 1 and gemma[0]["tokens_per_pass"] == "not published" and "vs_ar" not in gemma[0]
+    # where and when: the machine, the date and the load, as bench threads records them
+    assert result["machine"]["cores"] >= 1 and len(result["load_average"]) == 2 and result["when"][:2] == "20"
     text = (tmp_path / "k.md").read_text()
     assert "cost in decode tokens" in text and "not yet measured" in text
+
+
+@pytest.fixture(scope="module")
+def other_families(tmp_path_factory) -> dict[str, Path]:
+    """The families tiny_gguf does not make: WeDLM, Stable-DiffCoder and DiffusionGemma, converted."""
+    from fixtures.tiny_diffusion_gemma import write_diffusion_gemma
+    from fixtures.tiny_models import write_stable_diffcoder, write_wedlm
+
+    from diffuse.convert import convert_hf
+    folder = tmp_path_factory.mktemp("families")
+    writers = {"wedlm": write_wedlm, "stable-diffcoder": write_stable_diffcoder,
+               "diffusion-gemma": write_diffusion_gemma}
+    return {name: convert_hf(write(folder / name), folder / f"{name}.gguf", "f32") for name, write in writers.items()}
+
+
+@pytest.mark.parametrize("family", ["wedlm", "stable-diffcoder"])
+def test_knee_names_wedlm_and_stable_diffcoder_with_their_sources(family, other_families, tmp_path, capsys):
+    """Both families have a row: Stable-DiffCoder's card decodes one token per 4-row pass (so its
+    speed is 1 / the cost of 4 rows); WeDLM publishes wall-clock speedups, no tokens per forward."""
+    rc = main(["bench", "knee", str(other_families[family]), "--depths", "16", "--widths", "1,4", "--threads", "1",
+               "--reps", "1", "--json", str(tmp_path / "k.json")])
+    assert rc == 0, capsys.readouterr().err
+    result = json.loads((tmp_path / "k.json").read_text())
+    rows = {f["family"]: f for f in result["families"]}
+    coder = rows["Stable-DiffCoder-8B, block 4"]
+    cost = next(p["tokens"] for p in result["passes"] if p["w"] == 4)
+    assert coder["tokens_per_pass"] == "1.00" and coder["vs_ar"] == f"{1 / cost:.2f}" and "model card" in coder["source"]
+    wedlm = rows["WeDLM-8B, window 16"]
+    assert wedlm["tokens_per_pass"] == "not published" and "vs_ar" not in wedlm and "3-6x on GSM8K" in wedlm["source"]
+
+
+def test_knee_on_diffusion_gemma_times_its_canvas_step(other_families, tmp_path, capsys):
+    """No pass over 1..32 rows and no AR decode: one line says so before the header, and the canvas
+    step and the encoder's pass are timed at each depth instead (exit 0)."""
+    rc = main(["bench", "knee", str(other_families["diffusion-gemma"]), "--depths", "8,24", "--threads", "1",
+               "--reps", "2", "--json", str(tmp_path / "k.json"), "--markdown", str(tmp_path / "k.md")])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    first = captured.out.splitlines()[0]
+    assert "no cost in decode tokens" in first and "no AR decode" in first and "canvas" in first
+    result = json.loads((tmp_path / "k.json").read_text())
+    assert result["passes"] == [] and [r["depth"] for r in result["canvas"]] == [8, 24]
+    for r in result["canvas"]:
+        assert r["w"] == 16 and r["ms"] > 0 and r["first_ms"] > 0 and r["encoder_ms"] > 0 and len(r["samples"]) == 2
+    assert not result["cancelled"] and "canvas step ms" in captured.out
+    assert (tmp_path / "k.md").read_text().startswith(first)
 
 
 def test_knee_refuses_what_it_cannot_measure(tiny_gguf, capsys):

@@ -13,8 +13,17 @@ autoregressive decode tokens, and what each family's published tokens per forwar
   step computes. Speed against AR decode = tokens per pass / (passes x cost of the pass), i.e. what
   a model of this file's shape would gain on this machine at that family's reported rate. The rates
   are the papers', not measured here; the costs are this machine's.
+- DiffusionGemma (a uniform-state model with a canvas) has no pass over 1..32 new rows and no AR
+  decode of its weights, so nothing to take as the unit: its canvas step (the decoder over its
+  canvas_length rows over the encoded context) and the encoder's pass over the context are timed
+  at each depth instead, in ms, by the engine inside a real run (`Model.generate`'s step events and
+  prefill time), and `note` says why the decode-token table is absent.
 """
 from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
 
 import numpy as np
 
@@ -28,8 +37,19 @@ FAMILIES = [
      "NVIDIA's 8B report: 5.99 tokens per forward, a forward counted as one 32-row pass"),
     ("Nemotron-Labs-Diffusion self-speculation, released loop", (5.99, 5.99), 32, 2,
      "same rate; the released linear_spec_generate runs a draft and a verify pass of 32 rows each"),
+    ("WeDLM-8B, window 16", None, 16, 1,
+     "not published: Tencent's README and paper report wall-clock speedups over vLLM-served Qwen3-8B on GPUs "
+     "(3-6x on GSM8K; about 3x on reasoning, up to 10x on low-entropy text), not tokens per forward"),
+    ("Stable-DiffCoder-8B, block 4", (1.0, 1.0), 4, 1,
+     "its model card's call: steps=512 over gen_length=512 in blocks of 4, one token per 4-row pass"),
     ("DiffusionGemma 26B-A4B", None, 256, 1, "not yet measured (no tokens per forward published)"),
 ]
+CANVAS_COLUMNS = [("depth", "context rows", "{}"), ("w", "canvas rows", "{}"),
+                  ("ms", "canvas step ms (self-conditioned)", "{:.1f}"), ("first_ms", "first step ms", "{:.1f}"),
+                  ("row_ms", "ms per canvas row", "{:.2f}"), ("encoder_ms", "encoder ms over the context", "{:.1f}")]
+CANVAS_NOTE = ("{name}: no cost in decode tokens: DiffusionGemma has no pass over 1..32 new rows and no AR decode of "
+               "its weights (its decoder denoises a whole canvas of {canvas} rows over the encoded context), so its "
+               "canvas step and encoder pass are timed instead, in ms; its tokens per forward are not published.")
 PASS_COLUMNS = [("depth", "depth", "{}"), ("w", "rows w", "{}"), ("ms", "ms per pass", "{:.1f}"),
                 ("decode_ms", "decode token ms", "{:.1f}"), ("tokens", "cost in decode tokens", "{:.2f}")]
 FAMILY_COLUMNS = [("family", "family", "{}"), ("tokens_per_pass", "tokens per pass", "{}"),
@@ -56,15 +76,28 @@ def run(path: str, depths: list[int], widths: list[int], threads: int, reps: int
     """`model`: the file already loaded (the Studio's); cancel(): checked between depths, the
     depths measured by then are the result (`cancelled` says so)."""
     import diffuse
-    from diffuse import _core
+    from diffuse.bench.machine import describe
 
     if any(w < 1 for w in widths) or any(d < 0 for d in depths):
         raise DiffuseError("--widths must be positive and --depths not negative")
+    model = model or diffuse.load(path, threads=threads)
+    machine, load_before = describe(), os.getloadavg()[0]     # the load at the start
+    canvas = model._core.hparams.get("canvas_length", 0)
+    if canvas:
+        result = _canvas_run(model, path, depths, canvas, threads, reps, log, cancel)
+    else:
+        result = _rows_run(model, path, depths, widths, threads, reps, log, cancel)
+    return result | {"machine": machine, "load_average": [load_before, os.getloadavg()[0]],
+                     "when": time.strftime("%Y-%m-%d %H:%M")}
+
+
+def _rows_run(model, path: str, depths: list[int], widths: list[int], threads: int, reps: int, log, cancel) -> dict:
+    from diffuse import _core
+
     for d in depths:
         bad = [w for w in widths if d % w]
         if bad:
             raise DiffuseError(f"--depths {d} is not a multiple of the widths {bad}: blocks align at position 0")
-    model = model or diffuse.load(path, threads=threads)
     if max(depths) + max(widths) > model.n_ctx_train:
         raise DiffuseError(f"depth {max(depths)} + {max(widths)} rows exceed the model's context ({model.n_ctx_train})")
     _core.bench_block_step(model._core, 0, 1, threads=threads, reps=1)   # page the weights in
@@ -89,12 +122,55 @@ def run(path: str, depths: list[int], widths: list[int], threads: int, reps: int
             log(f"depth {d}, {w} rows: {m:.1f} ms = {m / unit:.2f} decode tokens ({unit:.1f} ms)")
         measured.append(d)
 
+    return {"model": path, "threads": threads, "reps": reps, "passes": passes, "families": _families(passes, measured),
+            "cancelled": measured != depths}
+
+
+def _canvas_run(model, path: str, depths: list[int], canvas: int, threads: int, reps: int, log, cancel) -> dict:
+    """DiffusionGemma: per depth and round, one real run of one canvas over a random context of
+    that many tokens, two steps (the second self-conditioned, as every later step is); the engine
+    times the decoder's pass (the step events' forward_ms) and the encoder's (prefill_ms)."""
+    if min(depths) < 1:
+        raise DiffuseError("--depths: DiffusionGemma's encoder needs a context of at least 1 token")
+    if max(depths) + canvas > model.n_ctx_train:
+        raise DiffuseError(f"depth {max(depths)} + its canvas of {canvas} rows exceed the model's context "
+                           f"({model.n_ctx_train})")
+    rng = np.random.default_rng(0)
+    contexts = {d: [int(t) for t in rng.integers(0, model.n_vocab, d)] for d in depths}
+    # stop_entropy: the least the engine takes, so that no canvas settles before its second step
+    options = dict(gen_length=canvas, steps=2, stop_entropy=1e-6, chat=False, threads=threads)
+    model.generate(contexts[depths[0]][:1], **options)     # page the weights in
+    times = {d: {"ms": [], "first_ms": [], "encoder_ms": []} for d in depths}
+    for rnd in range(reps):
+        if cancel():
+            break
+        for d in depths if rnd % 2 == 0 else depths[::-1]:
+            events = []
+            out = model.generate(contexts[d], on_step=events.append, **options)
+            times[d]["first_ms"].append(events[0].forward_ms)
+            times[d]["ms"].append(events[1].forward_ms)
+            times[d]["encoder_ms"].append(out.prefill_ms)
+        log(f"round {rnd + 1} of {reps}: canvas step " + ", ".join(
+            f"depth {d} {times[d]['ms'][-1]:.1f} ms" for d in depths))
+    rows = []
+    for d in depths:
+        if times[d]["ms"]:
+            med = {k: float(np.median(v)) for k, v in times[d].items()}
+            rows.append({"depth": d, "w": canvas, **med, "row_ms": med["ms"] / canvas, "samples": times[d]["ms"]})
+    return {"model": path, "threads": threads, "reps": reps, "passes": [], "canvas": rows,
+            "families": _families([], []), "cancelled": len(times[depths[0]]["ms"]) < reps,
+            "note": CANVAS_NOTE.format(name=Path(path).name, canvas=canvas)}
+
+
+def _families(passes: list[dict], measured: list[int]) -> list[dict]:
+    """Each family's row per depth measured: its rate over the cost of its passes; a family
+    without a rate, or no depth measured, gets one row that says so."""
     families = []
     cost = {(p["depth"], p["w"]): p["tokens"] for p in passes}
     for name, rate, w, n_pass, source in FAMILIES:
-        for d in measured:
+        for d in measured or ["-"]:
             row = {"family": name, "w": w, "passes": n_pass, "depth": d, "source": source,
-                   "tokens_per_pass": _range(*rate) if rate else "not measured"}
+                   "tokens_per_pass": _range(*rate) if rate else "not published"}
             if rate and (d, w) in cost:
                 c = n_pass * cost[d, w]
                 row.update(cost=f"{c:.2f}", vs_ar=_range(rate[0] / c, rate[1] / c))
@@ -103,17 +179,31 @@ def run(path: str, depths: list[int], widths: list[int], threads: int, reps: int
             families.append(row)
             if not rate:
                 break   # one row says it: nothing to compute at any depth
-    return {"model": path, "threads": threads, "reps": reps, "passes": passes, "families": families,
-            "cancelled": measured != depths}
+    return families
 
 
 def header(result: dict) -> str:
+    load = result.get("load_average")
+    where = (f"; {result['when']}, load average {load[0]:.1f} -> {load[1]:.1f}" if load and result.get("when")
+             else "")
+    unit = ("the canvas step timed inside a real run, the encoder's pass over the whole context beside it"
+            if result.get("canvas") is not None else
+            "one decode token = this engine's 1-row pass with its logits at that depth")
     return (f"Passes over `{result['model']}`, {result['threads']} threads, median of {result['reps']} alternated "
-            f"rounds; one decode token = this engine's 1-row pass with its logits at that depth.")
+            f"rounds{where}; {unit}.")
+
+
+def tables(result: dict, table) -> list[str]:
+    """The result's tables, each drawn by `table(rows, columns)` (text or markdown)."""
+    measured = (table(result["canvas"], CANVAS_COLUMNS) if result.get("canvas") is not None
+                else table(result["passes"], PASS_COLUMNS))
+    return [measured, table(result["families"], FAMILY_COLUMNS)]
 
 
 def markdown(result: dict) -> str:
+    from diffuse.bench.machine import describe_line
     from diffuse.bench.tables import md_table
-    return (header(result) + "\n\n" + md_table(result["passes"], PASS_COLUMNS) + "\nEach family's reported rate "
-            "on this machine and file (rates from the papers, costs measured here):\n\n"
-            + md_table(result["families"], FAMILY_COLUMNS))
+    passes, families = tables(result, md_table)
+    return "\n\n".join(([result["note"]] if result.get("note") else []) + [
+        header(result), describe_line(result["machine"]), passes + "\nEach family's reported rate on this machine "
+        "and file (rates from the papers, costs measured here):", families])

@@ -478,9 +478,10 @@ def _knee(args) -> int:
     _check_files(args, args.model)
     result = knee.run(args.model, args.depths, args.widths, args.threads, args.reps,
                       log=lambda line: print(line, file=sys.stderr))
+    if result.get("note"):
+        print(result["note"])
     print(knee.header(result))
-    print(text_table(result["passes"], knee.PASS_COLUMNS))
-    print(text_table(result["families"], knee.FAMILY_COLUMNS))
+    print("\n".join(knee.tables(result, text_table)))
     _write_json(args.json, result)
     _write(args.markdown, knee.markdown(result))
     return 0
