@@ -177,7 +177,7 @@ def _drawn(plot) -> list:
 def test_a_saved_knee_is_drawn_with_its_sources(bench):
     bench.open_knee(str(STUDY_KNEE))
     knee = bench.knee
-    assert bench.tabs.currentIndex() == 1 and "Showing knee.json" in bench.status.text()
+    assert bench.tabs.currentIndex() == 1 and "Showing knee.json" in bench.knee_status.text()
     assert not knee.cost_empty.note.isVisible() and not knee.speed_empty.note.isVisible()
     # a curve per depth (512, 2048) beside the two reference lines; a bar set per depth
     assert len(_drawn(knee.cost_plot)) == 4
@@ -187,6 +187,7 @@ def test_a_saved_knee_is_drawn_with_its_sources(bench):
     text = knee.source.text()
     assert "from knee.json" in text and "SDAR (JetLM) report" in text and "not yet measured" in text
     assert "1. SDAR, block 4" in text
+    assert "cores" not in text          # a file older than the machine fields: nothing said of them
     bench.open_knee(str(STUDY_KNEE))          # drawn again: the same items, not twice as many
     assert len(_drawn(knee.cost_plot)) == 4
 
@@ -200,10 +201,10 @@ def test_a_bad_knee_file_is_one_line_and_changes_nothing(bench, tmp_path, conten
     shown = bench.knee.result
     (tmp_path / "bad.json").write_text(content)
     bench.open_knee(str(tmp_path / "bad.json"))
-    assert message in bench.status.text() and "\n" not in bench.status.text()
+    assert message in bench.knee_status.text() and "\n" not in bench.knee_status.text()
     assert bench.knee.result is shown
     bench.open_knee(str(tmp_path / "missing.json"))
-    assert "cannot read it" in bench.status.text()
+    assert "cannot read it" in bench.knee_status.text()
 
 
 def test_the_knee_runs_on_the_loaded_model_and_saves(qtbot, bench, tmp_path):
@@ -213,19 +214,23 @@ def test_the_knee_runs_on_the_loaded_model_and_saves(qtbot, bench, tmp_path):
     assert bench.running and not bench.run_button.isEnabled() and not bench.knee_button.isEnabled()
     bench.start()                             # the sweep waits for it: one job in this window
     qtbot.waitUntil(lambda: not bench.running, timeout=60000)
-    assert bench.status.text().startswith("Done: bench knee measured depths 32")
+    assert bench.knee_status.text().startswith("Done: bench knee measured depths 32")
     assert {p["w"] for p in bench.knee.result["passes"]} == set(KNEE_WIDTHS)
-    assert "measured now on llada-f32.gguf" in bench.knee.source.text()
+    source = bench.knee.source.text()
+    assert "measured now on llada-f32.gguf" in source and "cores" in source and "load" in source
     assert bench.save_button.isEnabled() and bench.runs.holder is None
     bench.save_knee(str(tmp_path / "k.json"))
     assert read_result(tmp_path / "k.json")["passes"] == bench.knee.result["passes"]
     bench.knee_depths.setText("30")           # no multiple of the widths: the engine's refusal, said
     bench.start_knee()
     qtbot.waitUntil(lambda: not bench.running, timeout=60000)
-    assert bench.status.text().startswith("Bench knee failed:") and "multiple" in bench.status.text()
+    # the failure said once, in the knee's own line; both Run buttons usable again
+    assert bench.knee_status.text().startswith("Bench knee failed:") and "multiple" in bench.knee_status.text()
+    assert bench.knee_button.isEnabled() and bench.run_button.isEnabled() and not bench.job_box.isVisible()
+    assert "failed" not in bench.status.text()
     bench.knee_depths.setText("x")
     bench.start_knee()
-    assert not bench.running and "whole numbers" in bench.status.text()
+    assert not bench.running and "whole numbers" in bench.knee_status.text()
 
 
 def test_closing_cancels_the_knee_without_waiting(qtbot, bench):
@@ -235,4 +240,37 @@ def test_closing_cancels_the_knee_without_waiting(qtbot, bench):
     bench.close()
     assert not bench.isVisible()
     qtbot.waitUntil(lambda: not bench.running, timeout=60000)
-    assert bench.status.text().startswith("Cancelled") and bench.runs.holder is None
+    assert bench.knee_status.text().startswith("Cancelled") and bench.runs.holder is None
+
+
+def test_each_tab_says_its_own_status(qtbot, bench):
+    """The sweep's line stays under the sweep; the knee's under the knee."""
+    _sweep(qtbot, bench, "Step budget", "2")
+    sweep_said = bench.status.text()
+    assert sweep_said.startswith("Done: 1 point(s)")
+    bench.open_knee(str(STUDY_KNEE))
+    assert bench.status.text() == sweep_said and "Showing knee.json" in bench.knee_status.text()
+    assert bench.status.isVisibleTo(bench.tabs.widget(0)) and bench.knee_status.isVisibleTo(bench.tabs.widget(1))
+    assert not bench.knee_status.isVisible() or not bench.status.isVisible()     # one tab shows at a time
+
+
+def test_the_knee_on_diffusion_gemma_shows_its_canvas_step(qtbot, tmp_path):
+    """No decode-token unit: the cost plot says why it is empty, the caption gives the canvas step."""
+    from fixtures.tiny_diffusion_gemma import write_diffusion_gemma
+
+    from diffuse.convert import convert_hf
+    path = convert_hf(write_diffusion_gemma(tmp_path / "hf"), tmp_path / "dg.gguf", "f32")
+    w = BenchWindow(RunController(IdleEngine(diffuse.load(path, threads=1))), lambda: dict(OPTIONS))
+    qtbot.addWidget(w)
+    w.show()
+    w.tabs.setCurrentIndex(1)
+    w.knee_depths.setText("8")
+    w.knee_reps.setValue(1)
+    w.start_knee()
+    qtbot.waitUntil(lambda: not w.running, timeout=60000)
+    assert w.knee_status.text().startswith("Done: bench knee measured depths 8"), w.knee_status.text()
+    assert w.knee.cost_empty.note.isVisible() and "No cost in decode tokens" in w.knee.cost_empty.note.toPlainText()
+    assert "Context 8: canvas step" in w.knee.source.text() and w.save_button.isEnabled()
+    w.save_knee(str(tmp_path / "k.json"))
+    assert read_result(tmp_path / "k.json")["canvas"][0]["depth"] == 8     # and it opens again
+    w.close()

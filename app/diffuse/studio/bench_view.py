@@ -12,7 +12,8 @@ a chat or compare run goes, and they are refused while it sweeps (two runs at on
 each other). The knee tab runs `bench knee` on the loaded model the same way (one job at a time
 in this window: the sweep and the knee share it), or opens a saved result; its cancel takes
 effect between cache depths (one depth is one engine call), so closing the window cancels it
-without waiting, and the model stays held until that depth ends.
+without waiting, and the model stays held until that depth ends. Each tab has its own status line:
+what the sweep said stays under the sweep, the knee's runs, failures and files under the knee.
 """
 from __future__ import annotations
 
@@ -139,6 +140,7 @@ class BenchWindow(QWidget):
         sweep_layout = QVBoxLayout(sweep)
         sweep_layout.addLayout(top)
         sweep_layout.addLayout(plots, 1)
+        sweep_layout.addWidget(self.status)
 
         self.knee = KneeView()
         self.knee_depths = QLineEdit("512,2048")
@@ -170,6 +172,11 @@ class BenchWindow(QWidget):
         knee_layout = QVBoxLayout(knee)
         knee_layout.addLayout(knee_top)
         knee_layout.addWidget(self.knee, 1)
+        self.knee_status = QLabel("Run bench knee on the loaded model, or open a result saved by "
+                                  "diffuse bench knee --json.")
+        self.knee_status.setObjectName("Muted")
+        self.knee_status.setWordWrap(True)
+        knee_layout.addWidget(self.knee_status)
         self.tabs = QTabWidget()
         self.tabs.addTab(sweep, "Sweep")
         self.tabs.addTab(knee, "Where diffusion wins")
@@ -177,7 +184,6 @@ class BenchWindow(QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(self.tabs, 1)
         layout.addWidget(self.job_box)
-        layout.addWidget(self.status)
         self._axis_changed(self.axis.currentText())
         runs.holder_changed.connect(self._holder_changed)
         self._holder_changed()
@@ -285,17 +291,17 @@ class BenchWindow(QWidget):
         """`diffuse bench knee` on the loaded model, on a background job."""
         model = self.runs.engine.model
         if model is None:
-            self.status.setText("Load a model first.")
+            self.knee_status.setText("Load a model first.")
             return
         if self.running:
             return
         if refused := self._refusal():
-            self.status.setText(f"{refused}.")
+            self.knee_status.setText(f"{refused}.")
             return
         try:
             depths = parse_values("depth", self.knee_depths.text())
         except ValueError as e:
-            self.status.setText(f"Depths: {e}.")
+            self.knee_status.setText(f"Depths: {e}.")
             return
         threads = self.base_options().get("threads") or physical_cores()
         reps = self.knee_reps.value()
@@ -310,7 +316,7 @@ class BenchWindow(QWidget):
         self.job.failed.connect(self._failed)
         self.job_box.label.setText(f"bench knee: {threads} threads, depths {', '.join(map(str, depths))}…")
         self.job_box.progress.setRange(0, 0)       # busy: one depth is one engine call
-        self.status.setText(f"Bench knee on {Path(model.path).name}: Cancel stops it after the current depth.")
+        self.knee_status.setText(f"Bench knee on {Path(model.path).name}: Cancel stops it after the current depth.")
         self.job_box.show()
         self.run_button.setEnabled(False)
         self.knee_button.setEnabled(False)
@@ -318,13 +324,14 @@ class BenchWindow(QWidget):
 
     def _knee_finished(self, result: dict) -> None:
         cancelled = result["cancelled"]
-        if result["passes"]:
+        measured = result["passes"] or result.get("canvas") or []     # canvas: DiffusionGemma's steps
+        if measured:
             self.measured = result
             self.knee.show_result(result, "now")
             self.save_button.setEnabled(True)
-        depths = sorted({p["depth"] for p in result["passes"]})
+        depths = sorted({p["depth"] for p in measured})
         self._ended(f"{'Cancelled' if cancelled else 'Done'}: bench knee measured "
-                    f"{'depths ' + ', '.join(map(str, depths)) if depths else 'no depth'}.")
+                    f"{'depths ' + ', '.join(map(str, depths)) if depths else 'no depth'}.", self.knee_status)
 
     def _pick(self, save: bool) -> str:
         folder = str(Path.home())
@@ -341,11 +348,11 @@ class BenchWindow(QWidget):
         try:
             result = read_result(Path(path))
         except ValueError as e:
-            self.status.setText(f"{e}.")
+            self.knee_status.setText(f"{e}.")
             return
         self.knee.show_result(result, path)
         self.tabs.setCurrentIndex(1)
-        self.status.setText(f"Showing {Path(path).name}: bench knee on {Path(str(result.get('model'))).name}.")
+        self.knee_status.setText(f"Showing {Path(path).name}: bench knee on {Path(str(result.get('model'))).name}.")
 
     def save_knee(self, path: str) -> None:
         """The dialog asked before replacing a file; the write is atomic."""
@@ -354,9 +361,9 @@ class BenchWindow(QWidget):
         try:
             write_json(Path(path), self.measured)
         except (OSError, DiffuseError) as e:
-            self.status.setText(f"Not saved: {e}.")
+            self.knee_status.setText(f"Not saved: {e}.")
             return
-        self.status.setText(f"Saved {path}.")
+        self.knee_status.setText(f"Saved {path}.")
 
     def cancel(self) -> None:
         if self.job is not None:
@@ -383,13 +390,14 @@ class BenchWindow(QWidget):
             elif points:
                 plot.enableAutoRange()
 
-    def _ended(self, text: str) -> None:
+    def _ended(self, text: str, status: QLabel) -> None:
+        """The job is over: the buttons usable again, `text` in its own tab's status line."""
         self.job = None
         self.job_box.hide()
         self.runs.release("benchmarks")
         self._holder_changed()
         self._redraw()
-        self.status.setText(text)
+        status.setText(text)
 
     def _finished(self, n_points: int) -> None:
         cancelled = self.job is not None and self.job.cancelled
@@ -397,11 +405,13 @@ class BenchWindow(QWidget):
         summary = (f"; fastest with {point_name(self.option, best['x'])}: {best['tokens_per_s']:.1f} "
                    f"tok/s, {best['ms_per_step']:.0f} ms/step" if best else "")
         self._ended(f"{'Cancelled' if cancelled else 'Done'}: {n_points} point(s){summary}. "
-                    f"{self.seed_note}")
+                    f"{self.seed_note}", self.status)
 
     def _failed(self, message: str) -> None:
-        what = "Bench knee" if self.job is not None and self.job.title == "bench knee" else "The sweep"
-        self._ended(f"{what} failed: {message}")
+        if self.job is not None and self.job.title == "bench knee":
+            self._ended(f"Bench knee failed: {message}", self.knee_status)
+        else:
+            self._ended(f"The sweep failed: {message}", self.status)
 
     def stop(self) -> None:
         """Cancel a sweep and wait for its current step: no engine call outlives the window."""

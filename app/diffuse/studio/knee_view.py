@@ -5,8 +5,10 @@ Left: the cost of a pass over w new rows (1..32), in decode tokens of the same w
 per cache depth, beside y = 1 (one decode token) and y = w (w rows costing w decode tokens: no
 work shared between the rows). Right: each family's speed against AR decode at its published
 tokens per forward, a bar per depth from the low rate to the high one, beside y = 1 (AR decode).
-The caption says where every figure comes from: the passes measured on which file, threads and
-rounds (now, or the JSON file opened), and each family's rate with its source. The view only
+The caption says where every figure comes from: the passes measured on which file, machine, date,
+load, threads and rounds (now, or the JSON file opened; files older than the machine fields name
+none), and each family's rate with its source. A DiffusionGemma result has no decode-token unit:
+its canvas step and encoder pass in ms are in the caption, the cost plot says why it is empty. The view only
 draws; the Benchmarks window runs the measurement and opens the files.
 """
 from __future__ import annotations
@@ -35,14 +37,20 @@ def read_result(path: Path) -> dict:
     except ValueError:
         raise ValueError(f"{path}: not JSON") from None
     passes = result.get("passes") if isinstance(result, dict) else None
-    if not isinstance(passes, list) or not passes or not all(
-            isinstance(p, dict) and all(_number(p.get(k)) for k in ("depth", "w", "tokens")) for p in passes):
+    canvas = result.get("canvas") if isinstance(result, dict) else None
+    if not (_rows(passes, ("depth", "w", "tokens")) or passes == [] and _rows(canvas, ("depth", "w", "ms"))):
         raise ValueError(f"{path}: not a bench knee result (no passes with depth, w and tokens)")
     families = result.get("families", [])
     if not isinstance(families, list) or not all(isinstance(f, dict) and isinstance(f.get("family"), str)
                                                  for f in families):
         raise ValueError(f"{path}: its families are not bench knee's rows")
     return result
+
+
+def _rows(rows, keys: tuple[str, ...]) -> bool:
+    """A non-empty list of dicts with a positive number under each key."""
+    return isinstance(rows, list) and bool(rows) and all(
+        isinstance(r, dict) and all(_number(r.get(k)) for k in keys) for r in rows)
 
 
 def _number(x) -> bool:
@@ -90,14 +98,17 @@ class KneeView(QWidget):
         self._items = []
         for plot in (self.cost_plot, self.speed_plot):
             plot.setTitle(None)
-        self.cost_empty.show(result is None)
+        canvas = result is not None and not result["passes"]     # DiffusionGemma: no decode-token unit
+        self.cost_empty.show(result is None or canvas, self.cost_empty.idle if not canvas else
+                             "No cost in decode tokens for this model\n(its canvas step in ms is below)")
         self.speed_empty.show(result is None or not self._speeds(result))
         if result is None:
             self.source.setText("")
             return
         depths = sorted({p["depth"] for p in result["passes"]})
         colors = {d: DEPTH_COLORS[i % len(DEPTH_COLORS)] for i, d in enumerate(depths)}
-        self._draw_costs(result, depths, colors)
+        if not canvas:
+            self._draw_costs(result, depths, colors)
         families = self._draw_speeds(result, depths, colors)
         self.source.setText(self._source_text(result, where, families))
 
@@ -168,16 +179,37 @@ class KneeView(QWidget):
     def _source_text(self, result: dict, where: str, families: list[str]) -> str:
         name = Path(str(result.get("model", "?"))).name
         made = f"measured now on {name}" if where == "now" else f"from {Path(where).name} (measured on {name})"
-        lines = [f"<b>Pass costs</b> {html.escape(made)}: {result.get('threads', '?')} threads, median of "
-                 f"{result.get('reps', '?')} alternated rounds; one decode token is this engine's 1-row pass at "
-                 "that depth" + (" (cancelled: the depths measured by then)" if result.get("cancelled") else "")
-                 + ". <b>Speeds</b>: each family's published tokens per forward over that cost (the rates are the "
-                 "papers', for their own models; the costs this file's):"]
+        lines = [f"<b>Pass costs</b> {html.escape(made)}{html.escape(self._machine_text(result))}: "
+                 f"{result.get('threads', '?')} threads, median of {result.get('reps', '?')} alternated rounds"
+                 + ("" if result.get("canvas") else "; one decode token is this engine's 1-row pass at that depth")
+                 + (" (cancelled: the depths measured by then)" if result.get("cancelled") else "") + "."]
+        if result.get("canvas"):
+            lines.append(html.escape(str(result.get("note", ""))))
+            lines += [html.escape(f"Context {r['depth']}: canvas step {r['ms']:.1f} ms over {r['w']} rows "
+                                  f"({r['ms'] / r['w']:.2f} ms a row), encoder "
+                                  + (f"{r['encoder_ms']:.1f} ms" if _number(r.get("encoder_ms")) else "?"))
+                      for r in result["canvas"]]
+        lines.append("<b>Speeds</b>: each family's published tokens per forward over that cost (the rates are the "
+                     "papers', for their own models; the costs this file's):")
         sources = {f["family"]: f for f in result.get("families", [])}
         for i, name in enumerate(families):
             f = sources[name]
             rate = str(f.get("tokens_per_pass", "?"))
-            rate = "no tokens per pass to draw" if rate == "not measured" else f"{rate} tokens per pass"
+            rate = ("no tokens per pass to draw" if rate in ("not measured", "not published")
+                    else f"{rate} tokens per pass")
             lines.append(f"{i + 1}. {html.escape(name)}: {html.escape(rate)}, {f.get('w', '?')} rows x "
                          f"{f.get('passes', '?')} pass(es); {html.escape(str(f.get('source', '?')))}")
         return "<br>".join(lines)
+
+    @staticmethod
+    def _machine_text(result: dict) -> str:
+        """Where and when (bench knee's JSON since it records them; older files say nothing)."""
+        m, when, load = result.get("machine"), result.get("when"), result.get("load_average")
+        parts = []
+        if isinstance(m, dict) and m.get("cpu"):
+            parts.append(f"{m['cpu']}, {m.get('cores', '?')} cores")
+        if isinstance(when, str):
+            parts.append(when)
+        if isinstance(load, list) and len(load) == 2 and all(_number(x) or x == 0 for x in load):
+            parts.append(f"load {load[0]:.1f} -> {load[1]:.1f}")
+        return f" ({'; '.join(parts)})" if parts else ""
