@@ -5,6 +5,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import QGroupBox
 
 from diffuse.generation import resolve_options
+from diffuse.studio import theme
 from diffuse.studio.settings_panel import CAUSAL, UNIFORM, SettingsPanel
 
 
@@ -200,3 +201,27 @@ def test_wedlm_and_uniform_state_options_are_sent_to_their_models_only(qtbot):
     panel.show_defaults("llada")
     assert (panel.options()["stability"], panel.options()["temperature_end"]) == (None, None)
     assert panel.fields["stability"].value() == 3 and panel.refusal() is None
+
+
+def test_a_field_that_is_off_looks_off(qtbot):
+    """Not only its tooltip: an off field's text and its name in the form are dimmed (the theme's
+    style sheet)."""
+    panel = SettingsPanel()
+    qtbot.addWidget(panel)
+    panel.show()
+    panel.show_defaults("nemotron-diffusion")
+
+    def brightest(widget) -> int:
+        image = widget.grab().toImage()
+        return max(image.pixelColor(x, y).lightness() for x in range(image.width()) for y in range(image.height()))
+
+    def off(key) -> bool:
+        field, label = panel.fields[key], panel.labels[key]
+        dim = theme.OFF_TEXT.lightness()
+        assert field.isEnabled() == label.isEnabled()
+        assert (brightest(field) <= dim) == (brightest(label) <= dim) == (not field.isEnabled())
+        return not field.isEnabled()
+
+    assert off("draft_length") and off("stability") and not off("steps") and not off("mode")
+    panel.set_options({"mode": "self_spec"})
+    assert not off("draft_length")

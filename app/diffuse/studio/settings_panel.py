@@ -244,6 +244,7 @@ class SettingsPanel(QWidget):
         # Fields of another kind of decoding than the loaded model's (off, _enable): not sent.
         self.off: set[str] = set()
         self.defaults_note: dict[str, QLabel] = {}
+        self.labels: dict[str, QLabel] = {}     # a field's name in its form (a checkbox has its own)
         forms: dict[str, QFormLayout] = {}
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
@@ -295,7 +296,7 @@ class SettingsPanel(QWidget):
     def _row(self, form: QFormLayout, label: str, widget: QWidget, key: str) -> None:
         note = self.defaults_note[key] = _note()
         note.hide()
-        name = QLabel(label)
+        name = self.labels[key] = QLabel(label)
         name.setWordWrap(True)      # a long name takes two lines, not the field's width
         form.addRow(name, _with_note(widget, note))
 
@@ -442,6 +443,8 @@ class SettingsPanel(QWidget):
         for key in ("window_size", "pos_penalty"):
             self._enable(key, self.arch is None or wedlm and f["mode"].currentData() in (None, "diffusion"),
                          "WeDLM's decoding only")
+        for key, label in self.labels.items():      # a field off reads off by its name too (the theme)
+            label.setEnabled(f[key].isEnabled())
 
     def _enable(self, key: str, on: bool, why_off: str) -> None:
         """A field on, or off (not sent: options) with the reason after its help in the tooltip."""
