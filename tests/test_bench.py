@@ -449,3 +449,26 @@ def test_spec_twin_runs_in_real_llama_bench(tiny_gguf, tmp_path):
     twin = write_llama_twin(tiny_gguf("nemotron-diffusion", "f32"), tmp_path / "t.gguf", "mistral3")
     tg = llama_bench(bench, str(twin), n_prompt=0, n_gen=2, threads=1, reps=1, flash_attn=True, depth=8)
     assert tg["ms"] > 0
+
+
+def test_spec_names_where_its_acceptance_comes_from(other_families, tiny_gguf, tmp_path, capsys):
+    """The published acceptance is Nemotron-Labs-Diffusion-8B's, named so; on a WeDLM file it is
+    said to be an assumption. DiffusionGemma has no causal decode: one line, before anything."""
+    short = ["--depth", "16", "--reps", "1", "--ar-tokens", "2", "--draft-lengths", "4"]
+    assert main(["bench", "spec", str(other_families["wedlm"]), *short, "--json", str(tmp_path / "w.json")]) == 0
+    out = capsys.readouterr().out
+    assert "Nemotron-Labs-Diffusion-8B's (NVIDIA's model card), applied to this wedlm file as an assumption" in out
+    speed = json.loads((tmp_path / "w.json").read_text())["speed"]
+    assert {s["source"] for s in speed} == {
+        "Nemotron-Labs-Diffusion-8B, draft 32, no LoRA (published), assumed for this wedlm file",
+        "Nemotron-Labs-Diffusion-8B, draft 32, draft LoRA (published), assumed for this wedlm file"}
+    assert {s["draft"] for s in speed} == {"base", "base, no LoRA in this file"}
+
+    assert main(["bench", "spec", str(tiny_gguf("nemotron-diffusion", "f32")), *short]) == 0
+    out = capsys.readouterr().out
+    assert "Nemotron-Labs-Diffusion-8B, draft 32" in out and "assum" not in out
+
+    assert main(["bench", "spec", str(other_families["diffusion-gemma"]), *short]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "self-speculation does not apply to DiffusionGemma" in captured.err
+    assert "passes at depth" not in captured.err

@@ -27,6 +27,9 @@ lengths no figure is published, and the cap is only an upper bound.
 
 A file with the draft LoRA (convert/draft_lora.py) has its draft pass timed both ways; an
 iteration costs the LoRA draft (self_spec's default) except at the published no-LoRA acceptance.
+On another family's file (WeDLM, SDAR, ...) the published figures are Nemotron's, applied there as
+an assumption: the output says so. DiffusionGemma has no causal decode to draft for: refused in
+one line before anything runs (`bench knee` times its canvas step).
 
     diffuse bench spec MODEL.gguf [--depth 512] [--draft-lengths 4,8,16,32] [--acceptance 5.46,6.82]
                                   [--llama-bin DIR] [--llama-model LLAMA.gguf]
@@ -47,8 +50,10 @@ import numpy as np
 
 from diffuse import DiffuseError
 
-# acceptance -> (what it is, whether it was measured with the draft LoRA)
-PUBLISHED = {5.46: ("8B, draft 32, no LoRA (published)", False), 6.82: ("8B, draft 32, draft LoRA (published)", True)}
+# acceptance -> (what it is, whether it was measured with the draft LoRA); NVIDIA's model card
+PUBLISHED = {5.46: ("Nemotron-Labs-Diffusion-8B, draft 32, no LoRA (published)", False),
+             6.82: ("Nemotron-Labs-Diffusion-8B, draft 32, draft LoRA (published)", True)}
+PUBLISHED_ARCH = "nemotron-diffusion"     # the family those figures were measured on
 DRAFT_LENGTHS = (4, 8, 16, 32)
 COLUMNS = [("k", "draft length k", "{}"), ("draft_ms", "draft ms", "{:.1f}"),
            ("draft_lora_ms", "draft + LoRA ms", "{:.1f}"), ("verify_ms", "verify ms", "{:.1f}"),
@@ -71,6 +76,10 @@ def run(path: str, depth: int, draft_lengths: list[int], acceptance: list[float]
     if any(a < 1 for a in acceptance):
         raise DiffuseError("an acceptance length is tokens per iteration: at least 1 (the bonus token)")
     model = diffuse.load(path, threads=threads or None)
+    if model._core.hparams.get("canvas_length", 0):
+        raise DiffuseError(f"{Path(path).name}: self-speculation does not apply to DiffusionGemma: its decoder "
+                           "denoises a whole canvas over the encoded context, with no causal decode to draft for "
+                           "or to compare with (diffuse bench knee times its canvas step)")
     bench = find_bins(llama_bin).bench
     with ExitStack() as stack:
         llama_file, llama_note = _llama_file(path, model.arch, bench, llama_model, stack, log)
@@ -105,6 +114,7 @@ def run(path: str, depth: int, draft_lengths: list[int], acceptance: list[float]
     loop_ms = statistics.median(loop) if loop else None      # None: end-of-text came first
     rows, speed = [], []
     lora = model._core.hparams["draft_lora_rank"] > 0
+    assumed = model.arch != PUBLISHED_ARCH
     for i, k in enumerate(draft_lengths):
         draft = statistics.median(t["draft_ms"][i]) if t["draft_ms"][i] else 0.0
         draft_lora = statistics.median(t["draft_lora_ms"][i]) if t["draft_lora_ms"][i] else None
@@ -116,8 +126,11 @@ def run(path: str, depth: int, draft_lengths: list[int], acceptance: list[float]
         for a in acceptance:
             used = min(a, k)
             source, with_lora = PUBLISHED.get(a, ("given", True))
+            if assumed and a in PUBLISHED:
+                source += f", assumed for this {model.arch} file"
             cost = iteration if with_lora or draft_lora is None else draft + verify
-            speed.append(dict(k=k, acceptance=a, source=source, draft="LoRA" if lora and with_lora else "base",
+            draft_kind = "LoRA" if lora and with_lora else "base, no LoRA in this file" if with_lora else "base"
+            speed.append(dict(k=k, acceptance=a, source=source, draft=draft_kind,
                               used=used, tok_s=1000.0 * used / cost, ar_tok_s=1000.0 / decode_ms,
                               speedup=decode_ms * used / cost)
                          | ({"llama_tok_s": 1000.0 / llama_ms, "vs_llama": llama_ms * used / cost}
@@ -126,6 +139,9 @@ def run(path: str, depth: int, draft_lengths: list[int], acceptance: list[float]
     return dict(model=str(path), hparams=model._core.hparams, depth=depth, threads=model.threads, reps=reps,
                 decode_ms=decode_ms, decode_samples_ms=t["decode_ms"], ar_loop_ms=loop_ms, rows=rows, speed=speed,
                 machine=describe(), llama=llama,
+                acceptance_note=(f"The published acceptance lengths are Nemotron-Labs-Diffusion-8B's (NVIDIA's model "
+                                 f"card), applied to this {model.arch} file as an assumption: none is published for it."
+                                 if assumed and any(a in PUBLISHED for a in acceptance) else None),
                 load_average=[load_before, os.getloadavg()[0]], when=time.strftime("%Y-%m-%d %H:%M"))
 
 
@@ -200,7 +216,8 @@ def header(result: dict) -> str:
             + (f"{result['ar_loop_ms']:.1f} ms/token in the real loop" if result["ar_loop_ms"] is not None
                else "none from the real loop (its answer ended at end-of-text first)")
             + f"; load average {result['load_average'][0]:.1f} -> {result['load_average'][1]:.1f}\n"
-            + llama_line(result))
+            + llama_line(result)
+            + (f"\n{result['acceptance_note']}" if result.get("acceptance_note") else ""))
 
 
 def llama_line(result: dict) -> str:
