@@ -50,6 +50,7 @@ def wedlm_recording(prompt_length=4, gen_length=24, window=8, seed=0) -> Recordi
     tokens = np.zeros(n, np.int32)            # 0: the mask id
     tokens[:p] = target[:p]
     start, events, step = p, [], 0
+    budget = gen_length + window - 1       # the engine's: each pass fills one of the window's reach
     while start < n:
         end = min(start + window, n)
         win = np.arange(start, end)
@@ -67,7 +68,7 @@ def wedlm_recording(prompt_length=4, gen_length=24, window=8, seed=0) -> Recordi
         entropy = np.full(n, np.nan, np.float32)
         entropy[masked] = rng.uniform(0.1, 3, masked.size)
         events.append(StepEvent(
-            step=step, block=0, n_blocks=1, steps_allowed=gen_length, prompt_length=p,
+            step=step, block=0, n_blocks=1, steps_allowed=budget, prompt_length=p,
             block_start=start, block_end=end, tokens=tokens.copy(), mask=tokens == 0,
             unmasked=pick.astype(np.int32), entropy=entropy, confidence=np.exp(-entropy),
             active=win.astype(np.int32), cached=np.arange(start, dtype=np.int32), forward_ms=3.0,
@@ -79,10 +80,10 @@ def wedlm_recording(prompt_length=4, gen_length=24, window=8, seed=0) -> Recordi
     ms = np.array([e.total_ms for e in events])
     result = GenerateResult(
         text="", tokens=tokens[p:].copy(), prompt_tokens=tokens[:p].copy(), steps=len(events),
-        steps_allowed=gen_length, stop_reason="done", step_ms=ms, forward_ms=ms - 0.5,
+        steps_allowed=budget, stop_reason="done", step_ms=ms, forward_ms=ms - 0.5,
         sample_ms=np.full(len(events), 0.5), total_ms=float(ms.sum()), gen_length=gen_length,
         useful_length=gen_length)
     pieces = {i: f"w{i}" for i in range(40)} | {0: "<mask>"}
-    return Recording(prompt="wedlm", options={"gen_length": gen_length}, events=events, result=result,
+    return Recording(prompt="wedlm", options={"gen_length": gen_length, "window_size": window}, events=events, result=result,
                      model={"name": "wedlm-synthetic", "arch": "wedlm", "eos_ids": [1], "special_ids": [0, 1]},
                      pieces=pieces)

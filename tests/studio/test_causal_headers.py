@@ -10,9 +10,10 @@ from causal_runs import agreeable_nemotron, causal_run, wedlm_recording
 
 import diffuse
 from diffuse.studio.canvas import CanvasPanel, header_text, tooltip_html
+from diffuse.studio.causal_views import WindowView
 from diffuse.studio.chat import ChatPanel, answer_meta
 from diffuse.studio.conversations import Message
-from diffuse.studio.run_state import RunState, decoding_text
+from diffuse.studio.run_state import RunState, counted, decoding_text
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def test_a_chat_answer_names_its_mode_or_window_not_the_scheduler(runs, wedlm):
     assert " · self-speculation, draft blocks of 8 · " in note(runs["self_spec"])
     assert " · AR decode · " in note(runs["ar"])
     assert " · confidence_threshold · " in note(runs["diffusion"])
-    assert " · WeDLM, window 16<" in note(wedlm)       # the recording has no seed
+    assert " · WeDLM, window 8<" in note(wedlm)       # the recording has no seed
     for run in (runs["ar"], runs["self_spec"], wedlm):
         assert "confidence_threshold" not in note(run)
     # answers kept before answers kept their architecture, and hostile ones, still read
@@ -82,14 +83,14 @@ def test_the_canvas_says_what_a_causal_step_is(qtbot, runs, wedlm):
     ev = spec.events[2]
     lo = ev.block_start - spec.prompt_length
     masked = int(ev.gen_mask.sum())
-    assert (f"iteration 2: {ev.block_end - ev.block_start - 1} drafts after the seed at position {lo} · {masked} of "
+    assert (f"iteration 2: {counted(ev.block_end - ev.block_start - 1, 'draft')} after the seed at position {lo} · {masked} of "
             f"40 still masked · {len(ev.unmasked)} decided") in header_text(spec, 2)
     assert "AR decode: one token per pass at position 5 · 34 of 40 still masked · 1 decided" in header_text(ar, 5)
     ev = wedlm.events[3]
     lo, hi = ev.block_start - wedlm.prompt_length, ev.block_end - wedlm.prompt_length
     later = int(wedlm.not_started(3).sum())
     assert header_text(wedlm, 3).startswith(
-        f"step 4/{wedlm.n_steps} · window at positions {lo}–{hi - 1} · {int(ev.gen_mask.sum()) - later} masked in it, "
+        f"step 4/{wedlm.n_steps}, at most 31 passes (gen_length 24 + window 8 − 1) · window at positions {lo}–{hi - 1} · {int(ev.gen_mask.sum()) - later} masked in it, "
         f"{later} past it · {len(ev.unmasked)} filled, {len(ev.committed)} committed · fills the masks")
     # a cell's tooltip names no block either, and a position not reached says why
     k, i = 1, spec.gen_length - 1
@@ -104,3 +105,13 @@ def test_a_block_diffusion_run_keeps_its_blocks(runs):
     run = runs["diffusion"]          # Nemotron's own diffusion: blocks of 32 over the causal cache
     assert header_text(run, 1).startswith(f"step 2/{run.n_steps} · block 1/2 · ")
     assert "later blocks" in header_text(run, 1) and "block 1/2" in tooltip_html(run, 1, 0)
+
+
+def test_counts_agree_with_their_nouns_and_wedlm_says_its_budget(wedlm):
+    """"1 drafts" was said of a one-draft iteration; WeDLM's "step k/31" had a budget nothing explained."""
+    assert counted(1, "draft") == "1 draft" and counted(0, "draft") == "0 drafts" and counted(3, "pass") == "3 passes"
+    assert wedlm.budget_text() == "at most 31 passes (gen_length 24 + window 8 − 1)"
+    assert "at most 31 passes (gen_length 24 + window 8 − 1)" in WindowView().caption_text(wedlm, 0)
+    wedlm.recording.options["window_size"] = 4      # a budget the formula does not give: the context's
+    assert wedlm.budget_text() == "at most 31 passes (what the model's context leaves)"
+    assert RunState().budget_text() == ""

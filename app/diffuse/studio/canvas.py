@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (QButtonGroup, QHBoxLayout, QLabel, QScrollArea, Q
                                QToolButton, QToolTip, QVBoxLayout, QWidget)
 
 from diffuse.studio import storage, theme
-from diffuse.studio.run_state import EDIT_MARK, FIT_PERCENTILES, TAU_MARK, RunState, step_number
+from diffuse.studio.run_state import EDIT_MARK, FIT_PERCENTILES, TAU_MARK, RunState, counted, step_number
 from diffuse.studio.view_base import RunView
 
 MODES = ("entropy", "confidence")
@@ -330,11 +330,12 @@ def header_text(run: RunState, k: int) -> str:
         where = f"AR decode: one token per pass at position {lo} · {masked} of {g} still masked"
     elif run.causal_mode == "self_spec":
         where = ("the prefill: the prompt's pass chose the first token" if k == 0 else
-                 f"iteration {k}: {hi - lo - 1} drafts after the seed at position {lo}")
+                 f"iteration {k}: {counted(hi - lo - 1, 'draft')} after the seed at position {lo}")
         where += f" · {masked} of {g} still masked"
     elif run.wedlm_window:
         committed = "" if e.committed is None else f", {len(e.committed)} committed"
-        return (f"{run.step_label(k)} · window at positions {lo}–{hi - 1} · {masked - later} masked in it, "
+        return (f"{run.step_label(k)}, {run.budget_text()} · window at positions {lo}–{hi - 1} · "
+                f"{masked - later} masked in it, "
                 f"{later} past it · {len(e.unmasked)} filled{committed} · {run.window_rule_text()}")
     elif run.uniform_state:     # "canvas", as the Uniform state tab says
         where = f"canvas {e.block + 1}/{e.n_blocks} · "

@@ -30,7 +30,7 @@ from PySide6.QtWidgets import QLabel, QScrollArea, QSizePolicy, QToolTip, QVBoxL
 from diffuse.studio import theme
 from diffuse.studio.canvas import display_text
 from diffuse.studio.compare_pairs import ms_per_token
-from diffuse.studio.run_state import RunState, step_number
+from diffuse.studio.run_state import RunState, counted, step_number
 from diffuse.studio.view_base import RunView
 
 if TYPE_CHECKING:
@@ -470,19 +470,20 @@ class SpecView(_StripView):
         ev, f = run.events[k], self.figures(run, k)
         if ev.spec_draft is not None:
             drafted, a = len(ev.spec_draft) - 1, max(ev.spec_accepted, 0)
-            said = f"kept {a} of {drafted} drafts"
+            said = f"kept {a} of {counted(drafted, 'draft')}"
             if a < drafted:
                 said += (f", rejected {quoted(run, ev.spec_draft[a + 1])} → bonus "
                          f"{quoted(run, ev.tokens[ev.block_start + a + 1])}")
             passes = "2 passes" if drafted else "1 pass"
-            step = (f"{run.step_label(k)}: {said} · {_n(len(ev.unmasked), 'token')}, {passes} of "
-                    f"{_n(drafted + 1, 'row')}, {ev.total_ms:.1f} ms")
+            step = (f"{run.step_label(k)}: {said} · {counted(len(ev.unmasked), 'token')}, {passes} of "
+                    f"{counted(drafted + 1, 'row')}, {ev.total_ms:.1f} ms")
         else:
-            step = f"{run.step_label(k)}: the prefill, {_n(len(ev.unmasked), 'token')}"
+            step = f"{run.step_label(k)}: the prefill, {counted(len(ev.unmasked), 'token')}"
         saved = f.tokens - f.passes
-        vs_ar = (f"{_n(saved, 'pass')} fewer than AR" if saved > 0 else f"{_n(-saved, 'pass')} more than AR"
+        vs_ar = (f"{counted(saved, 'pass')} fewer than AR" if saved > 0 else f"{counted(-saved, 'pass')} more than AR"
                  if saved < 0 else "as many passes as AR")
-        passes = (f"After the prefill {_n(f.tokens, 'token')} / {_n(f.passes, 'pass')} = {f.tokens_per_pass:.2f} "
+        passes = (f"After the prefill {counted(f.tokens, 'token')} / {counted(f.passes, 'pass')} = "
+                  f"{f.tokens_per_pass:.2f} "
                   f"per pass (AR 1) · {vs_ar}")
         return "\n".join((step, passes, self.time_text(run, k)))
 
@@ -496,10 +497,6 @@ class SpecView(_StripView):
             return f"{mine} · AR's not measured on this model yet"
         return (f"{mine} vs AR's {cost.ms_per_token:.2f} (measured {cost.when}): {cost.ms_per_token / ms:.2f}x "
                 f"AR's speed")
-
-
-def _n(n: int, noun: str) -> str:
-    return f"{n} {noun}{('es' if noun.endswith('s') else 's') * (n != 1)}"
 
 
 CAPTION_TIP = ("Counted after the prefill, which AR runs alike. Passes count forward passes, not time: a pass of "
@@ -589,7 +586,8 @@ class WindowView(_StripView):
         states = list(self.states(ev).values())
         p = ev.prompt_length
         done = int((~ev.mask[p:ev.block_start]).sum()) + states.count("committed")
-        return (f"{run.step_label(k)}: window at answer positions {ev.block_start - p}–{ev.block_end - p - 1} · "
+        return (f"{run.step_label(k)}, {run.budget_text()}: window at answer positions "
+                f"{ev.block_start - p}–{ev.block_end - p - 1} · "
                 f"{states.count('committed')} committed at this step, {states.count('filled')} filled not committed, "
                 f"{states.count('mask')} masks (outlined: filled at this step) · {done} of {run.gen_length} "
                 f"committed so far")

@@ -29,6 +29,11 @@ def step_number(k):
     return k + 1
 
 
+def counted(n: int, noun: str) -> str:
+    """n and its noun, plural unless n is 1: "1 draft", "3 passes"."""
+    return f"{n} {noun}{('es' if noun.endswith('s') else 's') * (n != 1)}"
+
+
 def options_text(options: dict) -> str:
     """Options as every view lists them: "steps 24, cache on, seed 0"; those left to the model
     (None) are not listed."""
@@ -176,6 +181,19 @@ class RunState:
     @property
     def steps_allowed(self) -> int:
         return self.events[-1].steps_allowed if self.events else 0
+
+    def budget_text(self) -> str:
+        """WeDLM's step budget and where it comes from (the n of "step k/n" while it runs, and of
+        the chat's "25/39 steps", is not its steps option; each pass fills at least one position of
+        the window's reach): "" for the other runs."""
+        if not self.wedlm_window or not self.events:
+            return ""
+        window = run_option(self.options, self.arch, "window_size")
+        if isinstance(window, int) and self.steps_allowed == self.gen_length + window - 1:
+            why = f"gen_length {self.gen_length} + window {window} − 1"
+        else:
+            why = "what the model's context leaves"
+        return f"at most {counted(self.steps_allowed, 'pass')} ({why})"
 
     def step_label(self, step: int) -> str:
         """"step k/n" for every view: n is the steps used once the run is over, the budget while
