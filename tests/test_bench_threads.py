@@ -78,3 +78,20 @@ def test_bad_arguments_are_one_clear_line(tiny_gguf, argv, message, capsys):
         code = e.code
     assert code != 0
     assert message in capsys.readouterr().err
+
+
+def test_diffusion_gemma_times_its_canvas_step_and_encoder(tmp_path, capsys):
+    """No full step, block step or AR decode: one line says so before the header, and its two
+    passes are timed at each thread count instead (exit 0)."""
+    from fixtures.tiny_diffusion_gemma import write_diffusion_gemma
+
+    from diffuse.convert import convert_hf
+    model = str(convert_hf(write_diffusion_gemma(tmp_path / "hf"), tmp_path / "dg.gguf", "f32"))
+    assert main(["bench", "threads", model, "--threads", "1,2", "--depth", "8", "--reps", "1",
+                 "--json", str(tmp_path / "t.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("dg.gguf: no full step, block step or AR decode")
+    result = json.loads((tmp_path / "t.json").read_text())
+    assert [(r["kind"], r["threads"]) for r in result["table"]] == [
+        (k, t) for k in threads.CANVAS_KINDS for t in (1, 2)]
+    assert all(r["ms"] > 0 for r in result["table"]) and result["rows"] == 16

@@ -90,6 +90,17 @@ def write_model(path: Path) -> Path:
     return path
 
 
+def time_canvas(model, context: list[int], threads: int) -> dict:
+    """One real run of one canvas over `context`, two steps, timed by the engine: `first_ms` the
+    decoder's first pass (no self-conditioning), `ms` its second (self-conditioned, as every later
+    step is), `encoder_ms` the encoder's pass over the context (the run's prefill)."""
+    events = []
+    # stop_entropy: the least the engine takes, so that no canvas settles before its second step
+    out = model.generate(context, gen_length=model._core.hparams["canvas_length"], steps=2, stop_entropy=1e-6,
+                         chat=False, threads=threads, on_step=events.append)
+    return {"first_ms": events[0].forward_ms, "ms": events[1].forward_ms, "encoder_ms": out.prefill_ms}
+
+
 def main() -> None:
     import diffuse
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -128,28 +128,24 @@ def _rows_run(model, path: str, depths: list[int], widths: list[int], threads: i
 
 def _canvas_run(model, path: str, depths: list[int], canvas: int, threads: int, reps: int, log, cancel) -> dict:
     """DiffusionGemma: per depth and round, one real run of one canvas over a random context of
-    that many tokens, two steps (the second self-conditioned, as every later step is); the engine
-    times the decoder's pass (the step events' forward_ms) and the encoder's (prefill_ms)."""
+    that many tokens (diffusion_gemma.time_canvas), the depths alternating."""
     if min(depths) < 1:
         raise DiffuseError("--depths: DiffusionGemma's encoder needs a context of at least 1 token")
     if max(depths) + canvas > model.n_ctx_train:
         raise DiffuseError(f"depth {max(depths)} + its canvas of {canvas} rows exceed the model's context "
                            f"({model.n_ctx_train})")
+    from diffuse.bench.diffusion_gemma import time_canvas
+
     rng = np.random.default_rng(0)
     contexts = {d: [int(t) for t in rng.integers(0, model.n_vocab, d)] for d in depths}
-    # stop_entropy: the least the engine takes, so that no canvas settles before its second step
-    options = dict(gen_length=canvas, steps=2, stop_entropy=1e-6, chat=False, threads=threads)
-    model.generate(contexts[depths[0]][:1], **options)     # page the weights in
+    time_canvas(model, contexts[depths[0]][:1], threads)     # page the weights in
     times = {d: {"ms": [], "first_ms": [], "encoder_ms": []} for d in depths}
     for rnd in range(reps):
         if cancel():
             break
         for d in depths if rnd % 2 == 0 else depths[::-1]:
-            events = []
-            out = model.generate(contexts[d], on_step=events.append, **options)
-            times[d]["first_ms"].append(events[0].forward_ms)
-            times[d]["ms"].append(events[1].forward_ms)
-            times[d]["encoder_ms"].append(out.prefill_ms)
+            for key, ms in time_canvas(model, contexts[d], threads).items():
+                times[d][key].append(ms)
         log(f"round {rnd + 1} of {reps}: canvas step " + ", ".join(
             f"depth {d} {times[d]['ms'][-1]:.1f} ms" for d in depths))
     rows = []

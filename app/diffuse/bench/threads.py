@@ -17,6 +17,11 @@ A side llama.cpp cannot run (another architecture, no AR twin) is left out with 
 Rounds alternate ours and llama.cpp's, the thread counts in turn forward and backward, so every
 point sees the same machine load; medians over the rounds.
 
+DiffusionGemma has none of those three passes (its decoder denoises a whole canvas over the
+encoded context; it has no AR decode): its two kinds are timed instead, inside a real run
+(diffusion_gemma.time_canvas): the canvas step (self-conditioned, over --depth context rows) and
+the encoder's pass over the context; `note` says why the others are absent, llama.cpp is left out.
+
     diffuse bench threads MODEL.gguf [--ar-model AR.gguf] [--threads 1,2,4,8] [--rows 128] [--depth 512]
     python -m diffuse.bench.threads make DIR [--layers 24] [--type Q4_K_M]   # random Qwen2.5-0.5B-shaped Dream + AR twin
 """
@@ -32,6 +37,7 @@ import numpy as np
 from diffuse import DiffuseError
 
 KINDS = ("full step", "block step", "AR decode")
+CANVAS_KINDS = ("canvas step", "encoder pass")      # DiffusionGemma's
 DECODE_TOKENS = 16          # llama-bench decode tokens per sample (its ms is divided by them)
 # Qwen2.5-0.5B's layer shapes (Dream-7B's block at 0.5B, as in docs/benchmarks.md "Models").
 QWEN_05B = dict(n_embd=896, n_head=14, n_head_kv=2, n_ff=4864, n_vocab=151936, n_ctx=32768)
@@ -73,6 +79,8 @@ def run(path: str, threads: list[int], rows: int, depth: int, width: int, reps: 
     if depth % width:
         raise DiffuseError(f"--depth {depth} is not a multiple of --width {width}: blocks align at position 0")
     model = diffuse.load(path, threads=max(threads))
+    if model._core.hparams.get("canvas_length", 0):
+        return _canvas_run(model, path, threads, depth, reps, log)
     if max(rows, depth + width) > model.n_ctx_train:
         raise DiffuseError(f"--rows {rows} or --depth {depth} + --width {width} exceed the model's context "
                            f"({model.n_ctx_train})")
@@ -129,11 +137,50 @@ def run(path: str, threads: list[int], rows: int, depth: int, width: int, reps: 
             "when": time.strftime("%Y-%m-%d %H:%M")}
 
 
+def _canvas_run(model, path: str, threads: list[int], depth: int, reps: int, log) -> dict:
+    """DiffusionGemma's canvas step and encoder pass over `depth` context rows at each thread count."""
+    from diffuse.bench.diffusion_gemma import time_canvas
+    from diffuse.bench.machine import describe
+
+    canvas = model._core.hparams["canvas_length"]
+    if depth + canvas > model.n_ctx_train:
+        raise DiffuseError(f"--depth {depth} + its canvas of {canvas} rows exceed the model's context "
+                           f"({model.n_ctx_train})")
+    context = [int(t) for t in np.random.default_rng(0).integers(0, model.n_vocab, depth)]
+    time_canvas(model, context[:1], max(threads))      # page the weights in
+    machine, load_before = describe(), os.getloadavg()[0]
+    ours = {(k, t): [] for k in CANVAS_KINDS for t in threads}
+    for rnd in range(reps):
+        for t in threads if rnd % 2 == 0 else threads[::-1]:
+            got = time_canvas(model, context, t)
+            ours["canvas step", t].append(got["ms"])
+            ours["encoder pass", t].append(got["encoder_ms"])
+        log(f"round {rnd + 1} of {reps}: canvas step " + " ".join(
+            f"t{t} {ours['canvas step', t][-1]:.1f}" for t in threads) + f" ms; load {os.getloadavg()[0]:.2f}")
+    table = []
+    for kind in CANVAS_KINDS:
+        base = float(np.median(ours[kind, threads[0]]))
+        for t in threads:
+            ms = float(np.median(ours[kind, t]))
+            table.append({"kind": kind, "threads": t, "ms": ms, "speedup": base / ms, "samples": ours[kind, t]})
+    note = (f"{Path(path).name}: no full step, block step or AR decode: DiffusionGemma's decoder denoises a whole "
+            f"canvas of {canvas} rows over the encoded context and it has no AR decode, so its canvas step and "
+            f"encoder pass are timed instead; llama.cpp is left out (no llama-bench pass is either).")
+    return {"model": path, "ar_model": None, "hparams": model._core.hparams, "threads": threads, "rows": canvas,
+            "depth": depth, "width": canvas, "reps": reps, "table": table, "llama_left_out": {}, "note": note,
+            "machine": machine, "load_average": [load_before, os.getloadavg()[0]],
+            "when": time.strftime("%Y-%m-%d %H:%M")}
+
+
 def header(result: dict) -> str:
     hp = result["hparams"]
+    passes = (f"Canvas step: the decoder over {result['rows']} canvas rows over {result['depth']} context rows, "
+              f"self-conditioned; encoder pass: over the {result['depth']} context rows; timed inside a real run."
+              if result.get("note") else
+              f"Full step: {result['rows']} rows, nothing cached; block step: {result['width']} rows "
+              f"over {result['depth']} cached; AR decode: 1 row over {result['depth']}; logits for every row.")
     return (f"{Path(result['model']).name}: {hp['arch']}, {hp['n_layer']} layers of {hp['n_embd']}, vocabulary "
-            f"{hp['n_vocab']}. Full step: {result['rows']} rows, nothing cached; block step: {result['width']} rows "
-            f"over {result['depth']} cached; AR decode: 1 row over {result['depth']}; logits for every row. Median "
+            f"{hp['n_vocab']}. {passes} Median "
             f"of {result['reps']} alternated rounds; speedup over {result['threads'][0]} thread(s); load average "
             f"{result['load_average'][0]:.1f} -> {result['load_average'][1]:.1f}.")
 
@@ -145,8 +192,8 @@ def left_out_lines(result: dict) -> str:
 def markdown(result: dict) -> str:
     from diffuse.bench.machine import describe_line
     from diffuse.bench.tables import md_table
-    return "\n\n".join([header(result), describe_line(result["machine"]), md_table(result["table"], COLUMNS)
-                        + left_out_lines(result)]) + "\n"
+    return "\n\n".join(([result["note"]] if result.get("note") else []) + [
+        header(result), describe_line(result["machine"]), md_table(result["table"], COLUMNS) + left_out_lines(result)]) + "\n"
 
 
 def make(folder: Path, n_layer: int, weight_type: str = "Q4_K_M") -> tuple[Path, Path]:

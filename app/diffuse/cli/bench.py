@@ -494,6 +494,8 @@ def _threads(args) -> int:
     result = threads.run(args.model, args.threads or default_threads(), args.rows, args.depth, args.width, args.reps,
                          llama_bin=args.llama_bin, ar_path=args.ar_model, use_llama=args.llama,
                          log=lambda line: print(line, file=sys.stderr))
+    if result.get("note"):
+        print(result["note"])
     print(threads.header(result))
     print(text_table(result["table"], threads.COLUMNS) + threads.left_out_lines(result))
     _write_json(args.json, result)
