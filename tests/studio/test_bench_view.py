@@ -270,6 +270,7 @@ def test_the_knee_on_diffusion_gemma_shows_its_canvas_step(qtbot, tmp_path):
     qtbot.waitUntil(lambda: not w.running, timeout=60000)
     assert w.knee_status.text().startswith("Done: bench knee measured depths 8"), w.knee_status.text()
     assert w.knee.cost_empty.note.isVisible() and "No cost in decode tokens" in w.knee.cost_empty.note.toPlainText()
+    assert "No speed against AR decode" in w.knee.speed_empty.note.toPlainText()
     assert "Context 8: canvas step" in w.knee.source.text() and w.save_button.isEnabled()
     w.save_knee(str(tmp_path / "k.json"))
     assert read_result(tmp_path / "k.json")["canvas"][0]["depth"] == 8     # and it opens again

@@ -101,7 +101,8 @@ class KneeView(QWidget):
         canvas = result is not None and not result["passes"]     # DiffusionGemma: no decode-token unit
         self.cost_empty.show(result is None or canvas, self.cost_empty.idle if not canvas else
                              "No cost in decode tokens for this model\n(its canvas step in ms is below)")
-        self.speed_empty.show(result is None or not self._speeds(result))
+        self.speed_empty.show(result is None or not self._speeds(result), self.speed_empty.idle if result is None
+                              else "No speed against AR decode to draw\n(no family's rate over a cost measured here)")
         if result is None:
             self.source.setText("")
             return
