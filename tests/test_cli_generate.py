@@ -227,12 +227,28 @@ def test_gen_length_is_rounded_up_to_whole_blocks_as_the_server_does(tiny_gguf, 
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "gen_length 20 -> 24: whole blocks of 8; the answer is cut at 20 tokens" in err
-    r = json.loads(out)
-    assert r["options"]["gen_length"] == 24 and len(r["tokens"]) == 24
+    r = json.loads(out)     # the length asked for and got, also where the engine ran whole blocks
+    assert r["options"]["gen_length"] == r["gen_length"] == 20 and len(r["tokens"]) == 20
+    assert f"({r['useful_length']}/20 tokens)" in err
     model = load(str(tiny_gguf("llada", "f32")))
     ids = r["tokens"][:20]
     ids = ids[:next((i for i, t in enumerate(ids) if t in model.tokenizer.eos_token_ids), 20)]
     assert r["text"] == model.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("family, asked, note", [
+    ("nemotron-diffusion", 24, "gen_length 24 -> 32: whole blocks of 32 (the model's own); the answer is cut at 24"),
+    ("sdar", 10, "whole blocks of 4 from the prompt's start; the answer is cut at 10 tokens")])
+def test_the_models_own_blocks_are_noted_and_the_answer_counted_as_asked(tiny_gguf, capsys, family, asked, note):
+    """block_length 0 (the model's own block) or block diffusion: the engine runs more positions than
+    asked for; the note says so, and --json and the summary count the positions asked for."""
+    assert main(["generate", "-m", str(tiny_gguf(family, "f32")), "-p", "Hello", "--gen-length", str(asked),
+                 "--threads", "1", "--no-chat", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert note in err
+    r = json.loads(out)
+    assert r["gen_length"] == r["options"]["gen_length"] == len(r["tokens"]) == len(r["decided_step"]) == asked
+    assert f"({r['useful_length']}/{asked} tokens)" in err and r["useful_length"] <= asked
 
 
 def test_help_says_gen_length_is_rounded_up(capsys):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -14,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from diffuse import DiffuseError, load, physical_cores
+from diffuse import DiffuseError, _core, load, physical_cores
 from diffuse.cli import check_input, check_output
 from diffuse.events import GenerateResult, StepEvent
-from diffuse.generation import (FAMILIES, OPTIONS, PRESETS, default_options, preset, resolve_options,
-                                 schedule_check, whole_blocks)
+from diffuse.generation import (_PLAN_SIZES, ARCHITECTURES, FAMILIES, OPTIONS, PRESETS, default_options, preset,
+                                 resolve_options, schedule_check, whole_blocks)
 from diffuse.recording import Recording
 from diffuse.remote import TIMEOUT_S, RemoteModel, api_key_from_env
 
@@ -314,17 +315,39 @@ def read_prompt(args: argparse.Namespace) -> str:
     return text[:-1] if text.endswith("\n") else text
 
 
-def fit_blocks(options: dict, arch: str) -> tuple[dict, str | None]:
+def fit_blocks(options: dict, model, n_prompt: int) -> tuple[dict, str | None]:
     """gen_length in whole blocks (diffuse.generation.whole_blocks, as the server does with
-    max_tokens); the answer is cut at the length asked for. The options to run and a note when the
-    length changed."""
+    max_tokens), and a note when the engine runs more positions than asked for: those whole blocks,
+    the model's own block (block_length 0) or its canvas, or block diffusion's blocks from the
+    prompt's start (its plan for this prompt, _core.plan). The answer is cut at the length asked for."""
     gen = options["gen_length"]
-    rounded = whole_blocks(gen, options, arch)
-    if rounded == gen:
+    options = {**options, "gen_length": whole_blocks(gen, options, model.arch)}
+    sizes = {k: int(model.hparams.get(k) or 0) for k in _PLAN_SIZES}
+    try:
+        plan = _core.plan(model.arch, options, n_prompt=n_prompt, **sizes)
+    except DiffuseError:        # the run itself says why
         return options, None
-    note = (f"gen_length {gen} -> {rounded}: whole blocks of {options['block_length']}; the answer is cut "
-            f"at {gen} tokens")
-    return {**options, "gen_length": rounded}, note
+    if plan.get("gen_length", gen) <= gen:
+        return options, None
+    own = " (the model's own)" if options["block_length"] <= 0 else ""
+    start = " from the prompt's start" if ARCHITECTURES[model.arch]["block_diffusion"] else ""
+    unit = "canvases" if plan["loop"] == "uniform-state" else "blocks"
+    return options, (f"gen_length {gen} -> {plan['gen_length']}: whole {unit} of {plan['block_length']}{own}"
+                     f"{start}; the answer is cut at {gen} tokens")
+
+
+def cut(r: GenerateResult, model, length: int) -> GenerateResult:
+    """The result as asked for: its first `length` positions (the engine ran whole blocks), the
+    answer's text and useful tokens counted in them, so that --json, the summary and a recording's
+    answer say what the user asked for and got."""
+    text = answer_text(r, model, length)
+    if length >= len(r.tokens):
+        return dataclasses.replace(r, text=text)
+    ids = r.tokens[:length]
+    eos = set(model.tokenizer.eos_token_ids)
+    end = next((i for i, t in enumerate(ids.tolist()) if t in eos), length)
+    return dataclasses.replace(r, text=text, tokens=ids, decided_step=np.asarray(r.decided_step)[:length],
+                               gen_length=length, useful_length=int((ids[:end] != model.mask_token_id).sum()))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -348,7 +371,8 @@ def run(args: argparse.Namespace) -> int:
     # stdout carries the answer only (it may be redirected to a file); progress goes to stderr.
     view = LiveView(model.tokenizer, sys.stderr) if not args.quiet and sys.stderr.isatty() else None
     options = generation_options(args)
-    resolved, length_note = fit_blocks(resolve_options(model.arch, model.recipe, **options), model.arch)
+    asked = resolve_options(model.arch, model.recipe, **options)
+    resolved, length_note = fit_blocks(asked, model, len(model.encode_prompt(prompt, args.chat)))
     for note in (length_note, schedule_check(resolved, model.arch, hparams=model.hparams)[0]):
         if note:
             print(f"diffuse: note: {note}", file=sys.stderr)
@@ -378,14 +402,15 @@ def run(args: argparse.Namespace) -> int:
             if view is not None:
                 view.close()
         # Until the answer is out, a late Ctrl-C only marks the run: it must not cut the answer short.
-        text = answer_text(result, model, resolve_options(model.arch, **options)["gen_length"])
-        print(as_json(result, text, result.tokens == model.mask_token_id, resolved) if args.json else text,
-              flush=True)
-        print(summary(result), file=sys.stderr)
+        answer = cut(result, model, asked["gen_length"])
+        print(as_json(answer, answer.text, answer.tokens == model.mask_token_id,
+                      {**resolved, "gen_length": asked["gen_length"]}) if args.json else answer.text, flush=True)
+        print(summary(answer), file=sys.stderr)
     finally:
         signal.signal(signal.SIGINT, previous)
     if recording is not None:   # after the answer: a save that fails (a full disk) does not lose it
-        recording.finish(result, model.tokenizer.decode).save(args.record)
+        # every position the steps ran, with the answer as it was printed
+        recording.finish(dataclasses.replace(result, text=answer.text), model.tokenizer.decode).save(args.record)
     return 130 if interrupted else 0
 
 
