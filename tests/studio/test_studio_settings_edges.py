@@ -6,7 +6,7 @@ from PySide6.QtWidgets import QGroupBox
 
 from diffuse.generation import resolve_options
 from diffuse.studio import theme
-from diffuse.studio.settings_panel import CAUSAL, UNIFORM, SettingsPanel
+from diffuse.studio.settings_panel import CAUSAL, UNIFORM, WINDOW, SettingsPanel
 
 
 def test_reset_gives_the_model_its_files_recipe(window, fake_model):
@@ -225,3 +225,35 @@ def test_a_field_that_is_off_looks_off(qtbot):
     assert off("draft_length") and off("stability") and not off("steps") and not off("mode")
     panel.set_options({"mode": "self_spec"})
     assert not off("draft_length")
+
+
+def test_wedlms_window_is_a_group_of_its_own_on_for_wedlm(qtbot):
+    """Window and position penalty are WeDLM's decoding's, not every model's schedule: their own
+    group, between the causal modes' and the uniform-state canvas's, on for WeDLM's diffusion only."""
+    panel = SettingsPanel()
+    qtbot.addWidget(panel)
+    f = panel.fields
+    titles = [g.title() for g in panel.findChildren(QGroupBox)]
+    assert titles.index(CAUSAL) < titles.index(WINDOW) < titles.index(UNIFORM)
+    assert f["window_size"].parent().parent().title() == f["pos_penalty"].parent().parent().title() == WINDOW
+    for arch, on in (("wedlm", True), ("wedlm-qwen2", True), ("nemotron-diffusion", False), ("llada", False)):
+        panel.show_defaults(arch)
+        assert f["window_size"].isEnabled() == f["pos_penalty"].isEnabled() == on, arch
+
+
+def test_the_decoding_mode_list_shows_every_mode(qtbot, window):
+    """Its popup is tall enough for all its items (no scrolling), wherever the field is."""
+    window.resize(1024, 700)
+    window.show()
+    panel = window.settings_panel
+    panel.show_defaults("nemotron-diffusion")
+    box = panel.fields["mode"]
+    for current in range(box.count()):
+        box.setCurrentIndex(current)
+        box.showPopup()
+        view = box.view()
+        qtbot.waitUntil(view.isVisible, timeout=5000)
+        rows = sum(view.sizeHintForRow(i) for i in range(box.count()))
+        assert view.verticalScrollBar().maximum() == 0 and view.viewport().height() >= rows
+        box.hidePopup()
+        qtbot.waitUntil(lambda: not view.isVisible(), timeout=5000)

@@ -67,7 +67,8 @@ class Place(NamedTuple):
 
 SCHEDULE, CACHE, SAMPLING = "Schedule", "Inter-step cache", "Sampling and compute"
 # The options of one decoding loop only (generation.ARCHITECTURES' "loop"), each in a group of its own.
-CAUSAL, UNIFORM = "AR and self-speculation", "Uniform-state canvas"   # titles fit the 1024-px panel
+CAUSAL, WINDOW, UNIFORM = "AR and self-speculation", "WeDLM's sliding window", "Uniform-state canvas"
+# (titles that fit the 1024-pixel panel)
 # In panel order; an option the engine adds later shows at the end of the sampling group.
 PLACES = {
     "scheduler": Place(SCHEDULE, "Scheduler"),
@@ -100,8 +101,8 @@ PLACES = {
     "draft_length": Place(CAUSAL, "Draft length"),
     "draft_lora": Place(CAUSAL, "Draft with the model's draft LoRA"),
     # WeDLM's sliding window (its threshold is Tau)
-    "window_size": Place(SCHEDULE, "Window"),
-    "pos_penalty": Place(SCHEDULE, "Position penalty", 0.01, decimals=3, suffix=" nats"),
+    "window_size": Place(WINDOW, "Window"),
+    "pos_penalty": Place(WINDOW, "Position penalty", 0.01, decimals=3, suffix=" nats"),
     # the uniform-state canvas (DiffusionGemma): its temperature schedule and its stop rule
     "temperature_end": Place(UNIFORM, "Temperature at the end", 0.1),
     "stability": Place(UNIFORM, "Stable steps to stop"),
