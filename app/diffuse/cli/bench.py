@@ -173,7 +173,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        description="The cost of a pass over w new rows (logits for every row) at a few cache "
                                    "depths, in decode tokens of the same weights, and the speed against AR decode "
                                    "that each family's published tokens per forward would give on this machine and "
-                                   "file (see docs/benchmarks.md). Any family's GGUF.")
+                                   "file (see docs/benchmarks.md). Any family's GGUF; DiffusionGemma, which has "
+                                   "no such pass and no AR decode, gets its canvas step and encoder pass in ms.")
     kn.add_argument("model", help="GGUF model file")
     kn.add_argument("--depths", type=int_list, default=[512, 2048], help="cached depths (default 512,2048)")
     kn.add_argument("--widths", type=int_list, default=[1, 2, 4, 8, 16, 32],
@@ -189,7 +190,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        description="ms of a full step (ROWS rows, nothing cached), a block step (WIDTH rows over "
                                    "DEPTH cached) and an AR decode token at each thread count, with the speedup over "
                                    "the first count, alternated with llama.cpp's pass of the same rows and decode of "
-                                   "the same weights where llama-bench is found (see docs/benchmarks.md).")
+                                   "the same weights where llama-bench is found (see docs/benchmarks.md). "
+                                   "DiffusionGemma: its canvas step and encoder pass instead.")
     th.add_argument("model", help="GGUF model file (python -m diffuse.bench.threads make writes a real-shape one)")
     th.add_argument("--threads", type=int_list, default=None,
                     help=f"thread counts (default 1,2,4.. up to the physical cores, {physical_cores()} here)")
