@@ -259,3 +259,19 @@ def test_every_pair_names_its_effect_and_what_both_runs_share():
         assert len(pair.names) == 2 and pair.cause, name
         if pair.effect == compare_pairs.TIME:      # every step in both: whole runs compare
             assert pair.shared == {"eos_stop": "none"} and "whole times compare" in pair.shared_text()
+
+
+def test_compare_takes_the_users_prompt_not_a_served_requests_template(qtbot, window, fake_model, recorded_run):
+    """A served request's prompt is its templated text: Compare's Run would wrap it in the chat
+    template again. A run of the user's gives its message as asked."""
+    window.set_model(fake_model())
+    templated = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    served = RunState(templated, {"seed": 1}, window.model_info(), window.engine.model.tokenizer.decode)
+    window.runs.served = (object(), served)          # as _served_step follows a request
+    window.show_run(served)
+    window.open_compare()
+    assert window.compare_window.prompt.text() == ""
+    window.compare_window.close()
+    window.show_run(RunState.from_recording(recorded_run("eos")))
+    window.open_compare()
+    assert window.compare_window.prompt.text() == window.run.prompt != ""

@@ -771,7 +771,10 @@ class MainWindow(QMainWindow):
             self.compare_window = CompareWindow(self.runs, self.settings_panel.options,
                                                 self.model_info, self)
             self.settings_panel.changed.connect(self.compare_window.update_context)
-        self.compare_window.prompt.setText(self.run.prompt if self.run else "")
+        # The shown run's prompt as the user asked it. A served request's is its templated text (the
+        # server keeps token ids, not the client's messages): Run would template it again.
+        served = self.served is not None and self.run is self.served[1]
+        self.compare_window.prompt.setText(self.run.prompt if self.run and not served else "")
         self.compare_window.update_context()     # the model may have changed since
         self.compare_window.show()
         self.compare_window.raise_()
