@@ -10,7 +10,7 @@ from test_bad_input import rewrite
 
 from diffuse import gguf_file
 from diffuse.cli import main
-from diffuse.info import describe, format_info
+from diffuse.info import describe, escaped, format_info
 from diffuse.quantize import quantize_file
 
 VOCAB_QWEN2 = Path("/tmp/dl/llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf")
@@ -132,6 +132,26 @@ def test_cli_fails_on_a_truncated_model_after_describing_it(tiny_gguf, tmp_path,
     assert "cannot load" in out                                      # still described as far as it goes
     assert err.strip().splitlines() == [f"diffuse: error: the engine cannot load it: {tmp_path / 'cut.gguf'}: "
                                         "tensor output.weight lies past the end of the file (truncated download?)"]
+
+
+def test_a_recordings_options_are_all_shown_those_changed_first_and_its_answer_as_printed(tiny_gguf, tmp_path,
+                                                                                           capsys):
+    """Every option, wrapped (none cut off), the ones that differ from the defaults first; the answer
+    is the one generate printed (cut at the length asked for, not the whole blocks the engine ran)."""
+    run = tmp_path / "run.npz"
+    assert main(["generate", "-m", str(tiny_gguf("llada", "f32")), "-p", "Hello", "--gen-length", "10",
+                 "--steps", "4", "--block-length", "8", "--temperature", "0.7", "--seed", "3", "--threads", "1",
+                 "--record", str(run)]) == 0
+    answer = capsys.readouterr().out[:-1]
+    assert main(["info", str(run)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("options"))
+    block = [lines[start]] + [line for line in lines[start + 1:] if line.startswith(" " * 14)]
+    shown = " ".join(line[14:] for line in block)
+    assert all(len(line) <= 100 for line in block) and "characters)" not in shown
+    assert shown.index("temperature 0.7") < shown.index("scheduler ") and "eps " in shown
+    assert f"answer        {escaped(answer)}\n" in out
 
 
 def test_cli_summarises_a_recording(tiny_gguf, tmp_path, capsys):

@@ -63,7 +63,7 @@ def same_answer(got, want: list[int], eos: list[int]) -> bool:
 def test_both_layouts_convert_quantise_and_describe(wedlm, tmp_path, layout, arch):
     import json
 
-    from diffuse.info import describe
+    from diffuse.info import describe, format_info
     from diffuse.quantize import quantize_file
     hf, path = wedlm[layout]
     model = diffuse.load(str(path))
@@ -72,6 +72,7 @@ def test_both_layouts_convert_quantise_and_describe(wedlm, tmp_path, layout, arc
     q8 = quantize_file(path, tmp_path / "q8.gguf", "Q8_0")
     info = describe(str(q8))
     assert info["architecture"] == arch and info["family"] == "wedlm" and info["hparams"]
+    assert "diffusion     causal attention; a sliding window of 16 positions per causal pass" in format_info(info)
     answer = diffuse.load(str(q8)).generate(PROMPTS[0], gen_length=12, chat=False)
     assert len(answer.tokens) == 12
 

@@ -9,6 +9,7 @@ from gguf import LlamaFileType
 
 from diffuse import gguf_file, recipe
 from diffuse._core import DiffuseError
+from diffuse.generation import default_options
 from diffuse.convert.hf_to_gguf import BLOCK_SIZE_KEY, SUB_BLOCK_SIZE_KEY
 from diffuse.model import load
 from diffuse.tokenizer import Tokenizer
@@ -196,6 +197,12 @@ def format_info(d: dict, tensors: bool = False) -> str:
         shift = "-" if diff["shift_logits"] is None else diff["shift_logits"]
         lines.append(f"block diffusion  trained on blocks of {diff['block_size']}{sub} (causal across blocks, "
                      f"bidirectional inside); mask id {diff['mask_token_id']}, shift logits {shift}")
+    if hp and hp["family"] == "wedlm":   # no blocks: a window over the causal cache
+        o = default_options(hp["arch"], d.get("recipe"))
+        lines.append(f"diffusion     causal attention; a sliding window of {o['window_size']} positions per causal "
+                     f"pass; a mask is filled where its entropy + {o['pos_penalty']:g} per position past the window's "
+                     f"first mask is below {o['threshold']:g} nats, the filled ones at its start are committed to "
+                     f"the cache; mask id {hp['mask_token_id']}")
     if hp and hp.get("canvas_length"):
         lines.append(f"uniform-state diffusion  canvas of {hp['canvas_length']} random tokens denoised over a causally "
                      f"encoded cache; sliding window {hp['sliding_window']}, logit softcap {hp['logit_softcap']:g}")

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from diffuse import DiffuseError
+from diffuse.generation import default_options
 from diffuse.cli import check_input
 from diffuse.info import describe, escaped, format_info, format_json
 
@@ -43,6 +44,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _options_shown(options: dict, arch) -> list[str]:
+    """A recording's options as "name value", those that differ from the architecture's defaults
+    (the ones that say what the run did) first."""
+    try:
+        defaults = default_options(arch) if isinstance(arch, str) else {}
+    except DiffuseError:     # an architecture this build does not know
+        defaults = {}
+    shown = {k: v for k, v in options.items() if v is not None}
+    ordered = sorted(shown, key=lambda k: k in defaults and defaults[k] == shown[k])     # stable: changed first
+    return [escaped(f"{k} {shown[k]}") for k in ordered]
+
+
+def _wrapped(label: str, items: list[str], width: int = 100) -> list[str]:
+    """`label` and the comma-separated items, wrapped at `width` columns under the values' column."""
+    lines, line = [], f"{label:<14}"
+    for i, item in enumerate(items):
+        piece = item + ("," if i < len(items) - 1 else "")
+        if len(line) + len(piece) + 1 > width and line.strip() != label:
+            lines.append(line.rstrip())
+            line = " " * 14
+        line += piece + " "
+    return [*lines, line.rstrip()]
+
+
 def _recording(args: argparse.Namespace) -> int:
     from diffuse.recording import Recording
     rec = Recording.load(args.file)
@@ -59,7 +84,7 @@ def _recording(args: argparse.Namespace) -> int:
              f"model         {escaped(str(name))} ({escaped(str(rec.model.get('arch', '?')))})",
              f"prompt        {escaped(rec.prompt)}",
              f"steps         {len(rec.events)} recorded" + (f", {r.steps}/{r.steps_allowed} ({r.stop_reason})" if r else ""),
-             "options       " + escaped(", ".join(f"{k} {v}" for k, v in rec.options.items() if v is not None))]
+             *_wrapped("options", _options_shown(rec.options, rec.model.get("arch")))]
     if r is not None:
         lines.append(f"answer        {escaped(r.text)}")
     print("\n".join(lines))
