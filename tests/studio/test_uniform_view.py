@@ -107,3 +107,25 @@ def test_a_masked_diffusion_run_after_a_uniform_one_leaves_no_bars(qtbot, gemma_
     assert not len(view.accepted_bars.opts["x"]) and not len(view.redrawn_bars.opts["x"])
     assert not view.cut_line.isVisible() and view.before_curve.getData()[0] is None
     assert view.summary.text == ""
+
+
+def test_the_plots_keep_their_room_at_1024x700(qtbot, window, gemma_run):
+    """In a short tab the view scrolls: each plot keeps room for its data, the rule's legend sits
+    in its title (over the plot, it covered the curves), nothing is cut."""
+    from layout_checks import layout_problems
+    from test_layout import _at_1024x700
+    _at_1024x700(qtbot, window)
+    window.show_run(gemma_run)
+    window.timeline.stop()
+    window.views.setCurrentWidget(window.uniform_view)
+    window.show_step(1)
+    window.refresh(), window.refresh()
+    view = window.uniform_view
+    qtbot.waitUntil(lambda: view.rule.vb.height() >= 100 and view.canvas.vb.height() >= 100, timeout=5000)
+    assert view.verticalScrollBar().maximum() > 0        # the tab is shorter than the plots
+    assert layout_problems(window) == []
+    title = view.rule.titleLabel
+    assert "sum of the lower entropies" in title.text and view.rule.legend is None
+    assert not title.sceneBoundingRect().intersects(view.rule.vb.sceneBoundingRect())
+    summary, rule_axis = view.summary.sceneBoundingRect(), view.rule.getAxis("bottom").sceneBoundingRect()
+    assert summary.top() >= rule_axis.bottom() - 1          # the caption under the axis, not over it

@@ -50,6 +50,7 @@ WINDOW_OTHER = ("This run has no sliding window (WeDLM's diffusion under causal 
                 "and Cache views show its steps.")
 CELL_CHARS = 10       # a token's text in a cell, at most
 STRIP_BANDS = 3       # the strip's height follows its bands up to this many, then it scrolls
+PLOT_HEIGHT = 150     # the plot's least height, axes included: under it the view scrolls
 BONUS = QColor("#f2c94c")    # gold: the bonus token, the verify pass's own choice
 REJECTED = QColor("#ff5c7a")
 
@@ -261,7 +262,8 @@ def quoted(run: RunState, tid: int) -> str:
 
 
 class _StripView(RunView, QWidget):
-    """A legend, the strip (scrolling when a block is long), a plot over the steps and a caption."""
+    """A legend, the strip (scrolling when a block is long), a plot over the steps and a caption;
+    in a short tab the whole view scrolls rather than squeezing the plot to a sliver."""
 
     def __init__(self, legend: list[tuple[str, QColor]], legend_tip: str, caption_tip: str = "", parent=None):
         super().__init__(parent)
@@ -277,7 +279,7 @@ class _StripView(RunView, QWidget):
         self.plot = pg.PlotWidget()
         self.plot.setMenuEnabled(False)
         self.plot.setLabel("bottom", "step")
-        self.plot.setMinimumHeight(80)
+        self.plot.setMinimumHeight(PLOT_HEIGHT)
         self.plot.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)   # the room left
         self.plot.setMouseEnabled(False, False)
         self.cursor = pg.InfiniteLine(angle=90, pen=pg.mkPen(theme.ACCENT, width=1.5))
@@ -288,13 +290,22 @@ class _StripView(RunView, QWidget):
         self.caption.setTextFormat(Qt.TextFormat.RichText)
         self.caption.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
         self.caption.setToolTip(caption_tip)
-        layout = QVBoxLayout(self)
+        content = QWidget()
+        layout = QVBoxLayout(content)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.setSpacing(3)
         layout.addWidget(self.legend)
         layout.addWidget(self.scroll)
         layout.addWidget(self.plot, 1)
         layout.addWidget(self.caption)
+        self.page = QScrollArea()
+        self.page.setWidgetResizable(True)
+        self.page.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.page.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.page.setWidget(content)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(self.page)
 
     def _say(self, message: str) -> None:
         """Nothing to draw: the message in the strip's place, no plot."""

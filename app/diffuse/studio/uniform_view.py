@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QScrollArea
 
 from diffuse.studio import theme
 from diffuse.studio.run_state import RunState
@@ -21,6 +22,7 @@ from diffuse.studio.run_state import RunState
 NO_RUN = "Generate with a DiffusionGemma\nmodel to see which positions\neach step accepts and re-draws"
 OTHER = "This run's model unmasks masks:\nthe Canvas and Entropy views\nshow its steps. DiffusionGemma\nruns show theirs here."
 DRAFT_CHARS = 160     # of the argmax draft in the caption
+MIN_HEIGHT = 440      # two plots with room for their ticks, and the caption: in a shorter tab it scrolls
 
 
 def rule_curve(entropy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -30,11 +32,16 @@ def rule_curve(entropy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order, np.concatenate([[0.0], np.cumsum(order)[:-1]])
 
 
-class UniformView(pg.GraphicsLayoutWidget):
+class UniformView(QScrollArea):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.run: RunState | None = None
-        self.canvas = self.addPlot(row=0, col=0)
+        self.plots = pg.GraphicsLayoutWidget()
+        self.setWidget(self.plots)
+        self.setWidgetResizable(True)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.canvas = self.plots.addPlot(row=0, col=0)
         self.canvas.setLabel("left", "entropy (nats)")
         self.canvas.setLabel("bottom", "canvas position")
         self.canvas.setMenuEnabled(False)
@@ -47,14 +54,15 @@ class UniformView(pg.GraphicsLayoutWidget):
                                         label="cut {value:.3f}", labelOpts={"color": theme.TEXT, "position": 0.95})
         self.canvas.addItem(self.cut_line)
 
-        self.rule = self.addPlot(row=1, col=0)
+        self.rule = self.plots.addPlot(row=1, col=0)
         self.rule.setLabel("left", "nats")
         self.rule.setLabel("bottom", "positions by entropy, lowest first")
         self.rule.setMenuEnabled(False)
-        self.rule.addLegend(offset=(10, 5), labelTextColor=theme.TEXT)
-        self.sorted_curve = self.rule.plot([], [], pen=pg.mkPen(theme.MUTED, width=1.5), name="entropy")
-        self.before_curve = self.rule.plot([], [], pen=pg.mkPen(theme.ACCENT, width=2),
-                                           name="sum of the lower entropies")
+        # the legend in the title, above the plot: over it, it covered the curves of a short plot
+        self.rule.setTitle(theme.legend_html([("entropy", theme.MUTED), ("sum of the lower entropies", theme.ACCENT)],
+                                             glyph="━"), size="8pt")
+        self.sorted_curve = self.rule.plot([], [], pen=pg.mkPen(theme.MUTED, width=1.5))
+        self.before_curve = self.rule.plot([], [], pen=pg.mkPen(theme.ACCENT, width=2))
         self.bound_line = pg.InfiniteLine(angle=0, pen=pg.mkPen(theme.ACTIVE, width=1.2, style=Qt.PenStyle.DotLine),
                                           label="bound {value:.3f}", labelOpts={"color": theme.TEXT, "position": 0.9})
         self.rule.addItem(self.bound_line)
@@ -62,7 +70,7 @@ class UniformView(pg.GraphicsLayoutWidget):
                                                    pen=pg.mkPen(None))
         self.rule.addItem(self.accepted_region)
         self.summary = theme.Caption(justify="left", color=theme.MUTED)
-        self.addItem(self.summary, row=2, col=0)
+        self.plots.addItem(self.summary, row=2, col=0)
         self.empty = theme.EmptyState(self.canvas, NO_RUN, also=(self.rule, self.canvas.titleLabel, self.cut_line))
         self.set_run(None)
 
@@ -80,6 +88,7 @@ class UniformView(pg.GraphicsLayoutWidget):
             curve.setData([], [])
         self.summary.setText("")
         self.empty.show(True, message)
+        self.plots.setMinimumHeight(0)       # the message alone needs no room
 
     def show_step(self, step: int) -> None:
         run = self.run
@@ -91,6 +100,7 @@ class UniformView(pg.GraphicsLayoutWidget):
             self._clear(OTHER)
             return
         self.empty.show(False)
+        self.plots.setMinimumHeight(MIN_HEIGHT)
         start, end = ev.block_start, ev.block_end
         entropy = np.asarray(ev.entropy[start:end], np.float64)
         accepted = np.zeros(end - start, bool)
