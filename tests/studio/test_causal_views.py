@@ -240,18 +240,34 @@ def test_steps_of_a_server_that_sends_no_drafts_say_so(qtbot, spec_run):
 
 
 def test_nothing_is_cut_in_either_view_at_1024x700(qtbot, window, spec_run):
+    """Nothing cut, the plot tall enough to read (it was a 40-pixel sliver: the view scrolls
+    instead), and every cell of a 20-position window shown whole, its "@n" marks too."""
     from layout_checks import layout_problems
     from test_layout import _at_1024x700
+    from diffuse.studio.causal_views import PLOT_HEIGHT
     _at_1024x700(qtbot, window)
-    for run, view in ((spec_run, window.spec_view), (RunState.from_recording(wedlm_recording()), window.window_view)):
+    wedlm = RunState.from_recording(wedlm_recording(gen_length=130, window=20))
+    # the last whole window of 20, at answer positions past 100 ("@126" was cut)
+    late = max(k for k, e in enumerate(wedlm.events) if e.block_end - e.block_start == 20)
+    assert wedlm.events[late].block_end - wedlm.prompt_length > 110
+    for run, view, steps in ((spec_run, window.spec_view, (0, 2, spec_run.n_steps - 1)),
+                             (wedlm, window.window_view, (0, 2, wedlm.n_steps - 1, late))):
         window.show_run(run)
         window.timeline.stop()
         window.views.setCurrentWidget(view)
-        for k in (0, 2, run.n_steps - 1):
+        for k in steps:
             window.show_step(k)
             window.refresh(), window.refresh()        # the canvas, then the view
             qtbot.wait(20)                             # layouts settle
             assert layout_problems(window) == [], (view, k)
+            assert view.plot.height() >= PLOT_HEIGHT, (view, k)
+            strip, seen = view.strip, view.scroll.viewport().rect()
+            cells = sum(len([c for c in cells if c.style]) for _, cells in strip.lanes)
+            assert len(strip._rects) == cells, (view, k)
+            for r, cell in strip._rects:
+                assert seen.contains(strip.mapTo(view.scroll.viewport(), r.bottomRight().toPoint())), (view, k, cell)
+                assert strip._metrics()[1].horizontalAdvance(cell.mark) <= r.width() - 4, cell.mark
+    assert sum(len(cells) for _, cells in view.strip.lanes) == 40       # the late window, both lanes whole
 
 
 def test_a_replay_names_drafts_that_occur_nowhere_else(qtbot, spec_run, tmp_path):

@@ -146,12 +146,12 @@ class TokenStrip(QWidget):
         return fm.height() + 6 + (sm.height() if marks else 0)
 
     def _columns(self) -> list[int]:
-        fm = self._metrics()[0]
+        fm, sm, _ = self._metrics()
         n = max((len(cells) for _, cells in self.lanes), default=0)
         widths = [fm.horizontalAdvance("MM") + 8] * n
         for _, cells in self.lanes:
-            for i, c in enumerate(cells):
-                widths[i] = max(widths[i], fm.horizontalAdvance(c.text) + 10)
+            for i, c in enumerate(cells):      # the mark ("@126") too: a cell showed it cut
+                widths[i] = max(widths[i], fm.horizontalAdvance(c.text) + 10, sm.horizontalAdvance(c.mark) + 6)
         return widths
 
     def _bands(self, width: int) -> list[list[int]]:
@@ -333,11 +333,12 @@ class _StripView(RunView, QWidget):
         return 0.5, max(step_number(last - 1), 2) + 0.5
 
     def _fit_strip(self) -> None:
-        """The strip as tall as its bands (STRIP_BANDS at most, the rest scrolls); the plot takes
-        the rest."""
-        width = self.scroll.viewport().width()
-        self.scroll.setMinimumHeight(self.strip.heightForWidth(width, 1))
-        self.scroll.setMaximumHeight(self.strip.heightForWidth(width, STRIP_BANDS))
+        """The strip as tall as its bands, STRIP_BANDS at most (the rest scrolls): every cell of a
+        window shows (at one band, a wrapped window's last cells were out of sight); the plot
+        takes the rest."""
+        height = self.strip.heightForWidth(self.scroll.viewport().width(), STRIP_BANDS)
+        self.scroll.setMinimumHeight(height)
+        self.scroll.setMaximumHeight(height)
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
