@@ -13,7 +13,7 @@ import pytest
 from diffuse import DiffuseError
 from diffuse.events import StepEvent
 from diffuse.studio.chat import ChatPanel, fit_history
-from diffuse.studio.conversations import ConversationStore
+from diffuse.studio.conversations import ConversationStore, Message
 from diffuse.studio.run_state import MASK_GLYPH, RunState
 
 SMALL = {"gen_length": 48, "steps": 24, "block_length": 16, "threads": 1}
@@ -190,3 +190,15 @@ def test_an_empty_prompt_and_an_answer_without_text_say_so(qtbot, window, fake_m
     assert "no text: the model ended the answer at once" in window.chat.view.toPlainText()
     ask(qtbot, window, "Tell me about Mr. Darcy.")        # the hint is the model's again
     assert window.chat.hint.text() == "Model: diffuse-demo-3m.gguf"
+
+
+def test_a_diffusion_gemma_answer_names_its_canvas_not_a_scheduler():
+    """A DiffusionGemma run's options hold a scheduler (every run's do) that its uniform-state
+    canvas does not use: its header says the canvas and its steps per canvas."""
+    meta = {"options": {"scheduler": "low_confidence", "steps": 48}, "arch": "diffusion-gemma",
+            "steps": 48, "steps_allowed": 768, "total_ms": 330}
+    note = ChatPanel._answer_note(Message("assistant", "x", meta), set())
+    assert "48/768 steps · 0.33 s · uniform-state canvas, up to 48 steps per canvas" in note
+    assert "low_confidence" not in note
+    left_to_the_model = ChatPanel._answer_note(Message("assistant", "x", {**meta, "options": {}}), set())
+    assert "uniform-state canvas, up to " in left_to_the_model and "up to None" not in left_to_the_model

@@ -696,8 +696,8 @@ class ChatPanel(QWidget):
             bits.append(f"{meta['total_ms'] / 1000:.2f} s")
         if meta.get("stop_reason") == "cancelled":
             bits.append("stopped")
-        # the mode, WeDLM's window or the scheduler (answers kept before answers kept their arch: the
-        # mode or the scheduler)
+        # the mode, the uniform-state canvas, WeDLM's window or the scheduler (answers kept before
+        # answers kept their arch: the mode or the scheduler)
         if decoding := decoding_text(meta.get("options") or {}, meta.get("arch")):
             bits.append(html.escape(decoding))
         if (seed := answer_seed(m)) is not None:      # set it in Settings to repeat the answer

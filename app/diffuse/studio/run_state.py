@@ -67,13 +67,16 @@ def causal_mode(options: dict) -> str | None:
 
 def decoding_text(options: dict, arch) -> str:
     """How a run decoded, in a few words, for headers: its causal-cache mode ("AR decode",
-    "self-speculation, draft blocks of 8"), WeDLM's window ("WeDLM, window 16") or its scheduler; "" when
-    the options say none of these."""
+    "self-speculation, draft blocks of 8"), the uniform-state canvas ("uniform-state canvas, up to 48 steps
+    per canvas": it has no scheduler), WeDLM's window ("WeDLM, window 16") or its scheduler; "" when the
+    options say none of these."""
     mode = causal_mode(options)
     if mode == "self_spec":
         return f"{CAUSAL_MODES[mode]}, draft blocks of {run_option(options, arch, 'draft_length')}"
     if mode:
         return CAUSAL_MODES[mode]
+    if isinstance(arch, str) and arch in ARCHITECTURES and ARCHITECTURES[arch]["loop"] == "uniform-state":
+        return f"uniform-state canvas, up to {run_option(options, arch, 'steps')} steps per canvas"
     if family_of(arch) == "wedlm":
         return f"WeDLM, window {run_option(options, arch, 'window_size')}"
     return str(options.get("scheduler") or "")
