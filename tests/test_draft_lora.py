@@ -54,7 +54,7 @@ def test_the_lora_is_converted_into_the_model(agreeable, tmp_path):
 
 def test_quantised_files_keep_the_lora(agreeable, tmp_path):
     from diffuse.quantize import quantize_file
-    _, path, _, _ = agreeable
+    _, path, _, hf = agreeable
     out = quantize_file(path, tmp_path / "q8.gguf", "q8_0")
     info = gguf_file.read(out)
     assert {t.type_name for t in info.tensors if ".lora_" in t.name} == {"f32"}
@@ -63,6 +63,13 @@ def test_quantised_files_keep_the_lora(agreeable, tmp_path):
     ar = q8.generate(PROMPTS[1], mode="ar", gen_length=20, chat=False)
     spec = q8.generate(PROMPTS[1], mode="self_spec", draft_length=6, gen_length=20, chat=False)
     assert list(spec.tokens) == list(ar.tokens)
+    # an F16 LoRA stays F16 (it became F32), byte for byte, whichever type the rest takes
+    f16 = convert_hf(hf, tmp_path / "lora-f16.gguf", "f16")
+    for qtype in ("q4_k_m", "f16"):
+        q = gguf_file.read(quantize_file(f16, tmp_path / f"{qtype}.gguf", qtype))
+        for t in gguf_file.read(f16).tensors:
+            if ".lora_" in t.name:
+                assert q.tensor(t.name).type_name == "f16" and (q.tensor(t.name).raw() == t.raw()).all()
 
 
 # ---- the draft pass ----

@@ -49,6 +49,7 @@ _FLOAT_TYPES = (T.F32, T.F16, T.BF16)
 _FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
 
 _LAYER = re.compile(r"^blk\.(\d+)\.")
+LORA_SUFFIXES = (".lora_a", ".lora_b")   # an adapter's tensors, llama.cpp's names (diffuse.convert.draft_lora)
 
 
 def _block(t: T) -> int:
@@ -110,8 +111,11 @@ def plan(info: gguf_file.GGUFInfo, qtype: str) -> list[gguf_file.OutTensor]:
     n_layer = max(layers) + 1 if layers else 0
     has_output = info.tensor("output.weight") is not None
     n_expert = info.kv.get(f"{info.architecture}.expert_count", 0)
-    return [gguf_file.OutTensor(t.name, int(tensor_type(t.name, t.shape, qtype, n_layer, has_output, n_expert)),
-                                t.shape) for t in info.tensors]
+    # The draft LoRA (blk.N.attn_output.weight.lora_a/_b) stays as converted: a few MB, F16 at most,
+    # which self_spec's draft passes read as they are (docs/self_speculation.md)
+    return [gguf_file.OutTensor(t.name, t.type if t.name.endswith(LORA_SUFFIXES) else
+                                int(tensor_type(t.name, t.shape, qtype, n_layer, has_output, n_expert)), t.shape)
+            for t in info.tensors]
 
 
 def quantize_file(in_path: str | os.PathLike, out_path: str | os.PathLike, qtype: str,
