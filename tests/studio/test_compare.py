@@ -275,3 +275,17 @@ def test_compare_takes_the_users_prompt_not_a_served_requests_template(qtbot, wi
     window.show_run(RunState.from_recording(recorded_run("eos")))
     window.open_compare()
     assert window.compare_window.prompt.text() == window.run.prompt != ""
+
+
+def test_a_sides_speed_counts_the_answers_tokens_not_the_end_of_text_padding(qtbot, recorded_run):
+    """A run that ended its answer early (self-speculation stops at end-of-text in a long buffer) read
+    as thousands of tokens per second when the padding counted."""
+    run = RunState.from_recording(recorded_run("eos"))
+    res = run.result
+    assert 0 < res.useful_length < res.gen_length
+    side = compare._Side("A")
+    qtbot.addWidget(side)
+    side.set_run(run)
+    side.show_step(run.n_steps - 1)
+    assert f" · {res.useful_tokens_per_s:.1f} answer tok/s · " in side.stats.text()
+    assert f"{res.buffer_tokens_per_s:.1f}" not in side.stats.text()

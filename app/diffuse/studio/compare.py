@@ -128,7 +128,7 @@ class _Side(QWidget):
         if res is not None:
             self.stats.setText(
                 f"whole run: {res.steps}/{res.steps_allowed} steps · {res.total_ms / 1000:.2f} s · "
-                f"{res.buffer_tokens_per_s:.1f} tok/s · {res.stop_reason}")
+                f"{res.useful_tokens_per_s:.1f} answer tok/s · {res.stop_reason}")
         else:
             self.stats.setText("running…")
         self.text.setHtml(answer_html(run, diff, shown))
