@@ -75,6 +75,7 @@ def test_the_window_offers_it_and_runs_it_on_the_loaded_model(qtbot, window, nem
     assert cmp.headline.text().startswith("Self-speculation gave AR's answer token for token")
     # no threshold rule in the titles: the tiny model's scheduler (confidence_threshold) decided nothing here
     assert [side.title.text() for side in cmp.sides] == [f"{x} · {name}" for x, name in zip("AB", PRESETS[SPEC_PAIR].names)]
+    assert "τ" not in cmp.diff_legend.text() and "committed at the shown step" in cmp.diff_legend.text()
     # the AR run measured what a token costs here: the main window's Self-speculation view holds B against it
     assert window.runs.ar_cost(b) is not None
 

@@ -150,7 +150,7 @@ def test_compare_isolates_a_thresholds_effect_on_one_shared_scale(qtbot, window,
     diff = a.differs_from(b)
     assert lines[-1].startswith(f"Answers: differ at {int(diff.sum())} of" if diff.any() else
                                 "Answers: identical")
-    assert "differ" in cmp.diff_legend.text()
+    assert "differ" in cmp.diff_legend.text() and "committed by τ" in cmp.diff_legend.text()
     # one colour scale for both panes, whichever side changes it
     canvases = [side.canvas.canvas for side in cmp.sides]
     assert canvases[0].scale == canvases[1].scale

@@ -65,10 +65,17 @@ def answer_html(run: RunState, diff: np.ndarray | None, step: int = -1) -> str:
     return "".join(out)
 
 
-DIFF_LEGEND = (f"<span style='color:{theme.DIFF.name()}'>┅┅</span> the answers differ at this "
-               f"position &nbsp; <span style='color:{theme.HIGHLIGHT.name()}'>{TAU_MARK}</span> "
-               f"committed by τ &nbsp; <span style='color:{theme.HIGHLIGHT.name()}'>○</span> "
-               f"committed at the shown step")
+def diff_legend(runs: list[RunState]) -> str:
+    """The marks under the canvases; τ's only where a shown run commits by a threshold rule (not AR
+    against self-speculation, say)."""
+    def mark(glyph: str, color, meaning: str) -> str:
+        return f"<span style='color:{color.name()}'>{glyph}</span> {meaning}"
+
+    entries = [mark("┅┅", theme.DIFF, "the answers differ at this position")]
+    if any(run.rule is not None for run in runs):
+        entries.append(mark(TAU_MARK, theme.HIGHLIGHT, "committed by τ"))
+    entries.append(mark("○", theme.HIGHLIGHT, "committed at the shown step"))
+    return " &nbsp; ".join(entries)
 
 
 class _Side(QWidget):
@@ -186,7 +193,7 @@ class CompareWindow(QWidget):
         self.timeline = Timeline()      # one slider for both runs
         self.timeline.slider.setToolTip("The step both sides show; drag to scrub through both runs")
         self.timeline.slider.valueChanged.connect(self._show_step)
-        self.diff_legend = QLabel(DIFF_LEGEND)
+        self.diff_legend = QLabel(diff_legend([]))
         self.diff_legend.setObjectName("Muted")
         self.diff_legend.setWordWrap(True)
         grid = QGridLayout()
@@ -258,8 +265,9 @@ class CompareWindow(QWidget):
 
     def _set_titles(self) -> None:
         """The titles of the runs shown, with the tau each used (B's comes from the Settings or
-        the model); without runs, of the pair picked."""
+        the model), and the legend of their marks; without runs, of the pair picked."""
         pair = self.ran if self.runs else self.pair()
+        self.diff_legend.setText(diff_legend(self.runs))
         runs = self.runs or [None, None]
         for side, letter, name, over, run in zip(self.sides, "AB", pair.names, (pair.a, pair.b), runs):
             said = [letter, name]
