@@ -144,6 +144,8 @@ BAD_CONVERSATIONS = {
             {"role": "assistant", "text": "x", "meta": {"model": 3}}]},
         "options a list": GOOD | {"messages": [
             {"role": "assistant", "text": "x", "meta": {"options": ["a"]}}]},
+        "arch an object": GOOD | {"messages": [
+            {"role": "assistant", "text": "x", "meta": {"arch": {"a": 1}}}]},
         "top level a list": [GOOD],
         "top level null": None,
     },

@@ -32,7 +32,7 @@ MAX_FILE_BYTES = 64 * 2**20         # far more than any chat; a bigger file is n
 # What answers' meta may hold that the chat panel reads, and the types it needs.
 _META_TYPES = {"model": (str,), "recording": (str, type(None)), "options": (dict, type(None)),
                "steps": (int,), "steps_allowed": (int,), "total_ms": (int, float),
-               "stop_reason": (str,), "failed": (str,), "left_out": (int,), "system": (str,)}
+               "stop_reason": (str,), "failed": (str,), "left_out": (int,), "system": (str,), "arch": (str,)}
 
 
 def _new_id() -> str:
@@ -43,9 +43,9 @@ def _new_id() -> str:
 class Message:
     role: str                      # "user" | "assistant"
     text: str
-    # answers: steps, total_ms, options (the seed included), recording, left_out (oldest messages
-    # not in the prompt), system (how the system prompt was sent); a user's message whose run
-    # failed: failed (why)
+    # answers: steps, total_ms, options (the seed included), arch (the model's architecture: how
+    # the answer decoded), recording, left_out (oldest messages not in the prompt), system (how the
+    # system prompt was sent); a user's message whose run failed: failed (why)
     meta: dict = field(default_factory=dict)
     id: str = field(default_factory=_new_id)
     parent: str | None = None      # the message this one follows; None: a first message
