@@ -322,3 +322,15 @@ def test_again_draws_a_new_seed_unless_the_settings_fix_one(qtbot, window, fake_
     with qtbot.waitSignal(window.engine.run_finished, timeout=10000):
         chat.regenerate()
     assert model.calls[-1]["seed"] == 5 and "seed 5" in chat.view.toPlainText()
+
+
+def test_an_answers_architecture_survives_the_file_also_when_unknown(tmp_path):
+    """An answer keeps its model's architecture (its header says how it decoded); a model that did
+    not say one (None) must not make the whole conversation unreadable."""
+    store = ConversationStore(tmp_path)
+    conv = Conversation()
+    q = conv.add(Message("user", "q"), None)
+    conv.add(Message("assistant", "a", {"arch": "diffusion-gemma"}), q)
+    conv.add(Message("assistant", "b", {"arch": None}), q)
+    store.save(conv)
+    assert store.load(conv.id) == conv

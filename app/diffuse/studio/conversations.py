@@ -32,7 +32,8 @@ MAX_FILE_BYTES = 64 * 2**20         # far more than any chat; a bigger file is n
 # What answers' meta may hold that the chat panel reads, and the types it needs.
 _META_TYPES = {"model": (str,), "recording": (str, type(None)), "options": (dict, type(None)),
                "steps": (int,), "steps_allowed": (int,), "total_ms": (int, float),
-               "stop_reason": (str,), "failed": (str,), "left_out": (int,), "system": (str,), "arch": (str,)}
+               "stop_reason": (str,), "failed": (str,), "left_out": (int,), "system": (str,),
+               "arch": (str, type(None))}
 
 
 def _new_id() -> str:
