@@ -2,6 +2,7 @@
 model's context, and schedulers of the other family."""
 from __future__ import annotations
 
+import pytest
 from PySide6.QtWidgets import QGroupBox
 
 from diffuse.generation import resolve_options
@@ -257,3 +258,29 @@ def test_the_decoding_mode_list_shows_every_mode(qtbot, window):
         assert view.verticalScrollBar().maximum() == 0 and view.viewport().height() >= rows
         box.hidePopup()
         qtbot.waitUntil(lambda: not view.isVisible(), timeout=5000)
+
+
+def test_after_self_spec_on_nemotron_a_diffusion_gemma_model_generates(qtbot, window, tmp_path):
+    """The new user's path: self_spec chosen for a Nemotron model, then a DiffusionGemma model
+    loaded and Generate: it runs (the mode the model does not take is not sent), and Nemotron gets
+    self_spec back."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers.models.diffusion_gemma")
+    from causal_runs import agreeable_nemotron
+    from fixtures.tiny_diffusion_gemma import CANVAS, write_diffusion_gemma
+
+    import diffuse
+    from diffuse.convert import convert_hf
+    nemotron = diffuse.load(str(agreeable_nemotron(tmp_path / "nemotron")), threads=1)
+    gemma = diffuse.load(convert_hf(write_diffusion_gemma(tmp_path / "hf"), tmp_path / "dg.gguf", "f32"), threads=1)
+    panel = window.settings_panel
+    window.set_model(nemotron)
+    panel.set_options({"mode": "self_spec", "gen_length": CANVAS, "steps": 4, "chat": False})
+    window.set_model(gemma)
+    assert panel.refusal() is None and panel.options()["mode"] is None
+    window.chat.prompt.setPlainText("Hi")
+    with qtbot.waitSignal(window.engine.run_finished, timeout=120000) as done:
+        window.chat.generate_button.click()
+    assert done.args[0].options["mode"] == "diffusion" and done.args[0].result is not None
+    window.set_model(nemotron)
+    assert panel.options()["mode"] == "self_spec"
