@@ -273,3 +273,37 @@ def test_bench_report_names_the_malformed_file(capsys, tmp_path, name, content, 
     line = error_line(capsys, ["bench", "report", str(tmp_path), "--no-plots"])
     assert f"{path}: {message}" in line
     assert not (tmp_path / "study.md").exists()
+
+
+@pytest.mark.parametrize("flag", ["--draft-length", "--window-size", "--steps"])
+def test_an_option_out_of_its_range_is_one_line(capsys, tiny_gguf, flag):
+    """A value out of range is the engine's one line, before the model loads, not the usage."""
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "-m", str(tiny_gguf("llada", "f32")), "-p", "Hi", flag, "0"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (f"diffuse generate: error: argument {flag}: {flag[2:].replace('-', '_')} = 0 "
+                                       "is out of range: expected an integer in [1, 1048576] (see diffuse generate "
+                                       "--help)\n")
+
+
+def test_options_the_run_does_not_read_are_named_once_each(capsys, tiny_gguf):
+    """Typed where they do not apply, --window-size, --draft-length and --draft-lora each get one
+    warning; the run goes on (a preset or the defaults, which pass them everywhere, get none)."""
+    model = str(tiny_gguf("llada", "f32"))
+    args = ["generate", "-m", model, "-p", "Hi", "--gen-length", "8", "--steps", "4", "--threads", "1"]
+    assert main([*args, "--window-size", "4", "--draft-length", "4", "--draft-lora"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == ["diffuse: warning: --draft-length is ignored: it applies to mode self_spec only, not diffusion",
+                        "diffuse: warning: --draft-lora is ignored: llada-f32.gguf holds no draft LoRA",
+                        "diffuse: warning: --window-size is ignored: it applies to WeDLM's window only, not llada"]
+    assert main(args) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_a_draft_lora_beside_a_model_that_reads_none_is_named(capsys, tmp_path):
+    hf = write_llada(tmp_path / "hf", dtype="f32", n_shards=1)
+    (hf / "linear_spec_lora").mkdir()
+    assert main(["convert", str(hf), "-o", str(tmp_path / "m.gguf")]) == 0
+    err = capsys.readouterr().err
+    assert f"diffuse: warning: {hf / 'linear_spec_lora'}: a draft LoRA, which only Nemotron-Labs-Diffusion's " \
+           "self-speculation reads; not converted" in err

@@ -13,6 +13,7 @@ from pathlib import Path
 from diffuse import DiffuseError, __version__, gguf_file
 from diffuse._core import GGML_VERSION
 from diffuse.info import escaped
+from diffuse.convert.hf_to_gguf import NotConverted
 from diffuse.recipe import RecipeWarning
 
 COMMANDS = ["convert", "quantize", "info", "recipe", "generate", "bench", "train", "serve", "download"]
@@ -99,8 +100,16 @@ def _kind(path: str | os.PathLike) -> str:
     return "a special file"
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad argument is one line, as every other error (argparse puts a command's whole usage,
+    25 lines for generate, before it); --help has the usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="diffuse", description="CPU inference for masked diffusion language models")
+    parser = _Parser(prog="diffuse", description="CPU inference for masked diffusion language models")
     parser.add_argument("--version", action="version", version=f"diffuse {__version__} (ggml {GGML_VERSION})")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
@@ -159,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout = _Stdout(stdout)
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("default", RecipeWarning)     # told, never raised
+            for told in (RecipeWarning, NotConverted):         # told, never raised
+                warnings.simplefilter("default", told)
             warnings.showwarning = _show_warning
             code = args._run(args)
             sys.stdout.flush()   # inside the try: a failing write at exit would only be a warning

@@ -100,6 +100,25 @@ def generation_options(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> 
             for o in OPTIONS if o["name"] not in skip}
 
 
+def typed_options(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict:
+    """The options the user typed (not a preset's, a recipe's or a default)."""
+    return {o["name"]: v for o in OPTIONS if o["name"] not in skip and (v := getattr(args, o["name"])) is not None}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def unused_options(typed: dict, model, options: dict) -> list[str]:
+    """Why each typed option this run does not read is ignored (a recipe or the defaults pass them
+    to every run, silently: only the user's own are worth a word)."""
+    window = model.family != "wedlm" and f"it applies to WeDLM's window only, not {model.arch}"
+    why = {"window_size": window, "pos_penalty": window,
+           "draft_length": options["mode"] != "self_spec" and f"it applies to mode self_spec only, not {options['mode']}",
+           "draft_lora": not model.hparams["draft_lora_rank"] and f"{Path(model.path).name} holds no draft LoRA"}
+    return [f"{_flag(name)} is ignored: {why[name]}" for name in typed if why.get(name)]
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="generate text from a prompt, showing the denoising live",
                        description="Generate text with a masked diffusion model. The answer goes to "
@@ -376,6 +395,8 @@ def run(args: argparse.Namespace) -> int:
     for note in (length_note, schedule_check(resolved, model.arch, hparams=model.hparams)[0]):
         if note:
             print(f"diffuse: note: {note}", file=sys.stderr)
+    for warning in unused_options(typed_options(args), model, resolved):
+        print(f"diffuse: warning: {warning}", file=sys.stderr)
     # The recording keeps the values that ran, the model's defaults included.
     recording = Recording(prompt=prompt, options=resolved,
                           model={"name": Path(args.model).name, "arch": model.arch, "path": args.model,

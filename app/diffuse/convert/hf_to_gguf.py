@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,8 +66,11 @@ def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None
     hf_dir, out_path = Path(hf_dir), Path(out_path)
     gguf_file.refuse_overwrite(out_path, [hf_dir, *_files_under(hf_dir)])
     if (hf_dir / "config.json").is_file() and diffusion_gemma.is_diffusion_gemma(read_json_object(hf_dir / "config.json")):
+        _unused_lora(hf_dir)
         return _convert_diffusion_gemma(hf_dir, out_path, outtype, progress, cancel, recipe)
     family, hp, config = read_config(hf_dir)
+    if not family.draft_lora:
+        _unused_lora(hf_dir)
     # The authors' decoding (the family's table; LLaDA2.1's editing), overridden by the user's --recipe.
     # Checked against the model's own block, as the engine will plan it (not only its context).
     sizes = {"block_size": hp.block_size, "trained_block": hp.block_size}
@@ -89,6 +93,17 @@ def convert_hf(hf_dir, out_path, outtype: str = "f16", progress: Progress | None
         kv[draft_lora.SCALE_KEY], kv_types[draft_lora.SCALE_KEY] = lora[1], "f32"
     recipe_kv, recipe_types = recipes.metadata(recipe)
     return _write(out_path, kv | recipe_kv, kv_types | recipe_types, tensors, ckpt, progress, cancel)
+
+
+class NotConverted(UserWarning):
+    """Something in the checkpoint folder that the file will not hold (told, not refused)."""
+
+
+def _unused_lora(hf_dir: Path) -> None:
+    """A draft LoRA folder beside a model whose family reads none is left out: say so."""
+    if (hf_dir / draft_lora.FOLDER).is_dir():
+        warnings.warn(f"{hf_dir / draft_lora.FOLDER}: a draft LoRA, which only Nemotron-Labs-Diffusion's "
+                      "self-speculation reads; not converted", NotConverted, stacklevel=3)
 
 
 def _convert_diffusion_gemma(hf_dir: Path, out_path: Path, outtype: str, progress: Progress | None,
