@@ -261,6 +261,7 @@ def test_nothing_is_cut_in_either_view_at_1024x700(qtbot, window, spec_run):
             qtbot.wait(20)                             # layouts settle
             assert layout_problems(window) == [], (view, k)
             assert view.plot.height() >= PLOT_HEIGHT, (view, k)
+            assert view.caption.geometry().top() > view.plot.geometry().bottom(), (view, k)   # not over the plot
             strip, seen = view.strip, view.scroll.viewport().rect()
             cells = sum(len([c for c in cells if c.style]) for _, cells in strip.lanes)
             assert len(strip._rects) == cells, (view, k)

@@ -310,7 +310,7 @@ class _StripView(RunView, QWidget):
     def _say(self, message: str) -> None:
         """Nothing to draw: the message in the strip's place, no plot."""
         self._set_lanes([], message)
-        self.caption.setText("")
+        self._set_caption("")
         self.plot.setVisible(False)
         self.legend.setVisible(False)
         self.scroll.setMaximumHeight(QWIDGETSIZE_MAX)     # the message takes the room
@@ -318,7 +318,11 @@ class _StripView(RunView, QWidget):
 
     def _set_lanes(self, lanes: list[tuple[str, list[Cell]]], message: str = "") -> None:
         self.strip.set_lanes(lanes, message)
-        self._fit_strip()
+        self._fit()
+
+    def _set_caption(self, text: str) -> None:
+        self.caption.setText(text)
+        self._fit()
 
     def _drawing(self) -> None:
         self.plot.setVisible(True)
@@ -332,17 +336,22 @@ class _StripView(RunView, QWidget):
         last = run.n_steps if run.done else min(max(run.steps_allowed, run.n_steps), 1 << run.n_steps.bit_length())
         return 0.5, max(step_number(last - 1), 2) + 0.5
 
-    def _fit_strip(self) -> None:
+    def _fit(self) -> None:
         """The strip as tall as its bands, STRIP_BANDS at most (the rest scrolls): every cell of a
-        window shows (at one band, a wrapped window's last cells were out of sight); the plot
-        takes the rest."""
+        window shows (at one band, a wrapped window's last cells were out of sight); the wrapped
+        legend and caption as tall as their lines (the page read their one-line minimum, and the
+        plot ran over the caption); the plot takes the rest."""
         height = self.strip.heightForWidth(self.scroll.viewport().width(), STRIP_BANDS)
         self.scroll.setMinimumHeight(height)
         self.scroll.setMaximumHeight(height)
+        # the page's width less its margins and the scrollbar it may show (which does not resize this view)
+        width = self.page.width() - self.page.verticalScrollBar().sizeHint().width() - 8
+        for label in (self.legend, self.caption):
+            label.setMinimumHeight(label.heightForWidth(width) if label.text() else 0)
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
-        self._fit_strip()
+        self._fit()
 
 
 @dataclass
@@ -427,7 +436,7 @@ class SpecView(_StripView):
         text = html.escape(self.caption_text(run, k), quote=False).replace("\n", "<br>")
         if self.ar_cost(run) is None and self.figures(run, k).tokens:
             text += f" · <a href='measure' style='color:{theme.ACCENT.name()}'>measure AR here</a>"
-        self.caption.setText(text)
+        self._set_caption(text)
 
     def lanes(self, run: RunState, k: int) -> list[tuple[str, list[Cell]]]:
         """The drafted block over what the verify pass made of it."""
@@ -563,7 +572,7 @@ class WindowView(_StripView):
         self.cursor.setValue(step_number(k))
         top = max(max(self._committed, default=0), max(self._filled, default=0), 1)
         self.plot.setRange(xRange=self._steps_range(run), yRange=(0, top + 0.5), padding=0)
-        self.caption.setText(html.escape(self.caption_text(run, k), quote=False))
+        self._set_caption(html.escape(self.caption_text(run, k), quote=False))
 
     @staticmethod
     def states(ev) -> dict[int, str]:

@@ -45,13 +45,15 @@ class UniformView(QScrollArea):
         self.canvas.setLabel("left", "entropy (nats)")
         self.canvas.setLabel("bottom", "canvas position")
         self.canvas.setMenuEnabled(False)
-        self.canvas.setTitle("teal: accepted (keeps its draw) · grey: re-drawn at random", size="9pt")
+        # short: a title sets the plots' least width, and a long one pushed them past a narrow tab's edge
+        self.canvas.setTitle(theme.legend_html([("accepted: keeps its draw", theme.ACCENT),
+                                                ("re-drawn at random", theme.MASK_HATCH)]), size="8pt")
         self.accepted_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=theme.ACCENT)
         self.redrawn_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=theme.MASK_HATCH)
         self.canvas.addItem(self.redrawn_bars)
         self.canvas.addItem(self.accepted_bars)
         self.cut_line = pg.InfiniteLine(angle=0, pen=pg.mkPen(theme.HIGHLIGHT, width=1.2, style=Qt.PenStyle.DashLine),
-                                        label="cut {value:.3f}", labelOpts={"color": theme.TEXT, "position": 0.95})
+                                        label="cut {value:.3f}", labelOpts={"color": theme.TEXT, "position": 0.85})
         self.canvas.addItem(self.cut_line)
 
         self.rule = self.plots.addPlot(row=1, col=0)
@@ -64,7 +66,7 @@ class UniformView(QScrollArea):
         self.sorted_curve = self.rule.plot([], [], pen=pg.mkPen(theme.MUTED, width=1.5))
         self.before_curve = self.rule.plot([], [], pen=pg.mkPen(theme.ACCENT, width=2))
         self.bound_line = pg.InfiniteLine(angle=0, pen=pg.mkPen(theme.ACTIVE, width=1.2, style=Qt.PenStyle.DotLine),
-                                          label="bound {value:.3f}", labelOpts={"color": theme.TEXT, "position": 0.9})
+                                          label="bound {value:.3f}", labelOpts={"color": theme.TEXT, "position": 0.85})
         self.rule.addItem(self.bound_line)
         self.accepted_region = pg.LinearRegionItem(movable=False, brush=pg.mkBrush(90, 209, 200, 40),
                                                    pen=pg.mkPen(None))
