@@ -307,3 +307,15 @@ def test_a_draft_lora_beside_a_model_that_reads_none_is_named(capsys, tmp_path):
     err = capsys.readouterr().err
     assert f"diffuse: warning: {hf / 'linear_spec_lora'}: a draft LoRA, which only Nemotron-Labs-Diffusion's " \
            "self-speculation reads; not converted" in err
+
+
+@pytest.mark.parametrize("command", ["info", "generate"])
+def test_a_file_cut_inside_its_header_is_one_line(capsys, tiny_gguf, tmp_path, command):
+    """ggml's log lines, which the engine quotes in parentheses, read as one line: what failed, then why."""
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_gguf("llada", "f32").read_bytes()[:40])
+    argv = ["info", str(cut)] if command == "info" else ["generate", "-m", str(cut), "-p", "Hi"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.count("(") == err.count(")") and "gguf_init_from_reader" not in err
+    assert err.startswith(f"diffuse: error: {cut}: not a valid GGUF file: failed to read key-value pairs; string length ")
