@@ -25,6 +25,21 @@ def test_lists_the_catalog(capsys):
     out = capsys.readouterr().out
     assert "llada-moe-7b-a1b-instruct" in out and "ready GGUF Q4_K_M 4.52 GB, RAM 5.5 GB" in out
     assert "no ready GGUF; checkpoint 4.1 GB" in out.split("sdar-1.7b-chat", 1)[1].split("\n")[0]
+    # the columns line up whatever the longest id and family (nemotron-diffusion is 18 characters)
+    lines = out.splitlines()
+    assert len({line.index(" ready GGUF") if " ready GGUF" in line else line.index(" no ready GGUF")
+                for line in lines}) == 1
+
+
+def test_help_names_every_family_the_converter_takes(capsys):
+    from diffuse.convert import diffusion_gemma
+    from diffuse.convert.families import FAMILIES
+    for argv in (["--help"], ["convert", "--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        text = " ".join(capsys.readouterr().out.split())
+        assert "LLaDA or Dream" not in text
+        assert all(f.arch in text for f in (*FAMILIES.values(), diffusion_gemma.FAMILY))
 
 
 def test_the_ready_gguf_is_the_default(hub_with_both, gguf_repo, tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""`diffuse convert HF_DIR -o OUT.gguf --outtype f16`: a Hugging Face LLaDA or Dream folder to GGUF."""
+"""`diffuse convert HF_DIR -o OUT.gguf --outtype f16`: a Hugging Face checkpoint folder to GGUF."""
 from __future__ import annotations
 
 import argparse
@@ -9,14 +9,18 @@ from pathlib import Path
 
 from diffuse import DiffuseError, recipe
 from diffuse.cli import check_input, check_output
-from diffuse.convert import OUTTYPES, convert_hf
+from diffuse.convert import OUTTYPES, convert_hf, diffusion_gemma
+from diffuse.convert.families import FAMILIES
+
+# The architectures the converter takes: its family table's, and DiffusionGemma's (its own converter)
+TAKES = ", ".join(dict.fromkeys(f.arch for f in (*FAMILIES.values(), diffusion_gemma.FAMILY)))
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "convert", help="convert a Hugging Face LLaDA or Dream folder to GGUF",
-        description="Convert a Hugging Face LLaDA or Dream checkpoint folder (config.json, safetensors, "
-                    "tokenizer) to one GGUF file that diffuse and llama.cpp can run. Norms and biases stay F32.")
+        "convert", help=f"convert a Hugging Face checkpoint folder to GGUF ({TAKES})",
+        description=f"Convert a Hugging Face checkpoint folder (config.json, safetensors, tokenizer) of "
+                    f"{TAKES} to one GGUF file that diffuse and llama.cpp can run. Norms and biases stay F32.")
     p.add_argument("hf_dir", metavar="HF_DIR", help="folder with config.json and *.safetensors")
     p.add_argument("-o", "--output", metavar="OUT.gguf",
                    help="file to write (default: <folder name>-<outtype>.gguf in the current directory)")

@@ -73,10 +73,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _listing(models: list[dict]) -> str:
     lines = []
+    ids, families = (max((len(m[k]) for m in models), default=0) for k in ("id", "family"))
     for m in models:
         gguf = m.get("ready_gguf")
         ready = (f"ready GGUF {gguf['quantization'].upper()} {catalog.gguf_size_text(gguf)}, "
                  f"RAM {gguf['ram_gb']:.1f} GB" if gguf else "no ready GGUF")
-        lines.append(f"{m['id']:<28} {m['family']:<10} {ready}; checkpoint "
+        lines.append(f"{m['id']:<{ids}}  {m['family']:<{families}}  {ready}; checkpoint "
                      f"{m['download_bytes'] / 1e9:.1f} GB")
     return "\n".join(lines)
