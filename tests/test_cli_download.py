@@ -27,8 +27,7 @@ def test_lists_the_catalog(capsys):
     assert "no ready GGUF; checkpoint 4.1 GB" in out.split("sdar-1.7b-chat", 1)[1].split("\n")[0]
     # the columns line up whatever the longest id and family (nemotron-diffusion is 18 characters)
     lines = out.splitlines()
-    assert len({line.index(" ready GGUF") if " ready GGUF" in line else line.index(" no ready GGUF")
-                for line in lines}) == 1
+    assert len({line.index(" no ready GGUF" if " no ready GGUF" in line else " ready GGUF") for line in lines}) == 1
 
 
 def test_help_names_every_family_the_converter_takes(capsys):
