@@ -4,7 +4,8 @@ Masked cells are dark and hatched, with a thin bar showing their current uncerta
 cells carry their token and are coloured by the entropy (or top-1 probability) they had when
 committed; cells committed at the shown step get a white ring and flash, fading while the step
 is shown; block starts get a vertical bar, and the current block is underlined (runs without
-blocks, modes ar and self_spec and WeDLM's window: the step's span). Colours use an
+blocks, modes ar and self_spec and WeDLM's window: the step's span; DiffusionGemma: its canvas,
+and at the run's end the answer, its argmax draft, decided: RunState.shown). Colours use an
 absolute scale or one fitted to the run (its 5th-95th percentiles), as the legend says. Hover a
 cell for its token, entropy, probability and the step it was decided. `paint_cells` draws into any
 QPainter, so exports reuse it.
