@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <vector>
 
 namespace diffuse {
 
@@ -32,6 +33,28 @@ std::string take_ggml_log() {
     return s;
 }
 
+// ggml's log lines as one line for a message: innermost cause last in the log, first here,
+// without the C function names ("gguf_init_from_reader: failed to read key-value pairs").
+static std::string log_as_one_line(const std::string & log) {
+    std::vector<std::string> causes;
+    size_t start = 0;
+    while (start <= log.size()) {
+        size_t end = log.find('\n', start);
+        if (end == std::string::npos) end = log.size();
+        std::string line = log.substr(start, end - start);
+        const size_t colon = line.find(": ");
+        if (colon != std::string::npos && colon > 0 &&
+            line.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == colon)
+            line = line.substr(colon + 2);
+        while (!line.empty() && line.back() == ' ') line.pop_back();
+        if (!line.empty()) causes.push_back(line);
+        start = end + 1;
+    }
+    std::string s;
+    for (auto it = causes.rbegin(); it != causes.rend(); ++it) s += (s.empty() ? "" : "; ") + *it;
+    return s;
+}
+
 // ---- GGUFFile ----
 
 GGUFFile::GGUFFile(const std::string & path, bool with_tensors) : path_(path) {
@@ -46,8 +69,8 @@ GGUFFile::GGUFFile(const std::string & path, bool with_tensors) : path_(path) {
     gguf_init_params params = {/*no_alloc*/ true, with_tensors ? &meta_ : nullptr};
     gguf_ = gguf_init_from_file(path.c_str(), params);
     if (!gguf_) {
-        std::string why = take_ggml_log();
-        fail("not a valid GGUF file" + (why.empty() ? std::string() : " (" + why + ")"));
+        const std::string why = log_as_one_line(take_ggml_log());
+        fail("not a valid GGUF file" + (why.empty() ? std::string() : ": " + why));
     }
 }
 

@@ -3,10 +3,10 @@ model's context, and schedulers of the other family."""
 from __future__ import annotations
 
 import pytest
+from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QGroupBox
 
 from diffuse.generation import resolve_options
-from diffuse.studio import theme
 from diffuse.studio.settings_panel import CAUSAL, UNIFORM, WINDOW, SettingsPanel
 
 
@@ -205,8 +205,8 @@ def test_wedlm_and_uniform_state_options_are_sent_to_their_models_only(qtbot):
 
 
 def test_a_field_that_is_off_looks_off(qtbot):
-    """Not only its tooltip: an off field's text and its name in the form are dimmed (the theme's
-    style sheet)."""
+    """Not only its tooltip: an off field's text and its name in the form are dimmed (style.qss's
+    :disabled rules, text #555b6b)."""
     panel = SettingsPanel()
     qtbot.addWidget(panel)
     panel.show()
@@ -218,7 +218,7 @@ def test_a_field_that_is_off_looks_off(qtbot):
 
     def off(key) -> bool:
         field, label = panel.fields[key], panel.labels[key]
-        dim = theme.OFF_TEXT.lightness()
+        dim = QColor("#555b6b").lightness()
         assert field.isEnabled() == label.isEnabled()
         assert (brightest(field) <= dim) == (brightest(label) <= dim) == (not field.isEnabled())
         return not field.isEnabled()

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import re
 import signal
 import stat
 import sys
@@ -149,22 +148,7 @@ class _Stdout:
 def _message(text: str) -> str:
     # Messages quote file names, keys and values from files a stranger may have made: escaped,
     # so they cannot drive the terminal.
-    return "\n".join(escaped(line, limit=None) for line in _ggml_log_joined(text).split("\n"))
-
-
-_QUOTED_LOG = re.compile(r"([^\n]*?) \((.*\n.*)\)", re.S)
-_LOG_FUNCTION = re.compile(r"^\w+: ")
-
-
-def _ggml_log_joined(text: str) -> str:
-    """The engine quotes ggml's log lines in parentheses, innermost cause first ("x.gguf: not a valid
-    GGUF file (read: string length 40 exceeds remaining file size 8 bytes\ngguf_init_from_reader:
-    failed to read key-value pairs)"): one line, what failed first, then why, without the C
-    function names."""
-    if not (m := _QUOTED_LOG.fullmatch(text)):
-        return text
-    causes = [_LOG_FUNCTION.sub("", line.strip()) for line in m.group(2).split("\n") if line.strip()]
-    return f"{m.group(1)}: {'; '.join(reversed(causes))}"
+    return "\n".join(escaped(line, limit=None) for line in text.split("\n"))
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -9,11 +9,7 @@ from pathlib import Path
 
 from diffuse import DiffuseError, recipe
 from diffuse.cli import check_input, check_output
-from diffuse.convert import OUTTYPES, convert_hf, diffusion_gemma
-from diffuse.convert.families import FAMILIES
-
-# The architectures the converter takes: its family table's, and DiffusionGemma's (its own converter)
-TAKES = ", ".join(dict.fromkeys(f.arch for f in (*FAMILIES.values(), diffusion_gemma.FAMILY)))
+from diffuse.convert import OUTTYPES, TAKES, convert_hf
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -490,8 +490,8 @@ def read_config(hf_dir: Path) -> tuple[Family, HParams, dict]:
     if family is not None and archs[0] in VARIANTS:
         family = VARIANTS[archs[0]](config)
     if family is None:
-        raise DiffuseError(f"{path}: unsupported architecture {shown(archs)}; diffuse converts "
-                           f"{', '.join(FAMILIES)} checkpoints")
+        from diffuse.convert import TAKES   # the package's list, DiffusionGemma included (no cycle at call time)
+        raise DiffuseError(f"{path}: unsupported architecture {shown(archs)}; diffuse converts {TAKES} checkpoints")
     for key, want in family.fixed.items():
         if key in config and config[key] != want:
             raise DiffuseError(f"{path}: {key} = {shown(config[key])} is a {family.arch} variant diffuse "

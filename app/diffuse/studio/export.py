@@ -115,7 +115,7 @@ def frame(run: RunState, step: int, mode: str = "entropy", width: int = 960,
     font = theme.mono_font(9)
     p.setFont(font)
     caption = (f"{run.step_label(step)}   block {e.block + 1}/{e.n_blocks}   "
-               f"{int(e.gen_mask.sum())} masked   {run.commits_text(step)}")
+               f"{int(run.shown(step)[1].sum())} masked   {run.commits_text(step)}")
     p.drawText(QRectF(10, 0, width - 20, CAPTION_H), Qt.AlignmentFlag.AlignVCenter,
                QFontMetrics(font).elidedText(caption, Qt.TextElideMode.ElideRight, width - 20))
     p.translate(0, CAPTION_H)

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (QApplication, QCheckBox, QComboBox, QDialog, QFil
 from diffuse import DiffuseError, catalog, hub
 from diffuse.convert.families import read_config
 from diffuse.convert.hf_to_gguf import convert_hf
+from diffuse.generation import ARCHITECTURES
 from diffuse.quantize import quantize_file
 from diffuse.studio import storage, theme
 from diffuse.studio.demo import DEMO_ABOUT, SUGGESTED_PROMPTS
@@ -307,7 +308,7 @@ class FirstRunDialog(QDialog):
         self.online_label.setWordWrap(True)
         self.online_label.setObjectName("Muted")
         gguf_button = QPushButton("I have a GGUF file: open it…")
-        gguf_button.setToolTip("A .gguf of LLaDA or Dream, made by diffuse, llama.cpp or "
+        gguf_button.setToolTip(f"A .gguf of {', '.join(ARCHITECTURES)}, made by diffuse, llama.cpp or "
                                "diffuse-cpp")
         gguf_button.clicked.connect(self._gguf_clicked)
         self.buttons = [gguf_button] + [b for c in self.cards

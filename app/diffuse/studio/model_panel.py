@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGridLayout, QHea
 
 import diffuse
 from diffuse import DiffuseError, catalog, gguf_file
-from diffuse.convert import OUTTYPES, convert_hf
+from diffuse.convert import OUTTYPES, TAKES, convert_hf
 from diffuse.convert.families import read_config
 from diffuse.generation import ARCHITECTURES
 from diffuse.info import ftype_name
@@ -240,7 +240,7 @@ class ModelPanel(QWidget):
                 ("Download GGUF…", self._download_clicked,
                  "Download the ready GGUF of a real model (one file of 4-5 GB)"),
                 ("Convert HF…", self._convert_clicked,
-                 "Convert a Hugging Face LLaDA or Dream folder to GGUF"),
+                 f"Convert a Hugging Face checkpoint folder to GGUF ({TAKES})"),
                 ("Quantise…", self._quantise_clicked, "Write the selected model as F16/Q8_0/Q4_K_M"),
                 ("Rescan", self._rescan_clicked, "Look for new files")):
             b = QPushButton(text)

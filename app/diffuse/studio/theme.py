@@ -36,22 +36,6 @@ MASK_HATCH = QColor("#363b4a")
 ACTIVE = QColor("#f2a541")        # cache view: recomputed this step
 CACHED = QColor("#3b6ea8")        # cache view: K/V served from the cache
 
-# An input that is off (a setting the loaded model does not take): dimmed text and box on the
-# panel's colour, so it reads as off at a glance, not only in its tooltip (style.qss colours every
-# field alike, whatever its state). Its name in a form, a label, dims with it.
-OFF_TEXT = QColor("#555b6b")
-DISABLED_SHEET = f"""
-QSpinBox:disabled, QDoubleSpinBox:disabled, QComboBox:disabled, QLineEdit:disabled {{
-    color: {OFF_TEXT.name()}; background: {PANEL.name()}; border-color: #232733; }}
-QSpinBox::up-button:disabled, QDoubleSpinBox::up-button:disabled,
-QSpinBox::down-button:disabled, QDoubleSpinBox::down-button:disabled {{ background: {PANEL.name()}; }}
-QSpinBox::up-arrow:disabled, QDoubleSpinBox::up-arrow:disabled,
-QSpinBox::down-arrow:disabled, QDoubleSpinBox::down-arrow:disabled, QComboBox::down-arrow:disabled {{ image: none; }}
-QCheckBox:disabled, QLabel:disabled {{ color: {OFF_TEXT.name()}; }}
-QCheckBox::indicator:disabled {{ background: {PANEL.name()}; border-color: #2f3442; }}
-QCheckBox::indicator:checked:disabled {{ background: #2f4f4d; border-color: #2f4f4d; }}
-"""
-
 ENTROPY_CMAP = "plasma"           # low entropy dark blue -> high entropy yellow
 CONFIDENCE_CMAP = "viridis"       # low top-1 probability purple -> high yellow
 
@@ -93,7 +77,7 @@ def apply(app: QApplication) -> None:
     # working directory.
     sheet = (resources_dir() / "style.qss").read_text(encoding="utf-8")
     sheet = sheet.replace("url(icons/", f"url({resources_dir().as_posix()}/icons/")
-    app.setStyleSheet(sheet + DISABLED_SHEET)
+    app.setStyleSheet(sheet)
     app.setWindowIcon(icon("diffuse"))
     pg.setConfigOptions(antialias=True, background=PANEL, foreground=MUTED)
 
