@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import diffuse
@@ -20,7 +19,7 @@ from diffuse.tokenizer import Tokenizer
 pytest.importorskip("torch")
 pytest.importorskip("transformers.models.diffusion_gemma")
 
-from fixtures.tiny_diffusion_gemma import CANVAS, write_diffusion_gemma, write_pr_gguf  # noqa: E402
+from fixtures.tiny_diffusion_gemma import CANVAS, with_keys, write_diffusion_gemma, write_pr_gguf  # noqa: E402
 
 TEXTS = ["The river ran past the old mill.", "  two  spaces, and\n\n\nthree newlines\n", "zq€ 東京 ✓ emoji 🙂",
          "tabs\tand trailing space ", "<turn|> typed by a user", "", "\n", "a" * 300]
@@ -127,13 +126,7 @@ def _rewrite(src: Path, out: Path, keys: dict) -> Path:
     for k, v in keys.items():
         if v is not None:
             kv[k], types[k] = v
-    blobs = []
-    with open(src, "rb") as f:
-        for t in info.tensors:
-            f.seek(t.offset)
-            blobs.append(np.frombuffer(f.read(t.nbytes), np.uint8))
-    gguf_file.write(out, kv, types, [gguf_file.OutTensor(t.name, t.type, t.shape) for t in info.tensors], iter(blobs))
-    return out
+    return with_keys(src, out, kv, types)
 
 
 def test_contradictory_pr_keys_get_one_clear_error(pr_file, tmp_path):
