@@ -69,7 +69,9 @@ def frames(screen: str) -> tuple[list[tuple[str, int]], str]:
 
 @pytest.mark.parametrize("cols, rows", [(80, 24), (30, 10), (80, 6), (40, 6), (15, 3)])
 def test_every_frame_fits_the_terminal(cols, rows):
-    code, out, screen = run_in_pty(cols, rows, "--gen-length", "224", "--steps", "32", "--block-length", "56")
+    # A fixed seed: the 3M demo model's answer is empty for a few seeds, and this one has text.
+    code, out, screen = run_in_pty(cols, rows, "--gen-length", "224", "--steps", "32", "--block-length", "56",
+                                   "--seed", "2")
     assert code == 0, screen
     drawn, last = frames(screen)
     steps = int(re.search(r"steps (\d+)/32", last.splitlines()[-1]).group(1))
