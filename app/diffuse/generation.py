@@ -120,6 +120,14 @@ def resolve_options(arch: str, recipe: dict | None = None, /, **given) -> dict:
 _PLAN_SIZES = ("block_size", "sub_block_size", "canvas_length", "trained_block")
 
 
+def plan(arch: str, options: dict, hparams: dict | None = None, n_prompt: int = 1, n_ctx: int | None = None) -> dict:
+    """The engine's own plan of a run (_core.plan): its loop, gen_length in whole blocks, blocks,
+    sub-blocks, steps, what it rounded; the sizes it depends on from `hparams` where known.
+    Raises DiffuseError with the engine's reason where it would refuse the run."""
+    sizes = {k: int((hparams or {}).get(k) or 0) for k in _PLAN_SIZES}
+    return _core.plan(arch, options, n_prompt=n_prompt, n_ctx=n_ctx or 0, **sizes)
+
+
 def schedule_check(opts: dict, arch: str, n_ctx: int | None = None, recipe: dict | None = None,
                    hparams: dict | None = None) -> tuple[str, str | None]:
     """(what the engine will round in the schedule, or ""; why it would refuse it, or None): the
@@ -129,11 +137,10 @@ def schedule_check(opts: dict, arch: str, n_ctx: int | None = None, recipe: dict
     architecture's and `recipe`)."""
     try:
         o = resolve_options(arch, recipe, **{k: opts.get(k) for k in OPTION_NAMES if k != "seed"})
-        sizes = {k: int((hparams or {}).get(k) or 0) for k in _PLAN_SIZES}
-        plan = _core.plan(arch, o, n_ctx=n_ctx or 0, **sizes)
+        planned = plan(arch, o, hparams, n_ctx=n_ctx)
     except DiffuseError as e:
         return "", str(e)
-    return plan.get("rounded", ""), None
+    return planned.get("rounded", ""), None
 
 
 def whole_blocks(gen_length: int, options: dict, arch: str) -> int:

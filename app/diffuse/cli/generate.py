@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from diffuse import DiffuseError, _core, load, physical_cores
+from diffuse import DiffuseError, load, physical_cores
 from diffuse.cli import check_input, check_output
 from diffuse.events import GenerateResult, StepEvent
-from diffuse.generation import (_PLAN_SIZES, ARCHITECTURES, FAMILIES, OPTIONS, PRESETS, default_options, preset,
+from diffuse.generation import (ARCHITECTURES, FAMILIES, OPTIONS, PRESETS, default_options, plan, preset,
                                  resolve_options, schedule_check, whole_blocks)
 from diffuse.recording import Recording
 from diffuse.remote import TIMEOUT_S, RemoteModel, api_key_from_env
@@ -338,20 +338,19 @@ def fit_blocks(options: dict, model, n_prompt: int) -> tuple[dict, str | None]:
     """gen_length in whole blocks (diffuse.generation.whole_blocks, as the server does with
     max_tokens), and a note when the engine runs more positions than asked for: those whole blocks,
     the model's own block (block_length 0) or its canvas, or block diffusion's blocks from the
-    prompt's start (its plan for this prompt, _core.plan). The answer is cut at the length asked for."""
+    prompt's start (its plan for this prompt, generation.plan). The answer is cut at the length asked for."""
     gen = options["gen_length"]
     options = {**options, "gen_length": whole_blocks(gen, options, model.arch)}
-    sizes = {k: int(model.hparams.get(k) or 0) for k in _PLAN_SIZES}
     try:
-        plan = _core.plan(model.arch, options, n_prompt=n_prompt, **sizes)
+        planned = plan(model.arch, options, model.hparams, n_prompt=n_prompt)
     except DiffuseError:        # the run itself says why
         return options, None
-    if plan.get("gen_length", gen) <= gen:
+    if planned.get("gen_length", gen) <= gen:
         return options, None
     own = " (the model's own)" if options["block_length"] <= 0 else ""
     start = " from the prompt's start" if ARCHITECTURES[model.arch]["block_diffusion"] else ""
-    unit = "canvases" if plan["loop"] == "uniform-state" else "blocks"
-    return options, (f"gen_length {gen} -> {plan['gen_length']}: whole {unit} of {plan['block_length']}{own}"
+    unit = "canvases" if planned["loop"] == "uniform-state" else "blocks"
+    return options, (f"gen_length {gen} -> {planned['gen_length']}: whole {unit} of {planned['block_length']}{own}"
                      f"{start}; the answer is cut at {gen} tokens")
 
 
