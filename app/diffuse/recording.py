@@ -145,6 +145,9 @@ class Recording:
     result: GenerateResult | None = None
     pieces: dict[int, str] = field(default_factory=dict)   # token id -> its text
     created: float = field(default_factory=time.time)
+    # The prompt is the model's templated input (a served request: the server keeps token ids, not
+    # the client's messages), not text a user typed: running it again would template it twice.
+    templated: bool = False
 
     def add(self, event: StepEvent) -> bool:
         """The `on_step` callback: keep the event, let the run go on."""
@@ -203,7 +206,8 @@ class Recording:
                 arrays[f"result_{name}"] = np.asarray(getattr(self.result, name))
         meta = {"format": FORMAT, "version": VERSION, "prompt": self.prompt,
                 "options": self.options, "model": self.model, "created": self.created,
-                "pieces": {str(k): v for k, v in self.pieces.items()}, "result": result}
+                "pieces": {str(k): v for k, v in self.pieces.items()}, "result": result,
+                "templated": self.templated}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), np.uint8)
         buf = io.BytesIO()
         np.savez_compressed(buf, **arrays)
@@ -233,7 +237,8 @@ class Recording:
                                     **{n: data[f"result_{n}"] for n in _RESULT_ARRAYS})
         return cls(prompt=meta["prompt"], options=meta["options"], model=meta["model"],
                    events=events, result=result, created=meta.get("created", 0.0),
-                   pieces={int(k): v for k, v in meta["pieces"].items()})
+                   pieces={int(k): v for k, v in meta["pieces"].items()},
+                   templated=meta.get("templated", False))   # absent in recordings made before it
 
     # -- playback -----------------------------------------------------------------------------
 
@@ -440,6 +445,8 @@ def _check(data: dict[str, np.ndarray]) -> dict:
     _want(meta, "pieces", dict)
     if "created" in meta:
         _number(meta, "created")
+    if "templated" in meta:
+        _want(meta, "templated", bool)
     for k, v in meta["pieces"].items():
         if not (k.isascii() and k.isdigit() and len(k) < 12 and isinstance(v, str)):
             raise ValueError(f"piece {k[:20]!r}: expected a token id and its text")

@@ -163,6 +163,7 @@ CASES = {
         "piece text a number": lambda: with_meta(pieces={"5": 5}),
         "created NaN": lambda: with_meta(created=float("nan")),
         "created a string": lambda: with_meta(created="yesterday"),
+        "templated a number": lambda: with_meta(templated=1),
         "result a list": lambda: with_meta(result=[1]),
         "result field missing": lambda: with_meta(
             result={k: v for k, v in meta()["result"].items() if k != "steps"}),

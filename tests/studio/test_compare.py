@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from PySide6.QtCore import QPoint, QRect
 
+from diffuse.recording import Recording
 from diffuse.studio import compare, compare_pairs
 from diffuse.studio.compare_pairs import PRESETS, answer_diff, headline, summary_lines
 from diffuse.studio.run_state import RunState
@@ -261,17 +262,28 @@ def test_every_pair_names_its_effect_and_what_both_runs_share():
             assert pair.shared == {"eos_stop": "none"} and "whole times compare" in pair.shared_text()
 
 
-def test_compare_takes_the_users_prompt_not_a_served_requests_template(qtbot, window, fake_model, recorded_run):
+def test_compare_takes_the_users_prompt_not_a_served_requests_template(qtbot, window, fake_model, recorded_run,
+                                                                       tmp_path):
     """A served request's prompt is its templated text: Compare's Run would wrap it in the chat
-    template again. A run of the user's gives its message as asked."""
+    template again, also when the request is reopened from its recording. A run of the user's gives
+    its message as asked."""
     window.set_model(fake_model())
     templated = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-    served = RunState(templated, {"seed": 1}, window.model_info(), window.engine.model.tokenizer.decode)
+    served = RunState(templated, {"seed": 1}, window.model_info(), window.engine.model.tokenizer.decode,
+                      templated=True)
     window.runs.served = (object(), served)          # as _served_step follows a request
-    window.show_run(served)
-    window.open_compare()
-    assert window.compare_window.prompt.text() == ""
-    window.compare_window.close()
+    for run in (served, None):
+        if run is None:                               # saved, then reopened as a recording
+            path = tmp_path / "served.npz"
+            rec = recorded_run("eos")
+            rec.prompt, rec.templated = templated, True
+            rec.save(path)
+            run = RunState.from_recording(Recording.load(path))
+            assert run.recording.templated
+        window.show_run(run)
+        window.open_compare()
+        assert window.compare_window.prompt.text() == ""
+        window.compare_window.close()
     window.show_run(RunState.from_recording(recorded_run("eos")))
     window.open_compare()
     assert window.compare_window.prompt.text() == window.run.prompt != ""

@@ -484,7 +484,8 @@ class MainWindow(QMainWindow):
             if self.live is not None or event.step != 0 or getattr(self.engine.model, "remote", False):
                 return
             req, tok = job.request, self.engine.model.tokenizer
-            run = RunState(tok.decode(req.prompt_of(0)), req.options_of(0), self.model_info(), tok.decode)
+            run = RunState(tok.decode(req.prompt_of(0)), req.options_of(0), self.model_info(), tok.decode,
+                           templated=True)
             self.runs.served = (job, run)
             self._served_cpu = psutil.cpu_times(percpu=True)   # its load over the run, at its end
             self.show_run(run)
@@ -771,10 +772,10 @@ class MainWindow(QMainWindow):
             self.compare_window = CompareWindow(self.runs, self.settings_panel.options,
                                                 self.model_info, self)
             self.settings_panel.changed.connect(self.compare_window.update_context)
-        # The shown run's prompt as the user asked it. A served request's is its templated text (the
-        # server keeps token ids, not the client's messages): Run would template it again.
-        served = self.served is not None and self.run is self.served[1]
-        self.compare_window.prompt.setText(self.run.prompt if self.run and not served else "")
+        # The shown run's prompt as the user asked it; not a served request's templated text (also
+        # reopened from its recording): Run would template it again.
+        self.compare_window.prompt.setText(self.run.prompt if self.run and not self.run.recording.templated
+                                           else "")
         self.compare_window.update_context()     # the model may have changed since
         self.compare_window.show()
         self.compare_window.raise_()

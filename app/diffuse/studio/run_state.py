@@ -84,9 +84,10 @@ def decoding_text(options: dict, arch) -> str:
 
 class RunState:
     def __init__(self, prompt: str = "", options: dict | None = None,
-                 model: dict | None = None, decode: Callable[[list[int]], str] | None = None):
+                 model: dict | None = None, decode: Callable[[list[int]], str] | None = None,
+                 templated: bool = False):
         self.recording = Recording(prompt=prompt, options=dict(options or {}),
-                                   model=dict(model or {}))
+                                   model=dict(model or {}), templated=templated)
         self._decode = decode
         model = self.recording.model
         self.eos_ids = frozenset(int(t) for t in model.get("eos_ids", ()))
@@ -101,7 +102,7 @@ class RunState:
 
     @classmethod
     def from_recording(cls, rec: Recording) -> RunState:
-        run = cls(rec.prompt, rec.options, rec.model)
+        run = cls(rec.prompt, rec.options, rec.model, templated=rec.templated)
         run.recording.pieces = dict(rec.pieces)
         run.recording.created = rec.created
         for event in rec.events:
