@@ -128,9 +128,12 @@ class Model:
         trained_block = self._core.hparams["trained_block"]
         if draft_lora and (mode != "diffusion" or not self._core.hparams["draft_lora_rank"]):
             raise DiffuseError("forward: draft_lora applies to mode 'diffusion' of a model with a draft LoRA")
-        if self.family == "wedlm" and mode == "diffusion":   # its window attends causally, in its own order
+        # The engine's table: a model its causal loop decodes, with no bidirectional last block
+        # (WeDLM: its window attends causally, in its own order), attends causally in any mode.
+        causal_loop = next(a["loop"] for a in _core.ARCHITECTURES if a["name"] == self.arch) == "causal"
+        if causal_loop and not trained_block and mode == "diffusion":
             if block_size is not None:
-                raise DiffuseError("forward: WeDLM attends causally: block_size does not apply")
+                raise DiffuseError(f"forward: {self.arch} attends causally: block_size does not apply")
             mode = "ar"
         if mode == "diffusion" and not trained_block:
             return self._core.forward(ids.astype(np.int32), rows, -1 if block_size is None else block_size)
