@@ -195,6 +195,41 @@ def test_resume_takes_the_stored_hyper_parameters(trained, tmp_path, capsys):
     assert diffuse.gguf_file.read(tmp_path / "m.gguf").kv["general.name"] == "tiny-demo"
 
 
+def test_init_starts_from_the_weights_and_tokenizer_of_a_gguf(trained, tmp_path, capsys):
+    """--init reads a GGUF back into the trainer's names: q/k rows un-permuted, the same tokenizer."""
+    from safetensors.torch import load_file
+    from tokenizers import Tokenizer
+
+    from diffuse.train import from_gguf
+
+    run, gguf = trained
+    shape, tok, state = from_gguf.load(gguf)
+    saved = load_file(run / "hf" / "model.safetensors")
+    assert set(state) == set(saved)
+    for name, tensor in saved.items():      # an F32 file: exact
+        assert torch.equal(state[name], tensor), name
+    assert tok.to_str() == Tokenizer.from_file(str(run / "tokenizer.json")).to_str()
+    assert (shape.d_model, shape.n_layers, shape.n_heads, shape.mlp_hidden_size) == (32, 2, 2, 64)
+
+    data = str(run.parent / "data")
+    out = tmp_path / "more"
+    assert main(["train", data, "--out", str(out), "--init", str(gguf), "--steps", "1", "--threads", "1",
+                 "--batch", "2", "--eval-every", "1"]) == 0
+    assert f"starting from {gguf}" in capsys.readouterr().out
+    assert (out / "tokenizer.json").read_text() == (run / "tokenizer.json").read_text()
+    # a run folder that holds a run, a shape the file does not have, a quantised file: one line each
+    for argv, said in (([], "already holds a run"), (["--d-model", "64"], "--d-model 64 (the file has 32)")):
+        where = out if not argv else tmp_path / "new"
+        assert main(["train", data, "--out", str(where), "--init", str(gguf), *argv]) == 1
+        assert said in capsys.readouterr().err
+    q8 = tmp_path / "q8.gguf"
+    assert main(["quantize", str(gguf), str(q8), "Q8_0"]) == 0
+    capsys.readouterr()
+    assert main(["train", data, "--out", str(tmp_path / "q"), "--init", str(q8), "--steps", "1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs an F32 or F16 file" in err[0]
+
+
 def test_corpus_keeps_prose_fortunes(tmp_path, monkeypatch):
     from diffuse.train import corpus
 

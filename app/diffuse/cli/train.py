@@ -31,6 +31,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("data", type=Path, metavar="DATA", help="text file or folder of .txt files")
     p.add_argument("--out", type=Path, required=True, metavar="RUN", help="run folder: hf/ checkpoint, state.pt, train.log")
     p.add_argument("--gguf", type=Path, metavar="MODEL.gguf", help="also convert the final checkpoint to this GGUF file")
+    p.add_argument("--init", type=Path, metavar="START.gguf",
+                   help="start from this model (an F32/F16 LLaDA GGUF written by diffuse train, the bundled demo "
+                   "for one): its weights, shapes and tokenizer; a new run folder only")
     p.add_argument("--name", help="model name in the GGUF (default: the run folder's name)")
     p.add_argument("--outtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"], help="GGUF weight type (default f16)")
     p.add_argument("--arch", choices=["llada", "sdar"],
@@ -68,8 +71,9 @@ def run(args: argparse.Namespace) -> int:
         check_output(str(args.gguf), "--gguf", [str(args.data)])
         if name in ("", ".", "..") or os.sep in name or "/" in name:
             raise DiffuseError(f"--name {name!r}: not usable as a model name (no path separators)")
+    stored = saved_hparams(args.out)
     cfg = TrainConfig(data=args.data, out=args.out, steps=args.steps, minutes=args.minutes, threads=args.threads,
-                      eval_every=args.eval_every, **_hparams(args, saved_hparams(args.out)))
+                      eval_every=args.eval_every, **{**_hparams(args, stored), **_start(args, stored)})
     for option, value in (("steps", cfg.steps), ("threads", cfg.threads), ("batch", cfg.batch),
                           ("seq-len", cfg.seq_len), ("vocab-size", cfg.vocab_size), ("d-model", cfg.d_model),
                           ("layers", cfg.n_layers), ("heads", cfg.n_heads), ("ffn", cfg.mlp_hidden_size),
@@ -110,6 +114,29 @@ def _train(args: argparse.Namespace, cfg, train, name: str) -> int:
                 convert_hf(named, args.gguf, outtype=args.outtype, recipe=suggested)
             log(f"converted {hf} -> {args.gguf} ({args.outtype}, name {name}, recipe {recipe.text(suggested)})")
     return 0
+
+
+def _start(args: argparse.Namespace, stored: dict | None) -> dict:
+    """--init's model: the TrainConfig fields its file fixes (shape, tokenizer size, arch)."""
+    if args.init is None:
+        return {}
+    check_input(args.init, "--init")
+    if stored:
+        raise DiffuseError(f"--init: {args.out} already holds a run; leave --init out to resume it, or choose a "
+                           "new --out folder")
+    from diffuse.train.from_gguf import read
+
+    _, s, _ = read(args.init)
+    fixed = {"vocab_size": s.vocab_size, "d_model": s.d_model, "n_layers": s.n_layers, "n_heads": s.n_heads,
+             "mlp_hidden_size": s.mlp_hidden_size, "seq_len": s.max_sequence_length}
+    option = {field: name.replace("_", "-") for name, field in HPARAM_OPTIONS.items()}
+    given = {field: getattr(args, name) for name, field in HPARAM_OPTIONS.items() if getattr(args, name) is not None}
+    conflicts = [f"--{option[k]} {given[k]} (the file has {v})" for k, v in fixed.items() if given.get(k, v) != v]
+    if given.get("arch", "llada") != "llada":
+        conflicts.append(f"--arch {given['arch']} (the file is llada)")
+    if conflicts:
+        raise DiffuseError(f"--init {args.init} fixes the model's shape: {', '.join(conflicts)}")
+    return {**fixed, "init": args.init}
 
 
 def _hparams(args: argparse.Namespace, stored: dict | None) -> dict:

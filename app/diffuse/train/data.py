@@ -97,13 +97,19 @@ class Batches:
 
     def _task(self, words: list[str]) -> tuple[str, str]:
         r = self.rng.random()
-        if r < 0.5 and len(words) > 6:
+        if r < 0.4 and len(words) > 6:
             k = self.rng.randint(3, min(12, len(words) - 3))
             return f"Continue: {' '.join(words[:k])}", " ".join(words[k:])
-        if r < 0.75:
+        if r < 0.6:
             phrase = " ".join(words[: self.rng.randint(3, 15)])
             return f"Repeat after me: {phrase}", phrase
-        return "Tell me something.", " ".join(words)
+        if r < 0.75:
+            return "Tell me something.", " ".join(words)
+        # Anything else a user types ("Hello", a question): the opening 1-16 words of another
+        # document, answered with a whole one. Without these rows the demo met an unknown prompt
+        # with an empty answer (8 of 20 seeds for "Hello").
+        said = self.rng.choice(self.docs).split()[: self.rng.randint(1, 16)]
+        return " ".join(said), " ".join(words)
 
 
 def heldout_windows(encode: Callable[[str], list[int]], eos_id: int, docs: list[str], seq_len: int,

@@ -31,7 +31,13 @@ PROMPTS = [
     "Continue: She was a woman of",
     "Continue: A fool and his money",
     "Tell me something.",
+    "Hello",
+    "What is the weather like?",
 ]
+# What people type first: each run over SEEDS seeds, counting the answers with no text at all.
+FIRST_PROMPTS = ["Hello", "Hi there!", "What is the weather like?", "Tell me a story.", "Once upon a time",
+                 "Who are you?"]
+SEEDS = 20
 
 
 def masked_accuracy(logits_fn: Callable[[np.ndarray], np.ndarray], windows: np.ndarray, mask_id: int,
@@ -99,6 +105,12 @@ def _report(gguf: Path, data: Path, gen_length: int, steps: int, block_length: i
                            temperature=temperature, seed=0, scheduler=scheduler)
             text = r.text.replace("|", "\\|").replace("\n", " ")
             lines.append(f"| {prompt} | {scheduler} | {r.steps} | {r.total_ms:.0f} | {text} |")
+    lines += ["", f"Empty answers (no text) over seeds 0-{SEEDS - 1}, the same settings, low_confidence:", "",
+              "| prompt | empty |", "|---|---|"]
+    for prompt in FIRST_PROMPTS:
+        empty = sum(not m.generate(prompt, gen_length=gen_length, steps=steps, block_length=block_length,
+                                   temperature=temperature, seed=seed).text.strip() for seed in range(SEEDS))
+        lines.append(f"| {prompt} | {empty} of {SEEDS} |")
     return "\n".join(lines)
 
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from diffuse import DiffuseError
+from diffuse.train import from_gguf
 from diffuse.train.bpe import EOS, MASK, train_bpe
 from diffuse.train.data import Batches, heldout_windows, read_documents, split_heldout
 from diffuse.train.evaluate import masked_accuracy, torch_logits_fn
@@ -66,6 +67,7 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 500  # steps between held-out scores and checkpoints
     eval_windows: int = 128
+    init: Path | None = None  # a float LLaDA GGUF to start from (its shapes and tokenizer; from_gguf.py)
 
 
 def _lr(cfg: TrainConfig, step: int, progress: float) -> float:
@@ -91,11 +93,11 @@ def diffusion_loss(model: LLaDA | SDAR, ids: torch.Tensor, maskable: torch.Tenso
     return (weighted.sum(1) / maskable.sum(1).clamp(min=1)).mean()
 
 
-def _tokenizer(cfg: TrainConfig, train_docs: list[str]) -> Tokenizer:
+def _tokenizer(cfg: TrainConfig, train_docs: list[str], start: Tokenizer | None) -> Tokenizer:
     path = cfg.out / "tokenizer.json"  # reused on resume so the ids never change
     if path.exists():
         return Tokenizer.from_file(str(path))
-    tok = train_bpe(train_docs, cfg.vocab_size)
+    tok = start or train_bpe(train_docs, cfg.vocab_size)
     tok.save(str(path))
     return tok
 
@@ -133,7 +135,9 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
     torch.manual_seed(cfg.seed)
     cfg.out.mkdir(parents=True, exist_ok=True)
     train_docs, held_docs = split_heldout(read_documents(cfg.data))
-    tok = _tokenizer(cfg, train_docs)
+    state_path = cfg.out / "state.pt"
+    start = from_gguf.load(cfg.init) if cfg.init is not None and not state_path.exists() else None
+    tok = _tokenizer(cfg, train_docs, start and start[1])
     mask_id = tok.token_to_id(MASK)
     batches = Batches(tok, train_docs, cfg.seq_len, cfg.batch, cfg.chat_fraction, cfg.seed)
     held = heldout_windows(lambda text: tok.encode(text).ids, tok.token_to_id(EOS), held_docs, cfg.seq_len,
@@ -148,7 +152,11 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
         lr=cfg.lr, betas=(0.9, 0.95),
     )
     step, used_s = 0, 0.0
-    state_path = cfg.out / "state.pt"
+    if start is not None:
+        if start[0] != shape:
+            raise DiffuseError(f"{cfg.init}: shapes {start[0]} differ from the run's {shape}")
+        model.load_state_dict(start[2])
+        log(f"starting from {cfg.init}")
     if state_path.exists():
         try:
             state = torch.load(state_path, weights_only=True)
