@@ -226,6 +226,34 @@ def test_sampling_repeats_with_its_seed(wedlm):
                != list(a.tokens) for s in (6, 7, 8))
 
 
+def test_top_p_cuts_the_raw_distribution_then_the_temperature_applies(wedlm):
+    """Tencent's sample_tokens: top-k, top-p over the raw logits, then temperature. At temperature 5
+    and top_p 0.5 every token the first pass fills lies in its raw nucleus, which at the positions
+    filled holds fewer tokens than the tempered one would."""
+    _, path = wedlm["qwen3"]
+    model = diffuse.Model(str(path), kv_f16=False)
+    prompt, width = PROMPTS[0], DEFAULTS["window_size"]
+    # the first pass: the prompt, then the window's masks in their own order, causally
+    raw = model.forward(prompt + [model.mask_token_id] * width, mode="ar")[len(prompt):].astype(np.float64)
+
+    def nucleus(logits):
+        p = np.exp(logits - logits.max())
+        p /= p.sum()
+        order = np.argsort(-p, kind="stable")
+        return set(order[: np.searchsorted(np.cumsum(p[order]), 0.5, side="right") + 1].tolist())
+
+    wider = 0
+    for seed in range(30):
+        events = []
+        model.generate(prompt, gen_length=width, chat=False, temperature=5.0, top_p=0.5, seed=seed,
+                       on_step=events.append)
+        for q in events[0].unmasked:
+            row = raw[q - len(prompt)]
+            assert int(events[0].tokens[q]) in nucleus(row), (seed, q)
+            wider += len(nucleus(row / 5.0)) > len(nucleus(row))
+    assert wider > 0
+
+
 # ---- batches, streams, cancel, CLI, server ----
 
 def test_batch_and_stream_give_each_answer_alone(wedlm):

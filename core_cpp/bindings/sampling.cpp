@@ -14,7 +14,8 @@ void diffuse_py::register_sampling(py::module_ & m) {
     m.def("sample_rows",
           [](py::array_t<float, py::array::c_style | py::array::forcecast> logits,
              py::array_t<int32_t, py::array::c_style | py::array::forcecast> keys, float temperature, int top_k,
-             float top_p, bool gumbel, uint64_t seed, uint64_t step, int32_t mask_token_id, int threads) {
+             float top_p, bool top_p_raw, bool gumbel, uint64_t seed, uint64_t step, int32_t mask_token_id,
+             int threads) {
               if (logits.ndim() != 2 || logits.shape(1) < 1)
                   throw diffuse::Error("sample_rows: logits must be (rows, vocab) with vocab >= 1");
               if (keys.ndim() != 1 || keys.shape(0) != logits.shape(0))
@@ -25,6 +26,7 @@ void diffuse_py::register_sampling(py::module_ & m) {
               cfg.temperature = temperature;
               cfg.top_k = top_k;
               cfg.top_p = top_p;
+              cfg.top_p_raw = top_p_raw;
               cfg.gumbel = gumbel;
               cfg.seed = seed;
               cfg.step = step;
@@ -51,7 +53,7 @@ void diffuse_py::register_sampling(py::module_ & m) {
               return d;
           },
           py::arg("logits"), py::arg("keys"), py::kw_only(), py::arg("temperature") = 0.0f, py::arg("top_k") = 0,
-          py::arg("top_p") = 1.0f, py::arg("gumbel") = true, py::arg("seed") = 0, py::arg("step") = 0,
+          py::arg("top_p") = 1.0f, py::arg("top_p_raw") = false, py::arg("gumbel") = true, py::arg("seed") = 0, py::arg("step") = 0,
           py::arg("mask_token_id") = -1, py::arg("threads") = 1,
           "Per-row sampling stats of logits (rows, vocab): a dict of arrays x0, p_x0, top1, entropy, conf, margin, "
           "neg_entropy; keys[r] is row r's position for the random draws.");

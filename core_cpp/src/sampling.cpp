@@ -170,8 +170,11 @@ private:
     int next_ = 0;   // the first bucket not gathered
 };
 
-// Dream's sample_tokens: temperature, then top-p, then top-k, softmax; sample at T > 0.
-void dream_row(const float * l, int64_t n, const SampleConfig & cfg, uint64_t key, RowStats & r, Scratch & s) {
+// Dream's sample_tokens: temperature, then top-p, then top-k, softmax; sample at T > 0. With
+// cfg.top_p_raw (WeDLM) top-p measures the raw distribution `raw` instead: a positive temperature
+// keeps the order, so only where the nucleus ends changes.
+void dream_row(const float * l, int64_t n, const SampleConfig & cfg, uint64_t key, const Softmax & raw, RowStats & r,
+               Scratch & s) {
     const float inv_t = cfg.temperature > 0 ? 1.0f / cfg.temperature : 1.0f;
     Buckets bk;
     std::vector<float> & v = s.tempered;
@@ -204,11 +207,11 @@ void dream_row(const float * l, int64_t n, const SampleConfig & cfg, uint64_t ke
     if (cfg.top_p < 1.0f) {
         // The smallest prefix whose cumulative probability exceeds top_p (at least one token);
         // top-k cuts at k_cap anyway, so the walk stops there.
-        rank.gather(std::min(bk.holding_mass(cfg.top_p * z_all), bk.holding_count(k_cap)));
+        if (!cfg.top_p_raw) rank.gather(std::min(bk.holding_mass(cfg.top_p * z_all), bk.holding_count(k_cap)));
         double cum = 0.0;
         int64_t i = 0;
-        for (; i < k_cap; ++i) {
-            cum += std::exp(gap(i)) / z_all;
+        for (; i < k_cap; ++i) {   // rank[i] gathers as far as the walk goes
+            cum += cfg.top_p_raw ? (double) prob(raw, l[token(rank[i])]) : std::exp(gap(i)) / z_all;
             if (cum > cfg.top_p) { ++i; break; }
         }
         keep = std::max<int64_t>(1, std::min(i, k_cap));
@@ -269,7 +272,7 @@ void sample_rows(const float * logits, int n_rows, int64_t n_vocab, const std::v
             o.conf = o.p_x0;
             o.margin = o.top1 - prob(s, s.second);
             o.neg_entropy = -o.entropy;
-            if (dream_processed) dream_row(l, n_vocab, cfg, key, o, scratch);
+            if (dream_processed) dream_row(l, n_vocab, cfg, key, s, o, scratch);
         }
     }
 }

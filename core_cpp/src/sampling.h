@@ -11,6 +11,9 @@ struct SampleConfig {
     float temperature = 0.0f;
     int   top_k = 0;            // Dream-style filtering (0: off)
     float top_p = 1.0f;         // (1: off)
+    // WeDLM's sampler: top-k, then top-p over the raw distribution, then temperature (Dream's:
+    // temperature first, so top-p cuts the tempered distribution).
+    bool  top_p_raw = false;
     bool  gumbel = true;        // LLaDA: Gumbel-max in float64; Dream: categorical over top-k/top-p
     uint64_t seed = 0;
     uint64_t step = 0;

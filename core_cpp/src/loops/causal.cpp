@@ -319,6 +319,7 @@ struct CausalSequence {
         keys = masks;
         SampleConfig sc = sampling(false, (uint64_t) step);
         sc.gumbel = false;
+        sc.top_p_raw = true;   // Tencent's sample_tokens: top-k, top-p, then temperature
         sample_rows(logits.data(), (int) masks.size(), V, keys, sc, n_threads, stats);
         std::vector<float> h(masks.size());
         for (size_t j = 0; j < masks.size(); ++j) {
