@@ -276,7 +276,10 @@ def synthetic_recording():
 
 
 WALL_P95_MS = 50.0     # 95% of the 10 ms timer's gaps, wall clock
-CPU_P95_MS = 25.0      # 95% of the gaps, the GUI thread's own CPU time
+# 95% of the gaps, the GUI thread's own CPU time: 12-22 ms measured on a quiet 2-core machine, 27-35 ms
+# with a training run beside (load 2.2-3; 1.5x the bound then applies); a GUI that redraws too much
+# per tick lands far above
+CPU_P95_MS = 40.0
 WEDGE_MS = 250.0       # any one gap: a GUI that stops this long is wedged
 MIN_GAPS = 60          # gaps a measurement needs (its p95 is then the 4th largest); tests wait
                        # for them (`measured`), not a time
@@ -335,7 +338,9 @@ class GapMeter:
                    f"{cpu.max():.1f}; load {load:.1f} on {cores} cores")
         print(summary)
         assert len(gaps) > MIN_GAPS, summary
-        assert np.percentile(cpu, 95) < CPU_P95_MS and cpu.max() < WEDGE_MS, summary
+        # an oversubscribed machine slows the GUI thread's own work as well (shared cores and caches)
+        cpu_p95 = CPU_P95_MS * (1.0 if load <= cores else 1.5)
+        assert np.percentile(cpu, 95) < cpu_p95 and cpu.max() < WEDGE_MS, summary
         if load <= cores:
             assert np.percentile(gaps, 95) < WALL_P95_MS and gaps.max() < WEDGE_MS, summary
 

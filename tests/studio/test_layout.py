@@ -281,3 +281,37 @@ def test_the_focus_ring_shows(qtbot, window):
     before = accent_pixels()
     _focus(qtbot, button)
     assert accent_pixels() >= before + 2 * (button.width() + button.height())
+
+
+def test_a_steady_label_changes_text_without_relaying_out_its_window(qtbot):
+    """The step counters change text at every step: a QLabel's size hint follows its text, and each
+    change re-ran the main window's layout (99 layout requests a second during a run). A
+    SteadyLabel keeps its size, widens once for a longer text, and is measured anew under a style."""
+    from PySide6.QtCore import QEvent, QObject
+    from PySide6.QtWidgets import QHBoxLayout, QWidget
+
+    class Requests(QObject):
+        n = 0
+
+        def eventFilter(self, obj, event):
+            self.n += event.type() == QEvent.Type.LayoutRequest
+            return False
+
+    box = QWidget()
+    qtbot.addWidget(box)
+    label = theme.SteadyLabel("step 1/256", min_width=90)
+    QHBoxLayout(box).addWidget(label)
+    box.show()
+    qtbot.waitExposed(box)
+    requests = Requests()
+    box.installEventFilter(requests)
+    for step in range(2, 60):
+        label.setText(f"step {step}/256 · {step % 7} ms")
+        QApplication.processEvents()
+    assert requests.n <= 2          # the first longer text widens it, once
+    width = label.width()
+    label.setText("step 59/256 · live · 12 behind and a good deal longer than before")
+    QApplication.processEvents()
+    assert label.width() > width and label.width() >= label.fontMetrics().horizontalAdvance(label.text())
+    label.setStyleSheet("font-size: 30px")
+    assert label.height() >= label.fontMetrics().height()

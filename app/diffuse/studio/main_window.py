@@ -142,7 +142,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(self.splitter)
 
         self.model_label = theme.ElidedLabel("no model")     # a long file name must not widen the window
-        self.run_label = QLabel("")
+        self.run_label = theme.SteadyLabel("")
         self.statusBar().addWidget(self.model_label, 1)
         self.statusBar().addPermanentWidget(self.run_label)
         # whether the Studio's server serves, and what: whole where there is room, elided where not
@@ -439,7 +439,7 @@ class MainWindow(QMainWindow):
             self.show_run(run)
 
     def _run_stepped(self, run: RunState) -> None:
-        if run is self.live:        # the engine's step, which a paced display may trail (one label: cheap)
+        if run is self.live:        # the engine's step, which a paced display may trail (a SteadyLabel: cheap)
             self.run_label.setText(f"denoising · engine at step {run.n_steps}/{run.steps_allowed}"
                                    f" · {run.step_ms[run.n_steps - 1]:.0f} ms/step")
         if run is self.run:

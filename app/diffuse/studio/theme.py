@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QRect, QSize, Qt
+from PySide6.QtCore import QEvent, QRect, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QFontDatabase, QIcon, QPainter
 from PySide6.QtWidgets import (QApplication, QComboBox, QLabel, QSizePolicy, QStyle,
                                QStyleOptionComboBox, QStylePainter)
@@ -170,6 +170,33 @@ class EmptyState:
         if 0 < room < text.boundingRect().width():
             text.setTextWidth(room)
         self.note.updateTextPos()
+
+
+class SteadyLabel(QLabel):
+    """A one-line label whose text changes with every step (a step counter, a ms figure) without
+    relaying out the window: its size is fixed, so a new text repaints only the label (a QLabel's
+    size hint follows its text, and each change re-ran the main window's layout and repainted all
+    of it, 100 times a second during a run). It widens, once, for a text that does not fit."""
+
+    def __init__(self, text: str = "", min_width: int = 0, parent=None):
+        super().__init__(text, parent)
+        self._min_width = min_width
+        self._fit(anew=True)
+
+    def setText(self, text: str) -> None:
+        super().setText(text)
+        self._fit()
+
+    def changeEvent(self, event) -> None:     # a style sheet or font applied: measure anew
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):
+            self._fit(anew=True)
+
+    def _fit(self, anew: bool = False) -> None:
+        hint = super().sizeHint()
+        width = max(self._min_width, hint.width(), 0 if anew else self.maximumWidth())
+        if width != self.maximumWidth() or hint.height() != self.maximumHeight():
+            self.setFixedSize(width, hint.height())
 
 
 class ElidedLabel(QLabel):

@@ -13,7 +13,7 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QSlider, QSpinBox, QToolButton,
                                QWidget)
 
-from diffuse.studio import storage
+from diffuse.studio import storage, theme
 
 PACE_MS = 60                     # default shortest time a live step is shown
 SPEEDS = (2, 5, 10, 20, 50)      # replay speeds, steps per second
@@ -43,9 +43,8 @@ class Timeline(QWidget):
         self.slider = QSlider(Qt.Orientation.Horizontal)
         self.slider.setRange(0, 0)
         self.slider.setToolTip("Step shown by every view; drag to scrub through the run")
-        self.label = QLabel("no run")
+        self.label = theme.SteadyLabel("no run", min_width=90)      # rewritten at every step shown
         self.label.setObjectName("Muted")
-        self.label.setMinimumWidth(90)
         self.label.setToolTip("The step every view shows; during a run, \"live\" when it is the "
                               "engine's newest step, else how many steps the engine is ahead")
         self.pace = QSpinBox()
