@@ -286,6 +286,17 @@ def test_server_answers_records_and_json_as_a_model_file_does(served, tmp_path, 
     assert r["options"] == {"gen_length": 32, "steps": 8, "seed": 7} and len(r["tokens"]) == 32
 
 
+def test_options_the_served_model_does_not_read_are_named_as_for_a_file(served, capsys):
+    """diffuse serve names its model's architecture: --window-size on an LLaDA model and
+    --draft-length outside self_spec get their one warning each, as with a local file; the run goes on."""
+    argv = ["generate", "--server", served.url, "--api-key", "cli-key", "-p", "Hi", "--gen-length", "8",
+            "--steps", "4", "--quiet"]
+    assert main([*argv, "--window-size", "4", "--draft-length", "4"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == ["diffuse: warning: --draft-length is ignored: it applies to mode self_spec only, not diffusion",
+                        "diffuse: warning: --window-size is ignored: it applies to WeDLM's window only, not llada"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["-p", "Hi"], "refused the API key .*--api-key or \\$DIFFUSE_API_KEY"),
     (["-p", "Hi", "--api-key", "cli-key", "-m", "other"], "no model 'other' there; it serves diffuse-demo-3m"),

@@ -15,7 +15,7 @@ from diffuse import _core, gguf_file, recipe
 from diffuse._core import DiffuseError
 from diffuse.convert import diffusion_gemma
 from diffuse.events import GenerateResult, StepEvent
-from diffuse.generation import resolve_options
+from diffuse.generation import ARCHITECTURES, resolve_options
 
 
 class Model:
@@ -130,7 +130,7 @@ class Model:
             raise DiffuseError("forward: draft_lora applies to mode 'diffusion' of a model with a draft LoRA")
         # The engine's table: a model its causal loop decodes, with no bidirectional last block
         # (WeDLM: its window attends causally, in its own order), attends causally in any mode.
-        causal_loop = next(a["loop"] for a in _core.ARCHITECTURES if a["name"] == self.arch) == "causal"
+        causal_loop = ARCHITECTURES[self.arch]["loop"] == "causal"
         if causal_loop and not trained_block and mode == "diffusion":
             if block_size is not None:
                 raise DiffuseError(f"forward: {self.arch} attends causally: block_size does not apply")

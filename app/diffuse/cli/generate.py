@@ -109,13 +109,15 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def unused_options(typed: dict, model, options: dict) -> list[str]:
+def unused_options(typed: dict, arch: str, mode: str, no_draft_lora: str | None = None) -> list[str]:
     """Why each typed option this run does not read is ignored (a recipe or the defaults pass them
-    to every run, silently: only the user's own are worth a word)."""
-    window = model.family != "wedlm" and f"it applies to WeDLM's window only, not {model.arch}"
+    to every run, silently: only the user's own are worth a word). no_draft_lora: why the model has
+    no draft LoRA, when it has none (a server's model: not known, no word)."""
+    family = ARCHITECTURES[arch]["family"]
+    window = family != "wedlm" and f"it applies to WeDLM's window only, not {arch}"
     why = {"window_size": window, "pos_penalty": window,
-           "draft_length": options["mode"] != "self_spec" and f"it applies to mode self_spec only, not {options['mode']}",
-           "draft_lora": not model.hparams["draft_lora_rank"] and f"{Path(model.path).name} holds no draft LoRA"}
+           "draft_length": mode != "self_spec" and f"it applies to mode self_spec only, not {mode}",
+           "draft_lora": no_draft_lora}
     return [f"{_flag(name)} is ignored: {why[name]}" for name in typed if why.get(name)]
 
 
@@ -394,7 +396,8 @@ def run(args: argparse.Namespace) -> int:
     for note in (length_note, schedule_check(resolved, model.arch, hparams=model.hparams)[0]):
         if note:
             print(f"diffuse: note: {note}", file=sys.stderr)
-    for warning in unused_options(typed_options(args), model, resolved):
+    no_lora = not model.hparams["draft_lora_rank"] and f"{Path(model.path).name} holds no draft LoRA"
+    for warning in unused_options(typed_options(args), model.arch, resolved["mode"], no_lora or None):
         print(f"diffuse: warning: {warning}", file=sys.stderr)
     # The recording keeps the values that ran, the model's defaults included.
     recording = Recording(prompt=prompt, options=resolved,
@@ -455,6 +458,9 @@ def run_remote(args: argparse.Namespace) -> int:
     if skipped := model.not_sent(options):
         print(f"diffuse: note: {', '.join(skipped)} not sent: {model.url} is a {model.server_kind}, which takes "
               "OpenAI's max_tokens (--gen-length), temperature, top_p and seed only", file=sys.stderr)
+    if model.arch in ARCHITECTURES:      # diffuse serve names its model's architecture
+        for warning in unused_options(typed_options(args), model.arch, options.get("mode") or "diffusion"):
+            print(f"diffuse: warning: {warning}", file=sys.stderr)
     view = LiveView(model.tokenizer, sys.stderr) if (model.steps_sent and not args.quiet
                                                      and sys.stderr.isatty()) else None
     streamed = not model.steps_sent and not args.json      # text as it comes, when no view shows progress
