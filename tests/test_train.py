@@ -230,6 +230,25 @@ def test_init_starts_from_the_weights_and_tokenizer_of_a_gguf(trained, tmp_path,
     assert len(err) == 1 and "needs an F32 or F16 file" in err[0]
 
 
+@pytest.mark.parametrize("change, message", [
+    ({"kv": {"tokenizer.huggingface.json": "{"}}, "tokenizer.huggingface.json does not load"),
+    ({"drop": ("tokenizer.huggingface.json",)}, "no tokenizer.huggingface.json inside"),
+    ({"kv": {"llada.rope.freq_base": 500000.0}}, "RoPE base 500000"),
+    ({"drop": ("llada.block_count",)}, "no llada.block_count key"),
+    ({"tensors": {"blk.1.ffn_up.weight": None}}, "tensor blk.1.ffn_up.weight is missing"),
+])
+def test_a_file_training_cannot_start_from_is_one_line(trained, tmp_path, capsys, change, message):
+    from test_bad_input import rewrite
+
+    run, gguf = trained
+    bad = rewrite(gguf, tmp_path / "bad.gguf", **change)
+    assert main(["train", str(run.parent / "data"), "--out", str(tmp_path / "run"), "--init", str(bad),
+                 "--steps", "1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "run" / "state.pt").exists()
+
+
 def test_corpus_keeps_prose_fortunes(tmp_path, monkeypatch):
     from diffuse.train import corpus
 

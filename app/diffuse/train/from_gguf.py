@@ -44,7 +44,10 @@ def tokenizer_of(info: gguf_file.GGUFInfo) -> Tokenizer:
     if not isinstance(text, str):
         raise DiffuseError(f"{info.path}: no tokenizer.huggingface.json inside; only a file written by diffuse "
                            "train (or converted from its checkpoint) carries the tokenizer training needs")
-    tok = Tokenizer.from_str(text)
+    try:
+        tok = Tokenizer.from_str(text)
+    except Exception as e:      # the tokenizers library raises a bare Exception for any bad JSON
+        raise DiffuseError(f"{info.path}: its tokenizer.huggingface.json does not load ({e})") from None
     missing = [s for s in SPECIALS if tok.token_to_id(s) is None]
     if missing:
         raise DiffuseError(f"{info.path}: its tokenizer has no {missing[0]}; diffuse train needs LLaDA's special tokens")
