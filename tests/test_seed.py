@@ -34,7 +34,7 @@ def seed_of(result) -> int:
 def test_unset_seeds_differ_and_the_reported_one_repeats_the_run(model):
     a, b = model.generate(PROMPT, **SMALL), model.generate(PROMPT, **SMALL)
     assert seed_of(a) != seed_of(b)
-    assert a.text != b.text or not a.text.strip()   # the 3M demo answers nothing for a few seeds
+    assert a.text != b.text or not a.text.strip()   # the 3M demo can answer nothing (rarely since 2026-12-03)
     again = model.generate(PROMPT, **SMALL, seed=seed_of(a))
     assert again.tokens.tolist() == a.tokens.tolist() and again.text == a.text
     assert a.options == again.options      # every option the run used, the model's defaults included

@@ -74,6 +74,10 @@ class StepEvent:
         return self.mask[self.prompt_length:]
 
 
+# Why a run ended: every step ran, end-of-text ended it early, a listener cancelled it, the engine failed.
+STOP_REASONS = ("done", "eos", "cancelled", "error")
+
+
 @dataclass
 class GenerateResult:
     text: str                          # decoded answer, end-of-text padding trimmed
@@ -81,7 +85,7 @@ class GenerateResult:
     prompt_tokens: np.ndarray          # int32
     steps: int                         # steps actually run
     steps_allowed: int
-    stop_reason: str                   # "done" | "eos" | "cancelled"
+    stop_reason: str                   # one of STOP_REASONS
     step_ms: np.ndarray                # float64 (steps,), wall time per step
     forward_ms: np.ndarray             # float64 (steps,)
     sample_ms: np.ndarray              # float64 (steps,)

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from diffuse import DiffuseError
-from diffuse.events import GenerateResult, StepEvent
+from diffuse.events import STOP_REASONS, GenerateResult, StepEvent
 
 KEY_ENV = ("DIFFUSE_API_KEY", "OPENAI_API_KEY")    # where a key is looked for, first found wins
 TIMEOUT_S = 120.0             # to connect, for each read, and between two events of a stream
@@ -431,6 +431,7 @@ class _Answer:
         self.text = ""
         self.events: list[StepEvent] = []
         self.finish_reason: str | None = None
+        self.stop_reason: str | None = None     # the engine's, where diffuse serve sends it
         self.usage: dict = {}
         self.cancelled = False
 
@@ -462,6 +463,8 @@ class _Answer:
                     keep = (on_text(text) is not False) and keep
             if isinstance(c.get("finish_reason"), str):
                 self.finish_reason = c["finish_reason"]
+            if c.get("stop_reason") in STOP_REASONS:
+                self.stop_reason = c["stop_reason"]
         return keep
 
     def step(self, d: dict) -> StepEvent:
@@ -510,7 +513,9 @@ class _Answer:
             decided[e.unmasked] = e.step
         if self.cancelled:
             reason = "cancelled"
-        elif last is not None:
+        elif self.stop_reason is not None:
+            reason = self.stop_reason
+        elif last is not None:     # a diffuse serve of before the field: told from the steps
             reason = "eos" if len(ev) < last.steps_allowed else "done"
         else:
             reason = "eos" if self.finish_reason == "stop" else "done"

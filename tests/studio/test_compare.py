@@ -60,7 +60,7 @@ def test_the_window_fits_the_screens_free_area_with_every_button_on_it(
 def test_one_slider_moves_both_runs_and_a_shorter_run_says_where_it_ended(qtbot, window, demo_model):
     # dInfer's stop ends B at the first block holding end-of-text; A takes every step
     cmp = open_compare(window, demo_model, "Early end-of-text: none vs dInfer's",
-                       {"gen_length": 64, "steps": 64, "seed": 3})
+                       {"gen_length": 64, "steps": 64, "seed": 4})   # a seed whose answer ends early
     a, b = run_pair(qtbot, cmp)
     assert b.n_steps < a.n_steps
     cmp.timeline.slider.setValue(b.n_steps // 2)
@@ -241,7 +241,7 @@ def test_a_time_headline_says_which_is_faster_only_when_the_times_tell(demo_run)
 
 
 def test_answers_are_compared_up_to_the_end_of_text(demo_run):
-    base = {"gen_length": 64, "steps": 64, "seed": 3}
+    base = {"gen_length": 64, "steps": 64, "seed": 4}   # a seed whose answer ends early
     pair = PRESETS["Early end-of-text: none vs dInfer's"]
     a, b = _pair_of_runs(demo_run, {**base, "eos_stop": "none"}, {**base, "eos_stop": "holds_eos"})
     assert b.result.steps < a.result.steps

@@ -410,11 +410,11 @@ async def _collect(request: HTTPRequest, job: Job, kind: str, rid: str, created:
         if item[0] == "text":
             texts[item[1]] += item[2]
         elif item[0] == "finish":
-            reasons[item[1]] = item[2]
+            reasons[item[1]] = item[2:]
         elif item[0] == "error":
             return _error(item[1])
         elif item[0] == "end":
-            choices = [protocol.choice(kind, i, t, r) for i, (t, r) in enumerate(zip(texts, reasons))]
+            choices = [protocol.choice(kind, i, t, *r) for i, (t, r) in enumerate(zip(texts, reasons))]
             return JSONResponse(protocol.envelope(kind, rid, created, model_id, choices, False, usage=item[1],
                                                   seed=job.request.seed))
 
@@ -444,7 +444,7 @@ async def _stream(job: Job, kind: str, rid: str, created: int, model_id: str):
             elif item[0] == "step":
                 yield sse([], step=item[2])
             elif item[0] == "finish":
-                yield sse([protocol.delta(kind, item[1], None, item[2])])
+                yield sse([protocol.delta(kind, item[1], None, item[2], stop_reason=item[3])])
             elif item[0] == "error":     # an error event, then the stream's usual end
                 yield _closing_events(item[1])
                 return

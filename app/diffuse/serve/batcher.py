@@ -104,7 +104,8 @@ class AnswerText:
 class Job:
     """One HTTP request's sequences (prompts x n) and the queue its handler reads.
 
-    Items put on `events`: ("text", index, str), ("step", index, JSON text), ("finish", index, reason),
+    Items put on `events`: ("text", index, str), ("step", index, JSON text), ("finish", index, reason,
+    the engine's stop reason),
     ("end", usage dict) and ("error", protocol.BadRequest). The engine thread writes; the event
     loop reads them with next_event().
     """
@@ -206,7 +207,13 @@ class Job:
             masked = np.zeros(len(r.tokens), bool) if self.uniform_state else r.tokens == self.model.mask_token_id
             if new := answer.update(r.tokens, masked, final=True):
                 self._put("text", index, new)
-            self._put("finish", index, answer.finish_reason)
+            # the engine's own reason, which a client rebuilding the run cannot tell from the steps
+            # (a threshold rule may finish early without end-of-text); a run this server cancelled
+            # once its text was final ended at end-of-text, unless that was its last step anyway
+            reason = r.stop_reason
+            if reason == "cancelled" and answer.finish_reason is not None:
+                reason = "eos" if r.steps < r.steps_allowed else "done"
+            self._put("finish", index, answer.finish_reason, reason)
         n_prompt = sum(len(p) for p in self.request.prompts)   # each prompt once, as OpenAI counts
         return protocol.usage(n_prompt, sum(a.n_tokens for a in self.answers), sum(r.forward_passes for r in results))
 

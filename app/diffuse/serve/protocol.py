@@ -404,20 +404,25 @@ def usage(prompt_tokens: int, completion_tokens: int, forward_passes: int = 0) -
     return counts | ({"forward_passes": forward_passes} if forward_passes else {})
 
 
-def choice(kind: str, index: int, text: str, finish_reason: str | None) -> dict:
+# A finished choice also carries the engine's stop reason (done, eos, length, ...), diffuse's own
+# field beside OpenAI's finish_reason: diffuse.remote gives it to the rebuilt run.
+def choice(kind: str, index: int, text: str, finish_reason: str | None, stop_reason: str | None = None) -> dict:
+    extra = {"stop_reason": stop_reason} if stop_reason else {}
     if kind == "chat":
         return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                "finish_reason": finish_reason}
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+                "finish_reason": finish_reason, **extra}
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason, **extra}
 
 
-def delta(kind: str, index: int, text: str | None, finish_reason: str | None = None, role: bool = False) -> dict:
+def delta(kind: str, index: int, text: str | None, finish_reason: str | None = None, role: bool = False,
+          stop_reason: str | None = None) -> dict:
+    extra = {"stop_reason": stop_reason} if stop_reason else {}
     if kind == "chat":
         d = {"role": "assistant"} if role else {}
         if text is not None:
             d["content"] = text
-        return {"index": index, "delta": d, "logprobs": None, "finish_reason": finish_reason}
-    return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "delta": d, "logprobs": None, "finish_reason": finish_reason, **extra}
+    return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason, **extra}
 
 
 def envelope(kind: str, rid: str, created: int, model_id: str, choices: list[dict], stream: bool, **extra) -> dict:
