@@ -95,7 +95,7 @@ def diffusion_loss(model: LLaDA | SDAR, ids: torch.Tensor, maskable: torch.Tenso
 
 def _tokenizer(cfg: TrainConfig, train_docs: list[str], start: Tokenizer | None) -> Tokenizer:
     path = cfg.out / "tokenizer.json"  # reused on resume so the ids never change
-    if path.exists():
+    if path.exists() and start is None:     # (a start's own replaces one left by a run never saved)
         return Tokenizer.from_file(str(path))
     tok = start or train_bpe(train_docs, cfg.vocab_size)
     tok.save(str(path))
