@@ -23,7 +23,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         usage="diffuse train DATA --out RUN [--gguf MODEL.gguf] [options]",
         help="train a small LLaDA- or SDAR-architecture model on text (needs PyTorch: pip install 'diffuse[train]')",
         description="Train a small masked diffusion LM (LLaDA's architecture and objective, or SDAR's block "
-        "diffusion with --arch sdar) with its own byte-level BPE tokenizer. DATA is a .txt file or a folder of "
+        "diffusion with --arch sdar) with its own byte-level BPE tokenizer, or further from a model it made "
+        "(--init). DATA is a .txt file or a folder of "
         "them, documents separated by blank lines (python -m diffuse.train.corpus DIR writes the demo corpus). "
         "Resumes from RUN/state.pt with "
         "the run's own hyper-parameters (model shape, tokenizer, batch, learning rate, seed).",
