@@ -327,9 +327,11 @@ class GapMeter:
         Speed is the benchmarks' business. On a shared machine one tick can come tens of ms late
         for reasons outside our code (a view painted for the first time, the OS running another
         process), so the usual gaps are held to a percentile and single gaps only to the wedge
-        bound. The GUI thread's CPU time per gap is our code's doing: both bounds always apply.
-        A wall-clock gap can also be the OS's: its bounds apply only while the machine is not
-        oversubscribed (load average at most the core count; a p95 of 61 ms was seen at load 6.3).
+        bound. The GUI thread's CPU time per gap is our code's doing: both bounds always apply,
+        the p95's 1.5x looser on an oversubscribed machine (a busy sibling core slows the GUI
+        thread's own work too). A wall-clock gap can also be the OS's: its bounds apply only while
+        the machine is not oversubscribed (load average at most the core count; a p95 of 61 ms
+        was seen at load 6.3).
         """
         gaps, cpu = self.gaps(), self.cpu_gaps()
         load, cores = os.getloadavg()[0], os.cpu_count()
