@@ -285,6 +285,14 @@ MIN_GAPS = 60          # gaps a measurement needs (its p95 is then the 4th large
                        # for them (`measured`), not a time
 
 
+def _cpu_now() -> tuple[float, float, float]:
+    """(wall s, the machine's busy CPU s over all cores, this process's CPU s)."""
+    import psutil
+    t, own = psutil.cpu_times(), psutil.Process().cpu_times()
+    return time.perf_counter(), t.user + t.nice + t.system + getattr(t, "irq", 0) + getattr(t, "softirq", 0), \
+        own.user + own.system
+
+
 class GapMeter:
     """A 10 ms GUI-thread timer; `gaps()` are the intervals (ms) between its ticks since
     `start()`, and `cpu_gaps()` the GUI thread's CPU time within each interval. A late tick
@@ -294,6 +302,7 @@ class GapMeter:
         from PySide6.QtCore import QTimer
         self.stamps: list[float] = []
         self.cpu: list[float] = []
+        self._machine = None      # (wall s, the whole machine's busy CPU s, this process's CPU s) at start
         self.timer = QTimer()
         self.timer.setInterval(10)
         self.timer.timeout.connect(self._tick)
@@ -305,10 +314,18 @@ class GapMeter:
     def start(self):
         self.stamps.clear()
         self.cpu.clear()
+        self._machine = _cpu_now()
         self.timer.start()
 
     def stop(self):
         self.timer.stop()
+
+    def others_cores(self) -> float:
+        """Cores other processes kept busy since start(): a load that the load average, a
+        one-minute mean, shows only long after it began (a p95 of 55 ms was seen at "load 1.1"
+        with two busy loops started 20 s before)."""
+        (w0, busy0, own0), (w1, busy1, own1) = self._machine, _cpu_now()
+        return max(0.0, (busy1 - busy0) - (own1 - own0)) / max(w1 - w0, 1e-3)
 
     def measured(self) -> bool:
         """Enough gaps for a percentile: on a loaded machine the ticks come late, so a test waits
@@ -334,16 +351,19 @@ class GapMeter:
         was seen at load 6.3).
         """
         gaps, cpu = self.gaps(), self.cpu_gaps()
-        load, cores = os.getloadavg()[0], os.cpu_count()
+        load, cores, others = os.getloadavg()[0], os.cpu_count(), self.others_cores()
         summary = (f"{len(gaps)} ticks, wall gap p95 {np.percentile(gaps, 95):.1f} ms, max "
                    f"{gaps.max():.1f}; GUI CPU per gap p95 {np.percentile(cpu, 95):.1f} ms, max "
-                   f"{cpu.max():.1f}; load {load:.1f} on {cores} cores")
+                   f"{cpu.max():.1f}; load {load:.1f} on {cores} cores, other processes {others:.2f} cores")
         print(summary)
         assert len(gaps) > MIN_GAPS, summary
-        # an oversubscribed machine slows the GUI thread's own work as well (shared cores and caches)
-        cpu_p95 = CPU_P95_MS * (1.0 if load <= cores else 1.5)
+        # a machine other processes share: an oversubscribed one by its load average, or one where
+        # they kept a quarter core busy during the measurement
+        shared = load > cores or others > 0.25
+        # it slows the GUI thread's own work as well (shared cores and caches)
+        cpu_p95 = CPU_P95_MS * (1.5 if shared else 1.0)
         assert np.percentile(cpu, 95) < cpu_p95 and cpu.max() < WEDGE_MS, summary
-        if load <= cores:
+        if not shared:
             assert np.percentile(gaps, 95) < WALL_P95_MS and gaps.max() < WEDGE_MS, summary
 
 
