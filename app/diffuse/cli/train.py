@@ -15,6 +15,7 @@ from diffuse.cli import check_input, check_output, check_output_folder
 HPARAM_OPTIONS = {"arch": "arch", "block_size": "block_size", "vocab_size": "vocab_size", "d_model": "d_model",
                   "layers": "n_layers", "heads": "n_heads", "ffn": "mlp_hidden_size", "seq_len": "seq_len",
                   "batch": "batch", "lr": "lr", "chat_fraction": "chat_fraction", "seed": "seed"}
+FLAG_OF = {field: "--" + name.replace("_", "-") for name, field in HPARAM_OPTIONS.items()}   # field -> its flag
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -130,9 +131,8 @@ def _start(args: argparse.Namespace, stored: dict | None) -> dict:
     _, s, _ = read(args.init)
     fixed = {"vocab_size": s.vocab_size, "d_model": s.d_model, "n_layers": s.n_layers, "n_heads": s.n_heads,
              "mlp_hidden_size": s.mlp_hidden_size, "seq_len": s.max_sequence_length}
-    option = {field: name.replace("_", "-") for name, field in HPARAM_OPTIONS.items()}
     given = {field: getattr(args, name) for name, field in HPARAM_OPTIONS.items() if getattr(args, name) is not None}
-    conflicts = [f"--{option[k]} {given[k]} (the file has {v})" for k, v in fixed.items() if given.get(k, v) != v]
+    conflicts = [f"{FLAG_OF[k]} {given[k]} (the file has {v})" for k, v in fixed.items() if given.get(k, v) != v]
     if given.get("arch", "llada") != "llada":
         conflicts.append(f"--arch {given['arch']} (the file is llada)")
     if conflicts:
@@ -149,8 +149,7 @@ def _hparams(args: argparse.Namespace, stored: dict | None) -> dict:
         explicit["bf16"] = False
     if not stored:
         return explicit
-    option = {field: name.replace("_", "-") for name, field in HPARAM_OPTIONS.items()}
-    conflicts = ["--no-bf16 (the run trains in bf16)" if k == "bf16" else f"--{option[k]} {v} (the run has {stored[k]})"
+    conflicts = ["--no-bf16 (the run trains in bf16)" if k == "bf16" else f"{FLAG_OF[k]} {v} (the run has {stored[k]})"
                  for k, v in explicit.items() if stored.get(k, v) != v]
     if conflicts:
         raise DiffuseError(f"{args.out} is a run with other settings: {', '.join(conflicts)}; leave them out "

@@ -404,7 +404,7 @@ def usage(prompt_tokens: int, completion_tokens: int, forward_passes: int = 0) -
     return counts | ({"forward_passes": forward_passes} if forward_passes else {})
 
 
-# A finished choice also carries the engine's stop reason (done, eos, length, ...), diffuse's own
+# A finished choice also carries the engine's stop reason (events.STOP_REASONS), diffuse's own
 # field beside OpenAI's finish_reason: diffuse.remote gives it to the rebuilt run.
 def choice(kind: str, index: int, text: str, finish_reason: str | None, stop_reason: str | None = None) -> dict:
     extra = {"stop_reason": stop_reason} if stop_reason else {}
