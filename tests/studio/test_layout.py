@@ -315,3 +315,15 @@ def test_a_steady_label_changes_text_without_relaying_out_its_window(qtbot):
     assert label.width() > width and label.width() >= label.fontMetrics().horizontalAdvance(label.text())
     label.setStyleSheet("font-size: 30px")
     assert label.height() >= label.fontMetrics().height()
+    capped = theme.SteadyLabel("step 1/256", max_chars=12)     # it leaves its row's slider room
+    capped.setText("step 224/224 · 112 behind · replay")
+    assert capped.width() <= capped.fontMetrics().horizontalAdvance("0" * 12)
+
+
+def test_the_timeline_slider_keeps_its_travel_at_1024(qtbot, window, fake_model):
+    """At 1024x700 a long step label ("step 9/224 · 112 behind") took the slider's whole width."""
+    window.resize(1024, 700)
+    window.set_model(fake_model())
+    window.timeline.label.setText("step 9/224 · 112 behind · and then some more words")
+    qtbot.wait(50)
+    assert window.timeline.slider.width() >= 60

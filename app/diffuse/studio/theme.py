@@ -176,11 +176,12 @@ class SteadyLabel(QLabel):
     """A one-line label whose text changes with every step (a step counter, a ms figure) without
     relaying out the window: its size is fixed, so a new text repaints only the label (a QLabel's
     size hint follows its text, and each change re-ran the main window's layout and repainted all
-    of it, 100 times a second during a run). It widens, once, for a text that does not fit."""
+    of it, 100 times a second during a run). It widens, once, for a text that does not fit, up to
+    `max_chars` digits' width; a longer text ends in "…" (it must leave its row's other widgets room)."""
 
-    def __init__(self, text: str = "", min_width: int = 0, parent=None):
+    def __init__(self, text: str = "", min_width: int = 0, max_chars: int = 0, parent=None):
         super().__init__(text, parent)
-        self._min_width = min_width
+        self._min_width, self._max_chars = min_width, max_chars
         self._fit(anew=True)
 
     def setText(self, text: str) -> None:
@@ -195,8 +196,13 @@ class SteadyLabel(QLabel):
     def _fit(self, anew: bool = False) -> None:
         hint = super().sizeHint()
         width = max(self._min_width, hint.width(), 0 if anew else self.maximumWidth())
+        if self._max_chars:
+            width = min(width, max(self._min_width, self.fontMetrics().horizontalAdvance("0" * self._max_chars)))
         if width != self.maximumWidth() or hint.height() != self.maximumHeight():
             self.setFixedSize(width, hint.height())
+
+    def paintEvent(self, event) -> None:
+        paint_elided(self)
 
 
 class ElidedLabel(QLabel):
@@ -225,11 +231,16 @@ class ElidedLabel(QLabel):
         self.setToolTip(self.text() if self.elided() else "")
 
     def paintEvent(self, event) -> None:
-        painter = QPainter(self)
-        rect = self.contentsRect()
-        text = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, rect.width())
-        self.style().drawItemText(painter, rect, self.alignment() | Qt.AlignmentFlag.AlignVCenter,
-                                  self.palette(), self.isEnabled(), text, self.foregroundRole())
+        paint_elided(self)
+
+
+def paint_elided(label: QLabel) -> None:
+    """A one-line label's text, ending in "…" where it does not fit."""
+    painter = QPainter(label)
+    rect = label.contentsRect()
+    text = label.fontMetrics().elidedText(label.text(), Qt.TextElideMode.ElideRight, rect.width())
+    label.style().drawItemText(painter, rect, label.alignment() | Qt.AlignmentFlag.AlignVCenter,
+                               label.palette(), label.isEnabled(), text, label.foregroundRole())
 
 
 class ElidedComboBox(QComboBox):

@@ -43,7 +43,9 @@ class Timeline(QWidget):
         self.slider = QSlider(Qt.Orientation.Horizontal)
         self.slider.setRange(0, 0)
         self.slider.setToolTip("Step shown by every view; drag to scrub through the run")
-        self.label = theme.SteadyLabel("no run", min_width=90)      # rewritten at every step shown
+        self.slider.setMinimumWidth(60)             # a handle's travel, also in a narrow window
+        # rewritten at every step shown; "step 224/224 · live" fits, a longer text elides
+        self.label = theme.SteadyLabel("no run", min_width=90, max_chars=18)
         self.label.setObjectName("Muted")
         self.label.setToolTip("The step every view shows; during a run, \"live\" when it is the "
                               "engine's newest step, else how many steps the engine is ahead")
