@@ -108,6 +108,28 @@ def test_large_prompts_are_refused_before_tokenising(server):
     assert status == 400 and answer["error"]["param"] == "messages"
 
 
+def test_a_chunked_body_too_large_gets_its_413_and_its_memory_back(server):
+    """20 MB sent in chunks (no Content-Length to refuse it by): the client reads a 413, not a
+    reset, and the server does not keep the 16 MiB it read (it kept 17 MB a request until the
+    cycle collector ran)."""
+    import psutil
+
+    payload = json.dumps({"prompt": "x" * 20_000_000}).encode()
+    process = psutil.Process()
+    before = process.memory_info().rss
+    for _ in range(3):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        try:
+            conn.request("POST", "/v1/completions", (payload[i:i + 65536] for i in range(0, len(payload), 65536)),
+                         {**JSON, "Transfer-Encoding": "chunked"}, encode_chunked=True)
+            r = conn.getresponse()
+            answer = json.loads(r.read())
+        finally:
+            conn.close()
+        assert r.status == 413 and "larger than 16 MiB" in answer["error"]["message"]
+    assert process.memory_info().rss - before < 24 << 20     # not 3 x 17 MB
+
+
 @pytest.mark.parametrize("path, body", [
     ("/v1/completions", {"prompt": "a\ud800b"}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\udfffhi"}]}),
