@@ -202,3 +202,18 @@ def test_a_diffusion_gemma_answer_names_its_canvas_not_a_scheduler():
     assert "low_confidence" not in note
     left_to_the_model = ChatPanel._answer_note(Message("assistant", "x", {**meta, "options": {}}), set())
     assert "uniform-state canvas, up to " in left_to_the_model and "up to None" not in left_to_the_model
+
+
+def test_a_new_question_scrolls_the_chat_to_it_wherever_it_was(qtbot, window, fake_model):
+    """Reopened, a long chat showed its top, and the view followed new answers only from its end:
+    a question asked from anywhere lands in sight with its answer."""
+    window.set_model(fake_model())
+    window.resize(1024, 700)
+    window.chat.view.setFixedHeight(120)
+    for i in range(4):
+        ask(qtbot, window, f"question {i}")
+    bar = window.chat.view.verticalScrollBar()
+    assert bar.maximum() > 0
+    bar.setValue(0)                          # as a reopened chat, or a user reading back
+    ask(qtbot, window, "the last question")
+    assert bar.value() == bar.maximum()

@@ -269,7 +269,7 @@ class ChatPanel(QWidget):
         self.system_box.blockSignals(False)
         self._system_toggled(self.system_button.isChecked())
         self._refresh_picker()
-        self.render()
+        self.render(to_end=True)         # a conversation opens at its newest message
 
     def _check_recordings(self) -> None:
         """Note which of the opened conversation's recordings no longer exist (deleted, or
@@ -420,7 +420,7 @@ class ChatPanel(QWidget):
         self._error = None
         self._asking = message
         self._pending, self._pending_left_out, self._streamed = "", 0, False
-        self.render()
+        self.render(to_end=True)         # the question asked and its answer coming, in sight
         self.generate_requested.emit(message.text, self.conversation.chat_messages())
 
     def start_edit(self, message: Message) -> None:
@@ -600,7 +600,9 @@ class ChatPanel(QWidget):
 
     # -- view ---------------------------------------------------------------------------------
 
-    def render(self) -> None:
+    def render(self, to_end: bool = False) -> None:
+        """The conversation; the view stays at its end if it was there (or `to_end`), else where
+        the user scrolled to."""
         bar = self.view.verticalScrollBar()
         at_bottom = bar.value() >= bar.maximum() - 4
         parts = []
@@ -633,7 +635,7 @@ class ChatPanel(QWidget):
         if not parts:
             parts.append(self._empty_html())
         self.view.setHtml("".join(parts))
-        if at_bottom:
+        if at_bottom or to_end:
             bar.setValue(bar.maximum())
 
     def _empty_html(self) -> str:
